@@ -1,0 +1,123 @@
+"""Train a digits classifier with MultiWorkerMirroredStrategy and a custom training loop.
+
+The cluster comes from TF_CONFIG (a "worker" job, optionally with a "chief"). Every task
+trains a replica synchronously (gradients all-reduced each step) and exits when done; none
+of them serves forever. A custom loop is used because Keras 3 ``model.fit`` fails under this
+strategy (keras-team/keras#20585).
+
+The chief (the "chief" task, else worker 0) evaluates on the held-out digits; its last line
+of output is ``test_accuracy=<x.xxxx>`` and it exits 0 when the accuracy is at least 0.90,
+1 below that. Unknown flags (including the legacy ``--ps_hosts/--worker_hosts/--job_name/
+--task_index``) are ignored: this script reads only TF_CONFIG. Without TF_CONFIG it trains
+alone, as a single-worker job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+
+ACCURACY_THRESHOLD = 0.90
+SEED = 42
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Read the hyperparameters; anything else on the command line is ignored on purpose."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument(
+        "--batch_size", type=int, default=64, help="global batch, split across the workers"
+    )
+    parser.add_argument("--learning_rate", type=float, default=0.01, help="Adam learning rate")
+    parser.add_argument("--steps", type=int, default=200, help="synchronous training steps")
+    args, _unknown = parser.parse_known_args(argv)
+    return args
+
+
+def load_data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return x_train, x_test, y_train, y_test: sklearn's 8x8 digits, pixels in [0, 1]."""
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int64)
+    return tuple(train_test_split(x, y, test_size=0.25, random_state=SEED, stratify=y))
+
+
+def is_chief(resolver: tf.distribute.cluster_resolver.ClusterResolver) -> bool:
+    """The "chief" task if the cluster has one, else worker 0 (or a job without TF_CONFIG)."""
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if task_type is None or task_type == "chief":
+        return True
+    return task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().jobs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # The strategy must exist before any other TensorFlow op runs: it configures the
+    # collective ops and connects to the peers (and blocks until they are all up).
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x_train, x_test, y_train, y_test = load_data()
+    keras.utils.set_random_seed(SEED)
+    global_batch = args.batch_size
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        # Each worker reads its own shard, so one step covers `global_batch` distinct examples.
+        dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        batch = context.get_per_replica_batch_size(global_batch)
+        return dataset.shuffle(len(x_train), seed=SEED).repeat().batch(batch, drop_remainder=True)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input(shape=(64,)),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+        optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate)
+        optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def train_step(iterator: tf.distribute.DistributedIterator) -> tf.Tensor:
+        def replica_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    y, logits, from_logits=True
+                )
+                # Divide by the global batch: the optimizer sums the replicas' gradients.
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        per_replica_loss = strategy.run(replica_fn, args=next(iterator))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+
+    loss = tf.constant(0.0)
+    for _ in range(args.steps):
+        loss = train_step(iterator)
+
+    if not is_chief(strategy.cluster_resolver):
+        return 0
+    print(f"trained {args.steps} steps, last loss={float(loss):.4f}", flush=True)
+    # The variables are mirrored, so the chief evaluates alone, without its peers.
+    predictions = np.argmax(model(x_test, training=False).numpy(), axis=1)
+    accuracy = float(np.mean(predictions == y_test))
+    print(f"test_accuracy={accuracy:.4f}", flush=True)
+    return 0 if accuracy >= ACCURACY_THRESHOLD else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The resource agent: probes its node and keeps an ephemeral record in ZooKeeper.
+
+It refreshes the record every ``hypertf_agent_interval`` seconds, re-registers after a lost
+session (a ZooKeeper restart, a long network cut), and deletes the record on SIGTERM. The
+agent of the lowest-named live host is the *matrix keeper*: it brings the stored matrix in
+line with the records and leases, so a dead agent's row turns unavailable and a dead
+launcher's GPUs return to the pool without anyone running a command.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from hypertf import store
+from hypertf.allocation import sync_matrix
+from hypertf.errors import HyperTFError
+from hypertf.inventory import Inventory, Node
+from hypertf.probes import (
+    GpuSource,
+    NoGpuSource,
+    NvmlGpuSource,
+    StaticGpuSource,
+    free_port,
+    ipv4_addresses,
+    judge,
+    select_address,
+)
+from hypertf.store import AgentRecord, Layout
+
+log = logging.getLogger(__name__)
+
+
+def gpu_source(node: Node) -> GpuSource:
+    """The node's GPU source as the inventory chooses it."""
+    if node.settings.gpu_source == "static":
+        return StaticGpuSource(node.name, node.settings.static_gpus)
+    if node.settings.gpu_source == "none":
+        return NoGpuSource()
+    return NvmlGpuSource()
+
+
+class Prober:
+    """Builds the node's record; the port stays the same while it is free."""
+
+    def __init__(self, node: Node, source: GpuSource) -> None:
+        self.node = node
+        self.source = source
+        self._port: int | None = None
+
+    def _port_still_free(self) -> int:
+        if self._port is not None:
+            try:
+                return free_port((self._port, self._port), tries=1)
+            except HyperTFError:
+                pass
+        self._port = free_port(self.node.settings.port_range)
+        return self._port
+
+    def probe(self) -> AgentRecord:
+        settings = self.node.settings
+        addresses = ipv4_addresses()
+        gpus = judge(self.source.read(), settings.gpu_util_max, settings.gpu_mem_max)
+        return AgentRecord(
+            host=self.node.name,
+            mgmt_addr=select_address(settings.mgmt_network, addresses, self.node.address),
+            data_addr=select_address(settings.data_network, addresses, self.node.address),
+            port=self._port_still_free(),
+            gpu=len(gpus),
+            gpu_avail_list=[g.index for g in gpus if g.available],
+            gpus=gpus,
+            gpu_source=self.source.name,
+            heartbeat=time.time(),
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+        )
+
+
+class Agent:
+    """The service loop around one ZooKeeper client."""
+
+    def __init__(self, inventory: Inventory, host: str, prober: Prober | None = None,
+                 client_factory: Callable[[], KazooClient] | None = None) -> None:
+        self.inventory = inventory
+        self.node = inventory.node(host)
+        self.layout = Layout(inventory.cluster.zk_root)
+        self.prober = prober or Prober(self.node, gpu_source(self.node))
+        self._client_factory = client_factory or (lambda: store.connect(inventory.cluster, 30))
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._dirty = True  # (re)register and resync at the next turn
+
+    def _on_state(self, state: str) -> None:
+        """Listeners must not block: note what happened and wake the loop."""
+        if state == KazooState.LOST:
+            log.warning("ZooKeeper session lost: the record is gone, re-registering")
+        if state in (KazooState.LOST, KazooState.CONNECTED):
+            self._dirty = True
+            self._wake.set()
+
+    def _on_children(self, _children: list[str]) -> None:
+        self._wake.set()
+
+    def publish(self, client: KazooClient, record: AgentRecord) -> None:
+        """Write the record; (re)create it if missing or left by an older session."""
+        path = self.layout.resource(self.node.name)
+        data = record.to_json()
+        stat = client.exists(path)
+        if stat is not None and stat.ephemeralOwner != client.client_id[0]:
+            try:
+                client.delete(path, version=stat.version)
+            except NoNodeError:
+                pass
+            stat = None
+        if stat is None:
+            self.layout.ensure(client)
+            try:
+                client.create(path, data, ephemeral=True)
+            except NodeExistsError:
+                client.set(path, data)
+            log.info("registered %s: %d GPUs, %s available", self.node.name, record.gpu,
+                     record.gpu_avail_list)
+        else:
+            client.set(path, data)
+
+    def is_keeper(self, client: KazooClient) -> bool:
+        live = client.get_children(self.layout.resources)
+        return bool(live) and min(live) == self.node.name
+
+    def stop(self, *_: object) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def run(self, once: bool = False) -> AgentRecord | None:
+        """Serve until stopped; with ``once``, publish one record and return it."""
+        client = self._client_factory()
+        client.add_listener(self._on_state)
+        record = None
+        watching = False
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                try:
+                    if not watching:
+                        self.layout.ensure(client)
+                        client.ChildrenWatch(self.layout.resources, self._on_children)
+                        client.ChildrenWatch(self.layout.leases, self._on_children)
+                        watching = True
+                    record = self.prober.probe()
+                    self.publish(client, record)
+                    self._dirty = False
+                    if self.is_keeper(client):
+                        sync_matrix(client, self.layout)
+                except (KazooException, KazooTimeoutError) as err:
+                    log.warning("ZooKeeper unavailable (%s); retrying", err)
+                    self._wake.wait(1.0)
+                    continue
+                if once:
+                    return record
+                self._wake.wait(self.node.settings.agent_interval)
+        finally:
+            try:
+                client.delete(self.layout.resource(self.node.name))
+            except (NoNodeError, KazooException, KazooTimeoutError):
+                pass
+            store.close(client)
+            close = getattr(self.prober.source, "close", None)
+            if close:
+                close()
+        return record
+
+
+def serve(inventory: Inventory, host: str) -> None:
+    """The ``hypertf agent`` entry point: run until SIGTERM or SIGINT."""
+    agent = Agent(inventory, host)
+    signal.signal(signal.SIGTERM, agent.stop)
+    signal.signal(signal.SIGINT, agent.stop)
+    log.info("agent for %s starting (ZooKeeper %s, root %s)", host,
+             inventory.cluster.zookeeper_hosts, inventory.cluster.zk_root)
+    agent.run()
+    log.info("agent for %s stopped, record removed", host)

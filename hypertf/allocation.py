@@ -1,0 +1,269 @@
+"""Allocate and release GPUs and ports as version-checked ZooKeeper transactions.
+
+An allocation writes, in one transaction: the matrix (checked against the version it was
+computed from), an ephemeral lease ``leases/<task_key>`` tied to the launcher's session,
+and the job record. Two allocators that read the same matrix cannot both win; the loser
+re-reads and tries again. If the launcher dies, its session expires, the lease vanishes and
+whoever next syncs the matrix (an allocator, ``status``, or the agents' matrix keeper) frees
+the job's cells.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import random
+import secrets
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from hypertf.errors import InsufficientResources, StoreError, UsageError
+from hypertf.matrix import Matrix, same, synced
+from hypertf.scheduler import NoFit, Placement, TaskSlot, schedule
+from hypertf.store import AgentRecord, Layout, decode, encode, read_leases, read_records
+
+
+def new_task_key(now: float | None = None) -> str:
+    """Time-based (sortable, readable) plus random (unique across launchers)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def owner_info() -> dict[str, Any]:
+    """Who holds the lease: shown by status, useful when a job is left behind."""
+    return {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(),
+            "since": time.time()}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a job asks for, on which hosts, with which policy."""
+
+    slots: tuple[TaskSlot, ...]
+    hosts: tuple[str, ...]
+    policy: str = "round_robin"
+    port_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        groups: dict[tuple[str, int], int] = {}
+        for slot in self.slots:
+            groups[(slot.role, slot.gpus)] = groups.get((slot.role, slot.gpus), 0) + 1
+        parts = []
+        for (role, gpus), count in groups.items():
+            need = f"{gpus} GPU{'s' if gpus != 1 else ''} each" if gpus else "no GPU"
+            parts.append(f"{count} {role} ({need})")
+        total = sum(slot.gpus for slot in self.slots)
+        return f"{', '.join(parts)}: {total} GPU{'s' if total != 1 else ''} in all"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a job got: where each task runs, its GPUs and its port."""
+
+    task_key: str
+    placements: tuple[Placement, ...]
+    ports: Mapping[str, int]  # task name ("worker:0") -> port
+    retries: int = 0
+
+    def address(self, placement: Placement, addresses: Mapping[str, str]) -> str:
+        return f"{addresses[placement.host]}:{self.ports[placement.name]}"
+
+
+def describe_free(matrix: Matrix, records: Mapping[str, AgentRecord], hosts: Sequence[str]) -> str:
+    """'h1: 1 of 4 free (GPU 3); h2: agent down' - what the user can ask for instead."""
+    parts = []
+    for host in hosts:
+        if host not in records:
+            parts.append(f"{host}: agent down")
+            continue
+        row = matrix.gpus.get(host, [])
+        free = matrix.free(host)
+        listed = f" (GPU {', '.join(map(str, free))})" if free else ""
+        parts.append(f"{host}: {len(free)} of {len(row)} free{listed}")
+    return "; ".join(parts) or "no hosts"
+
+
+def _read_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, int]:
+    while True:
+        try:
+            data, stat = client.get(layout.matrix)
+            return Matrix.from_json(data), stat.version
+        except NoNodeError:
+            layout.ensure(client)
+            try:
+                client.create(layout.matrix, Matrix().to_json())
+            except NodeExistsError:
+                pass
+
+
+def _pick_ports(matrix: Matrix, placements: Sequence[Placement],
+                ranges: Mapping[str, tuple[int, int]], rng: random.Random,
+                exclude: Mapping[str, set[int]]) -> dict[str, int]:
+    """One port per task, unreserved on its host; random so retries spread out."""
+    ports: dict[str, int] = {}
+    used: dict[str, set[int]] = {}
+    for placement in placements:
+        host = placement.host
+        taken = used.setdefault(host, matrix.reserved_ports(host) | exclude.get(host, set()))
+        low, high = ranges.get(host, (20000, 20999))
+        if high - low + 1 - len(taken & set(range(low, high + 1))) <= 0:
+            raise InsufficientResources(
+                f"no free port left on {host} in {low}-{high}: widen hypertf_port_range"
+            )
+        while True:
+            port = rng.randint(low, high)
+            if port not in taken:
+                break
+        taken.add(port)
+        ports[placement.name] = port
+    return ports
+
+
+def _commit_or_conflict(transaction: Any) -> bool:
+    """kazoo's commit() returns errors in its result list instead of raising."""
+    results = transaction.commit()
+    errors = [r for r in results if isinstance(r, Exception)]
+    if not errors:
+        return True
+    if any(isinstance(e, BadVersionError) for e in errors):
+        return False
+    real = [e for e in errors if type(e).__name__ != "RolledBackError"]
+    raise StoreError(f"ZooKeeper refused the transaction: {real or errors}")
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(random.uniform(0, min(0.2, 0.005 * 2**min(attempt, 6))))
+
+
+def allocate(client: KazooClient, layout: Layout, request: Request, task_key: str,
+             job: Mapping[str, Any] | None = None, deadline_s: float = 30.0,
+             exclude_ports: Mapping[str, set[int]] | None = None) -> Grant:
+    """Take GPUs and ports for ``request`` atomically, or raise InsufficientResources."""
+    if not request.slots:
+        raise UsageError("a job needs at least one task")
+    rng = random.Random()
+    layout.ensure(client)
+    deadline = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        matrix, version = _read_matrix(client, layout)
+        records = read_records(client, layout)
+        current = synced(matrix, records, read_leases(client, layout))
+        live = [host for host in request.hosts if host in records]
+        free = {host: current.free(host) for host in live}
+        try:
+            placements = schedule(free, request.slots, request.policy, cpu_hosts=live)
+        except NoFit as err:
+            need = f"{err.slot.gpus} GPU{'s' if err.slot.gpus != 1 else ''}" if err.slot.gpus else "a live host"
+            raise InsufficientResources(
+                f"cannot place {err.slot.name} ({need} on one host): asked for "
+                f"{request.describe()}; free now: {describe_free(current, records, request.hosts)}. "
+                f"Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status)."
+            ) from None
+        ports = _pick_ports(current, placements, request.port_ranges, rng, exclude_ports or {})
+        gpus: dict[str, list[int]] = {}
+        host_ports: dict[str, list[int]] = {}
+        for p in placements:
+            gpus.setdefault(p.host, []).extend(p.gpus)
+            host_ports.setdefault(p.host, []).append(ports[p.name])
+        taken = current.take(task_key, gpus, host_ports)
+        record = {
+            "task_key": task_key,
+            "state": "allocated",
+            "created": time.time(),
+            "owner": owner_info(),
+            "policy": request.policy,
+            "placements": [
+                {"role": p.role, "index": p.index, "host": p.host, "gpus": list(p.gpus),
+                 "port": ports[p.name]}
+                for p in placements
+            ],
+            **(job or {}),
+        }
+        tx = client.transaction()
+        tx.set_data(layout.matrix, taken.to_json(), version=version)
+        tx.create(layout.lease(task_key), encode(owner_info()), ephemeral=True)
+        tx.create(layout.job(task_key), encode(record))
+        if _commit_or_conflict(tx):
+            return Grant(task_key, tuple(placements), ports, retries=attempt)
+        attempt += 1
+        if time.monotonic() > deadline:
+            raise StoreError(f"gave up allocating after {attempt} conflicting attempts")
+        _backoff(attempt)
+
+
+def release(client: KazooClient, layout: Layout, task_key: str, state: str = "released",
+            extra: Mapping[str, Any] | None = None) -> bool:
+    """Give back everything ``task_key`` holds; idempotent. True if something was freed."""
+    attempt = 0
+    while True:
+        matrix, version = _read_matrix(client, layout)
+        records = read_records(client, layout)
+        freed = matrix.release({task_key}, records)
+        changed = not same(matrix, freed)
+        lease_stat = client.exists(layout.lease(task_key))
+        job_stat = client.exists(layout.job(task_key))
+        tx = client.transaction()
+        if changed:
+            tx.set_data(layout.matrix, freed.to_json(), version=version)
+        else:
+            tx.check(layout.matrix, version)
+        if lease_stat is not None:
+            tx.delete(layout.lease(task_key))
+        if job_stat is not None:
+            data, _ = client.get(layout.job(task_key))
+            job = decode(data, "job record")
+            job.update({"state": state, "released": time.time(), **(extra or {})})
+            tx.set_data(layout.job(task_key), encode(job), version=job_stat.version)
+        try:
+            if _commit_or_conflict(tx):
+                return changed or lease_stat is not None
+        except StoreError:
+            pass  # the lease or the job vanished between the reads: read again
+        attempt += 1
+        if attempt > 200:
+            raise StoreError(f"could not release {task_key}: too many conflicting writers")
+        _backoff(attempt)
+
+
+def sync_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, dict[str, AgentRecord]]:
+    """Bring the stored matrix in line with the records and leases; write only on change."""
+    attempt = 0
+    while True:
+        matrix, version = _read_matrix(client, layout)
+        records = read_records(client, layout)
+        current = synced(matrix, records, read_leases(client, layout))
+        if same(matrix, current):
+            return current, records
+        try:
+            client.set(layout.matrix, current.to_json(), version=version)
+            return current, records
+        except BadVersionError:
+            attempt += 1
+            _backoff(attempt)
+
+
+def read_job(client: KazooClient, layout: Layout, task_key: str) -> dict[str, Any] | None:
+    try:
+        data, _ = client.get(layout.job(task_key))
+    except NoNodeError:
+        return None
+    return decode(data, "job record")
+
+
+def update_job(client: KazooClient, layout: Layout, task_key: str, **changes: Any) -> None:
+    """Merge ``changes`` into the job record (last writer wins; one launcher per job)."""
+    job = read_job(client, layout, task_key) or {"task_key": task_key}
+    job.update(changes)
+    client.set(layout.job(task_key), encode(job))
+
+
+def dumps(payload: Any) -> str:
+    return json.dumps(payload, indent=2, sort_keys=True)

@@ -1,0 +1,172 @@
+"""The ``hypertf`` command. Invoke's tasks.py calls the same functions.
+
+A HyperTFError becomes one message on stderr and its exit code; anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from hypertf.errors import HyperTFError
+from hypertf.inventory import DEFAULT_INVENTORY, load_inventory
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from hypertf import status, store
+
+    inventory = load_inventory(args.inventory)
+    client = store.connect(inventory.cluster)
+    try:
+        report = status.collect(client, inventory)
+    finally:
+        store.close(client)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        status.render(report)
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from hypertf import agent
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hypertf.kazoo").setLevel(logging.WARNING)
+    inventory = load_inventory(args.inventory)
+    inventory.node(args.host)
+    if args.once:
+        record = agent.Agent(inventory, args.host).run(once=True)
+        print(record.to_json().decode() if record else "")
+        return 0
+    agent.serve(inventory, args.host)
+    return 0
+
+
+def cmd_agent_ctl(args: argparse.Namespace) -> int:
+    from hypertf import agentctl
+
+    inventory = load_inventory(args.inventory)
+    workdir = inventory.node(args.host).settings.workdir
+    if args.action == "start":
+        pid, started = agentctl.local_start(args.inventory, args.host, workdir)
+        print(f"agent {args.host} {'started' if started else 'already running'} (pid {pid})")
+    elif args.action == "stop":
+        stopped = agentctl.local_stop(workdir)
+        print(f"agent {args.host} {'stopped' if stopped else 'was not running'}")
+    else:
+        pid = agentctl.running_pid(workdir)
+        print(f"agent {args.host} {'running (pid %d)' % pid if pid else 'not running'}")
+        return 0 if pid else 1
+    return 0
+
+
+def _local_zk(args: argparse.Namespace):  # -> ZooKeeperServer
+    from hypertf.paths import state_home
+    from hypertf.zkserver import local_server
+
+    inventory = load_inventory(args.inventory)
+    return local_server(inventory.cluster.zookeeper_hosts, state_home())
+
+
+def cmd_zk(args: argparse.Namespace) -> int:
+    server = _local_zk(args)
+    if args.action == "start":
+        pid = server.start()
+        print(f"ZooKeeper {server.mode()} on {server.hosts} (pid {pid}, data {server.directory})")
+    elif args.action == "stop":
+        print(f"ZooKeeper on {server.hosts} {'stopped' if server.stop() else 'was not running'}")
+    else:
+        mode = server.mode()
+        print(f"ZooKeeper on {server.hosts}: {mode or 'not serving'}")
+        return 0 if mode else 1
+    return 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from hypertf import lab
+
+    if args.action == "up":
+        built = lab.up(hosts=args.hosts, gpus=args.gpus, agents=not args.no_agents)
+        for host in built.hosts:
+            print(f"{host.name} {host.address} (namespace {host.namespace})")
+        print(f"ZooKeeper {built.zookeeper['address']}:{built.zookeeper['port']}"
+              if built.zookeeper else "no ZooKeeper")
+        print(built.inventory)
+    elif args.action == "down":
+        labs = lab.find(args.name)
+        for each in labs:
+            lab.down(each)
+            print(f"lab {each.lab_id} removed")
+        if not labs:
+            print("no lab to remove")
+    else:
+        for each in lab.find(None):
+            print(f"{each.lab_id} {len(each.hosts)} hosts {each.inventory}")
+    return 0
+
+
+def _inventory_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY,
+                        help=f"inventory YAML (default {DEFAULT_INVENTORY})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hypertf", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("status", help="hosts x GPUs, agents and ZooKeeper health")
+    _inventory_option(p)
+    p.add_argument("--json", action="store_true", help="one JSON object for scripts")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("agent", help="run this node's resource agent in the foreground")
+    _inventory_option(p)
+    p.add_argument("--host", required=True, help="this node's name in the inventory")
+    p.add_argument("--once", action="store_true", help="publish one record, print it, exit")
+    p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("agent-ctl", help="start/stop this node's agent in the background")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    _inventory_option(p)
+    p.add_argument("--host", required=True, help="this node's name in the inventory")
+    p.set_defaults(func=cmd_agent_ctl)
+
+    p = sub.add_parser("zk", help="the local standalone ZooKeeper the inventory names")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    _inventory_option(p)
+    p.set_defaults(func=cmd_zk)
+
+    p = sub.add_parser("lab", help="a multi-host test cluster of network namespaces")
+    p.add_argument("action", choices=("up", "down", "list"))
+    p.add_argument("--hosts", type=int, default=3, help="number of hosts (up)")
+    p.add_argument("--gpus", type=int, default=4, help="static GPUs per host (up)")
+    p.add_argument("--no-agents", action="store_true", help="bare hosts, no agents (up)")
+    p.add_argument("--name", help="lab id to remove (down; default all)")
+    p.set_defaults(func=cmd_lab)
+    return parser
+
+
+def run(func: Callable[[], int]) -> int:
+    """Turn HyperTFError into a message and its exit code."""
+    try:
+        return func()
+    except HyperTFError as err:
+        print(f"hypertf: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("hypertf: interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run(lambda: args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

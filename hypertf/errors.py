@@ -1,0 +1,48 @@
+"""One exception hierarchy: the CLI turns a HyperTFError into a message and an exit code.
+
+Anything that is not a HyperTFError is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class HyperTFError(Exception):
+    """A problem the user can fix; ``str(err)`` is the message shown to them."""
+
+    exit_code = 1
+
+
+class InventoryError(HyperTFError):
+    """The inventory file is missing, malformed or inconsistent."""
+
+    exit_code = 2
+
+
+class UsageError(HyperTFError):
+    """A request that cannot be valid whatever the cluster looks like."""
+
+    exit_code = 2
+
+
+class StoreError(HyperTFError):
+    """ZooKeeper is unreachable or holds data HyperTF cannot read."""
+
+    exit_code = 3
+
+
+class InsufficientResources(HyperTFError):
+    """The request is valid but the cluster cannot meet it now."""
+
+    exit_code = 4
+
+
+class LabError(HyperTFError):
+    """The local multi-host lab could not be built or torn down."""
+
+    exit_code = 5
+
+
+class RemoteError(HyperTFError):
+    """A node could not be reached or a remote command failed."""
+
+    exit_code = 6

@@ -1,0 +1,127 @@
+"""The servers x GPUs availability matrix, kept apart from the agents' records.
+
+A cell is ``1`` (free), ``0`` (unavailable: busy with someone else's work, or its node's
+agent is gone) or a task key (taken by that job). Ports a job reserved are kept beside the
+cells, so one version-checked write covers both. Everything here is pure: reading and
+writing ZooKeeper is the allocation module's job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from hypertf.store import AgentRecord, decode, encode
+
+FREE = 1
+UNAVAILABLE = 0
+Cell = int | str
+
+
+@dataclass
+class Matrix:
+    """Cells per host (ordered) and reserved ports per host."""
+
+    gpus: dict[str, list[Cell]] = field(default_factory=dict)
+    ports: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return encode({"gpus": self.gpus, "ports": self.ports})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Matrix:
+        if not data:
+            return cls()
+        payload = decode(data, "GPU matrix")
+        return cls(gpus=payload.get("gpus", {}), ports=payload.get("ports", {}))
+
+    def copy(self) -> Matrix:
+        return Matrix.from_json(self.to_json())
+
+    def free(self, host: str) -> list[int]:
+        """Indices of the free GPUs of ``host``."""
+        return [i for i, cell in enumerate(self.gpus.get(host, [])) if cell == FREE]
+
+    def task_keys(self) -> set[str]:
+        """Every job that holds a GPU or a port."""
+        keys = {cell for row in self.gpus.values() for cell in row if isinstance(cell, str)}
+        keys.update(key for row in self.ports.values() for key in row.values())
+        return keys
+
+    def held_by(self, task_key: str) -> dict[str, list[int]]:
+        """GPUs that ``task_key`` holds, per host."""
+        held = {}
+        for host, row in self.gpus.items():
+            cells = [i for i, cell in enumerate(row) if cell == task_key]
+            if cells:
+                held[host] = cells
+        return held
+
+    def reserved_ports(self, host: str) -> set[int]:
+        return {int(port) for port in self.ports.get(host, {})}
+
+    def take(self, task_key: str, gpus: Mapping[str, Iterable[int]],
+             ports: Mapping[str, Iterable[int]]) -> Matrix:
+        """A copy with the given cells and ports marked as held by ``task_key``."""
+        result = self.copy()
+        for host, indices in gpus.items():
+            for i in indices:
+                if result.gpus[host][i] != FREE:
+                    raise ValueError(f"GPU {i} of {host} is not free")
+                result.gpus[host][i] = task_key
+        for host, numbers in ports.items():
+            row = result.ports.setdefault(host, {})
+            for port in numbers:
+                if str(port) in row:
+                    raise ValueError(f"port {port} of {host} is reserved")
+                row[str(port)] = task_key
+        return result
+
+    def release(self, task_keys: set[str], records: Mapping[str, AgentRecord]) -> Matrix:
+        """A copy without the cells and ports of ``task_keys``; freed cells follow the agent."""
+        result = self.copy()
+        for host, row in result.gpus.items():
+            record = records.get(host)
+            avail = set(record.gpu_avail_list) if record else set()
+            for i, cell in enumerate(row):
+                if isinstance(cell, str) and cell in task_keys:
+                    row[i] = FREE if i in avail else UNAVAILABLE
+        for host in list(result.ports):
+            row = {p: k for p, k in result.ports[host].items() if k not in task_keys}
+            if row:
+                result.ports[host] = row
+            else:
+                del result.ports[host]
+        return result
+
+
+def synced(matrix: Matrix, records: Mapping[str, AgentRecord], leases: set[str]) -> Matrix:
+    """The matrix as the agents' records and the live leases say it should be.
+
+    Rows of hosts whose agent is gone turn unavailable (their cells held by live jobs
+    stay held); cells and ports of jobs without a lease (their launcher died) are freed.
+    """
+    dead = matrix.task_keys() - leases
+    result = matrix.release(dead, records) if dead else matrix.copy()
+    hosts = list(result.gpus) + sorted(set(records) - set(result.gpus))
+    for host in hosts:
+        old = result.gpus.get(host, [])
+        record = records.get(host)
+        held = [i for i, cell in enumerate(old) if isinstance(cell, str)]
+        size = record.gpu if record else len(old)
+        size = max([size, *(i + 1 for i in held)])
+        avail = set(record.gpu_avail_list) if record else set()
+        row: list[Cell] = []
+        for i in range(size):
+            cell = old[i] if i < len(old) else UNAVAILABLE
+            row.append(cell if isinstance(cell, str) else (FREE if i in avail else UNAVAILABLE))
+        result.gpus[host] = row
+    return result
+
+
+def same(a: Matrix, b: Matrix) -> bool:
+    """Equal content (cheaper than a write that changes nothing)."""
+    return json.dumps([a.gpus, a.ports], sort_keys=True) == json.dumps(
+        [b.gpus, b.ports], sort_keys=True
+    )

@@ -1,0 +1,178 @@
+"""Running commands on nodes: Fabric over SSH with pinned host keys, or locally.
+
+Host keys are always verified against the known_hosts the inventory names: paramiko's
+default of accepting unknown keys is switched off. A node with ``ansible_connection: local``
+runs its commands through Invoke on this machine, with the same interface.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import paramiko
+from fabric import Config, Connection
+from invoke import Context
+from invoke.exceptions import UnexpectedExit
+
+from hypertf.errors import RemoteError
+from hypertf.inventory import ClusterSettings, Node
+
+T = TypeVar("T")
+
+
+def quote(value: object) -> str:
+    """Every user value that reaches a remote shell goes through here."""
+    return shlex.quote(str(value))
+
+
+def command_line(argv: Sequence[object]) -> str:
+    return " ".join(quote(arg) for arg in argv)
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished command: what HyperTF needs of Invoke's and Fabric's results."""
+
+    host: str
+    command: str
+    exited: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exited == 0
+
+
+class Runner(Protocol):
+    def run(self, command: str, **kwargs: Any) -> Any: ...
+
+
+class Session:
+    """One node's command channel; reused for every command to that node."""
+
+    def __init__(self, node: Node, cluster: ClusterSettings) -> None:
+        self.node = node
+        self.cluster = cluster
+        self._runner: Runner | None = None
+
+    def _open(self) -> Runner:
+        if self._runner is not None:
+            return self._runner
+        if self.node.local:
+            self._runner = Context()
+            return self._runner
+        known_hosts = Path(self.cluster.known_hosts)
+        if not known_hosts.is_file():
+            raise RemoteError(
+                f"{self.node.name}: known_hosts file {known_hosts} does not exist; "
+                f"pin the nodes' host keys first (invoke cluster.setup does it)"
+            )
+        connect_kwargs: dict[str, Any] = {"look_for_keys": False, "allow_agent": False}
+        if self.node.key_file:
+            connect_kwargs["key_filename"] = self.node.key_file
+        conn = Connection(
+            host=self.node.address,
+            user=self.node.user,
+            port=self.node.port,
+            connect_timeout=self.cluster.ssh_timeout,
+            connect_kwargs=connect_kwargs,
+            config=Config(overrides={"load_ssh_configs": False}),
+        )
+        conn.client.load_host_keys(str(known_hosts))
+        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            conn.open()
+        except paramiko.BadHostKeyException:
+            raise RemoteError(
+                f"{self.node.name} ({self.node.address}): its SSH host key CHANGED since it "
+                f"was pinned in {known_hosts}; check the node, then re-pin it"
+            ) from None
+        except paramiko.SSHException as err:
+            if "not found in known_hosts" in str(err):
+                raise RemoteError(
+                    f"{self.node.name} ({self.node.address}): host key unknown: it is not "
+                    f"in {known_hosts}; verify the node and pin its key (invoke cluster.setup)"
+                ) from None
+            raise RemoteError(f"{self.node.name} ({self.node.address}): SSH failed: {err}") from None
+        except (TimeoutError, socket.timeout):
+            raise RemoteError(
+                f"{self.node.name} ({self.node.address}:{self.node.port}): no answer within "
+                f"{self.cluster.ssh_timeout:.0f} s; is the node up and reachable?"
+            ) from None
+        except OSError as err:
+            raise RemoteError(
+                f"{self.node.name} ({self.node.address}:{self.node.port}): cannot connect: "
+                f"{err.strerror or err}"
+            ) from None
+        self._runner = conn
+        return conn
+
+    def run(self, command: str, timeout: float | None = None, **kwargs: Any) -> Result:
+        """Run a shell command; a non-zero exit is returned, never raised."""
+        runner = self._open()
+        try:
+            result = runner.run(command, hide=True, warn=True, in_stream=False,
+                                timeout=timeout, **kwargs)
+        except UnexpectedExit as err:  # only with warn=False, kept for safety
+            result = err.result
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            self.close()
+            raise RemoteError(f"{self.node.name}: connection lost: {err}") from None
+        return Result(self.node.name, command, result.exited, result.stdout, result.stderr)
+
+    def close(self) -> None:
+        runner, self._runner = self._runner, None
+        if isinstance(runner, Connection):
+            runner.close()
+
+
+class Cluster:
+    """Sessions to many nodes, with parallel fan-out (threads: SSH waits on the network)."""
+
+    def __init__(self, nodes: Iterable[Node], cluster: ClusterSettings) -> None:
+        self.sessions = {node.name: Session(node, cluster) for node in nodes}
+
+    def each(self, action: Callable[[Session], T], names: Iterable[str] | None = None,
+             ) -> dict[str, T | BaseException]:
+        """Run ``action`` per node in parallel; each value is its result or its exception."""
+        chosen = list(self.sessions if names is None else names)
+        results: dict[str, T | BaseException] = {}
+        if not chosen:
+            return results
+        with ThreadPoolExecutor(max_workers=min(32, len(chosen))) as pool:
+            futures = {name: pool.submit(action, self.sessions[name]) for name in chosen}
+            for name, future in futures.items():
+                try:
+                    results[name] = future.result()
+                except Exception as err:  # collected and reported per host
+                    results[name] = err
+        return results
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def failures(results: Mapping[str, Any]) -> dict[str, str]:
+    """Per host, the message of what went wrong (exceptions and non-zero exits)."""
+    problems = {}
+    for host, value in results.items():
+        if isinstance(value, BaseException):
+            problems[host] = str(value)
+        elif isinstance(value, Result) and not value.ok:
+            detail = (value.stderr or value.stdout).strip().splitlines()
+            problems[host] = f"exit {value.exited}: {detail[-1] if detail else 'no output'}"
+    return problems

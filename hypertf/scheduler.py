@@ -1,0 +1,85 @@
+"""Placement policies: pure functions of the free GPUs and the request.
+
+``round_robin`` is the original design's policy: one GPU from each server per round, then
+another round. ``pack`` fills a server before the next, to keep a job's traffic local.
+Tasks that need no GPU (parameter servers by default) are spread over the live hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+POLICIES = ("round_robin", "pack")
+
+
+@dataclass(frozen=True)
+class TaskSlot:
+    """One task of the job and the GPUs it needs on a single host."""
+
+    role: str
+    index: int
+    gpus: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a task runs and which GPUs it gets."""
+
+    role: str
+    index: int
+    host: str
+    gpus: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+
+class NoFit(Exception):
+    """The request does not fit; carries the slot that could not be placed."""
+
+    def __init__(self, slot: TaskSlot) -> None:
+        super().__init__(slot.name)
+        self.slot = slot
+
+
+def schedule(
+    free: Mapping[str, Sequence[int]],
+    slots: Sequence[TaskSlot],
+    policy: str = "round_robin",
+    cpu_hosts: Sequence[str] | None = None,
+) -> list[Placement]:
+    """Place every slot or raise NoFit.
+
+    ``free`` maps each usable host, in inventory order, to its free GPU indices.
+    ``cpu_hosts`` (default: the keys of ``free``) are where GPU-less tasks may go.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    hosts = list(free)
+    left = {host: sorted(free[host]) for host in hosts}
+    cpu_hosts = list(hosts if cpu_hosts is None else cpu_hosts)
+    placements: dict[TaskSlot, Placement] = {}
+    cursor = 0
+    for slot in (s for s in slots if s.gpus > 0):
+        order = hosts if policy == "pack" else hosts[cursor:] + hosts[:cursor]
+        host = next((h for h in order if len(left[h]) >= slot.gpus), None)
+        if host is None:
+            raise NoFit(slot)
+        taken, left[host] = left[host][: slot.gpus], left[host][slot.gpus :]
+        placements[slot] = Placement(slot.role, slot.index, host, tuple(taken))
+        if policy == "round_robin":
+            cursor = (hosts.index(host) + 1) % len(hosts)
+    cpu_cursor = 0
+    for slot in (s for s in slots if s.gpus <= 0):
+        if not cpu_hosts:
+            raise NoFit(slot)
+        host = cpu_hosts[0] if policy == "pack" else cpu_hosts[cpu_cursor % len(cpu_hosts)]
+        cpu_cursor += 1
+        placements[slot] = Placement(slot.role, slot.index, host, ())
+    return [placements[slot] for slot in slots]

@@ -1,0 +1,163 @@
+"""A local standalone ZooKeeper from the Debian package: the embedded default and the lab's.
+
+It runs ``QuorumPeerMain`` with a generated ``zoo.cfg`` and a private data directory, in its
+own process session, with a pidfile; it is stopped by that PID, never by name.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypertf import procs
+from hypertf.errors import HyperTFError
+
+ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
+INSTALL_HINT = "apt-get install zookeeper (Debian package; brings Java)"
+
+
+def four_letter(address: str, port: int, command: str = "srvr", timeout: float = 2.0) -> str:
+    """Send a four-letter word; '' if nothing answers."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as sock:
+            sock.sendall(command.encode())
+            chunks = []
+            while chunk := sock.recv(4096):
+                chunks.append(chunk)
+            return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def mode(address: str, port: int) -> str | None:
+    """'standalone', 'leader', 'follower', or None when the server does not serve."""
+    for line in four_letter(address, port).splitlines():
+        if line.startswith("Mode:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ZooKeeperServer:
+    """One standalone server; ``directory`` holds zoo.cfg, data, log and pidfile."""
+
+    address: str
+    port: int
+    directory: Path
+
+    @property
+    def hosts(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.directory / "zookeeper.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return self.directory / "zookeeper.log"
+
+    def pid(self) -> int | None:
+        """The PID from the pidfile if that process is still alive."""
+        try:
+            pid = int(self.pidfile.read_text())
+        except (OSError, ValueError):
+            return None
+        if not procs.alive(pid) or "QuorumPeerMain" not in procs.cmdline(pid):
+            return None  # gone, or the PID now belongs to someone else
+        return pid
+
+    def mode(self) -> str | None:
+        return mode(self.address, self.port)
+
+    def write_config(self, tick_ms: int = 2000) -> Path:
+        data = self.directory / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        config = self.directory / "zoo.cfg"
+        config.write_text(
+            "\n".join(
+                [
+                    f"tickTime={tick_ms}",
+                    "initLimit=10",
+                    "syncLimit=5",
+                    f"dataDir={data}",
+                    f"clientPortAddress={self.address}",
+                    f"clientPort={self.port}",
+                    "admin.enableServer=false",
+                    "4lw.commands.whitelist=ruok,srvr,stat,mntr",
+                    # Quick sessions for short timeouts (the lab and tests use 2-4 s).
+                    f"minSessionTimeout={2 * tick_ms}",
+                    "maxClientCnxns=0",
+                    "",
+                ]
+            )
+        )
+        return config
+
+    def start(self, heap: str = "256m", wait_s: float = 30.0, tick_ms: int = 2000) -> int:
+        """Start (or find running) and wait until it serves; returns the PID."""
+        running = self.pid()
+        if running and self.mode():
+            return running
+        missing = [jar for jar in ZOOKEEPER_JARS if not Path(jar).exists()]
+        if missing:
+            raise HyperTFError(f"ZooKeeper is not installed ({missing[0]} missing): {INSTALL_HINT}")
+        if mode(self.address, self.port):
+            raise HyperTFError(
+                f"another ZooKeeper already serves {self.hosts}; stop it, or point "
+                f"hypertf_zookeeper_hosts at it instead of starting one"
+            )
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        config = self.write_config(tick_ms)
+        with open(self.logfile, "ab") as log:
+            proc = subprocess.Popen(
+                ["java", f"-Xmx{heap}", "-Dzookeeper.admin.enableServer=false",
+                 "-cp", ":".join(ZOOKEEPER_JARS),
+                 "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(config)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.pidfile.write_text(str(proc.pid))
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = self.logfile.read_text(errors="replace").splitlines()[-5:]
+                raise HyperTFError(
+                    f"ZooKeeper on {self.hosts} exited at start ({proc.returncode}); "
+                    f"log {self.logfile}:\n" + "\n".join(tail)
+                )
+            if self.mode():
+                return proc.pid
+            time.sleep(0.1)
+        self.stop()
+        raise HyperTFError(f"ZooKeeper on {self.hosts} did not serve within {wait_s:.0f} s; "
+                           f"see {self.logfile}")
+
+    def stop(self, grace_s: float = 10.0) -> bool:
+        """Stop by PID (TERM, then KILL); True if it was running."""
+        pid = self.pid()
+        stopped = procs.stop(pid, grace_s) if pid else False
+        self.pidfile.unlink(missing_ok=True)
+        return stopped
+
+
+def local_server(hosts: str, base: Path) -> ZooKeeperServer:
+    """The server an inventory's single local ZooKeeper address describes."""
+    if "," in hosts or "/" in hosts:
+        raise HyperTFError(
+            f"zk.start runs one local server, but the inventory names {hosts!r}; "
+            f"an ensemble is deployed with the zookeeper role (cluster.setup)"
+        )
+    address, _, port = hosts.rpartition(":")
+    if not address or not port.isdigit():
+        raise HyperTFError(f"ZooKeeper address {hosts!r} must look like 127.0.0.1:2181")
+    return ZooKeeperServer(address, int(port), base / f"zookeeper-{address}-{port}")
