@@ -22,10 +22,10 @@ from collections.abc import Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
 ACCURACY_THRESHOLD = 0.90
 SEED = 42
@@ -161,7 +161,11 @@ def train_and_evaluate(
                 [train_op, loss, global_step],
                 feed_dict={images: x_train[index], labels: y_train[index]},
             )
-    print(f"worker {args.task_index}: last global step seen {step}, loss={batch_loss:.4f}")
+    print(
+        f"worker {args.task_index}: global step read {step} (stop at {args.steps}), "
+        f"batch_size={args.batch_size}, learning_rate={args.learning_rate}, loss={batch_loss:.4f}",
+        flush=True,
+    )
     return evaluate.result
 
 

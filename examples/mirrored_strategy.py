@@ -21,11 +21,11 @@ from collections.abc import Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
 ACCURACY_THRESHOLD = 0.90
 SEED = 42
@@ -111,7 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not is_chief(strategy.cluster_resolver):
         return 0
-    print(f"trained {args.steps} steps, last loss={float(loss):.4f}", flush=True)
+    print(
+        f"trained {args.steps} steps, batch_size={global_batch}, "
+        f"learning_rate={args.learning_rate}, last loss={float(loss):.4f}",
+        flush=True,
+    )
     # The variables are mirrored, so the chief evaluates alone, without its peers.
     predictions = np.argmax(model(x_test, training=False).numpy(), axis=1)
     accuracy = float(np.mean(predictions == y_test))

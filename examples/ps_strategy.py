@@ -26,11 +26,11 @@ from collections.abc import Sequence
 os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
 ACCURACY_THRESHOLD = 0.90
 SEED = 42
@@ -111,10 +111,15 @@ def train_and_evaluate(
         x, y = next(iterator)
         return strategy.run(replica_fn, args=(x, y))
 
-    losses = [coordinator.schedule(train_step, args=(per_worker_iterator,))
-              for _ in range(args.steps)]
+    losses = [
+        coordinator.schedule(train_step, args=(per_worker_iterator,)) for _ in range(args.steps)
+    ]
     coordinator.join()
-    print(f"trained {args.steps} steps, last loss={float(losses[-1].fetch()):.4f}", flush=True)
+    print(
+        f"trained {args.steps} steps, batch_size={args.batch_size}, "
+        f"learning_rate={args.learning_rate}, last loss={float(losses[-1].fetch()):.4f}",
+        flush=True,
+    )
 
     # The variables live on the ps tasks; the chief reads them and evaluates locally.
     predictions = np.argmax(model(x_test, training=False).numpy(), axis=1)

@@ -97,15 +97,17 @@ class Agent:
         self._client_factory = client_factory or (lambda: store.connect(inventory.cluster, 30))
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._dirty = True  # (re)register and resync at the next turn
+        self._disconnected_since: float | None = None
 
     def _on_state(self, state: str) -> None:
         """Listeners must not block: note what happened and wake the loop."""
-        if state == KazooState.LOST:
+        if state == KazooState.CONNECTED:
+            self._disconnected_since = None
+        elif self._disconnected_since is None:
+            self._disconnected_since = time.monotonic()
+        if state == KazooState.LOST and not self._stop.is_set():
             log.warning("ZooKeeper session lost: the record is gone, re-registering")
-        if state in (KazooState.LOST, KazooState.CONNECTED):
-            self._dirty = True
-            self._wake.set()
+        self._wake.set()
 
     def _on_children(self, _children: list[str]) -> None:
         self._wake.set()
@@ -140,43 +142,74 @@ class Agent:
         self._stop.set()
         self._wake.set()
 
+    def _stale(self) -> bool:
+        """Disconnected for long: a new client, because a ZooKeeper whose data was lost
+        refuses every reconnect of a client that has seen a newer transaction id."""
+        since = self._disconnected_since
+        limit = max(3 * self.inventory.cluster.zk_session_timeout, 10.0)
+        return since is not None and time.monotonic() - since > limit
+
     def run(self, once: bool = False) -> AgentRecord | None:
         """Serve until stopped; with ``once``, publish one record and return it."""
-        client = self._client_factory()
-        client.add_listener(self._on_state)
+        record = None
+        while not self._stop.is_set():
+            client = self._client_factory()
+            self._disconnected_since = None
+            client.add_listener(self._on_state)
+            try:
+                record = self._serve(client, once)
+            finally:
+                self._stop_requested_cleanup(client)
+            if once:
+                break
+            if not self._stop.is_set():
+                log.warning("no ZooKeeper for a long time: reconnecting with a new client")
+        close = getattr(self.prober.source, "close", None)
+        if close:
+            close()
+        return record
+
+    def _serve(self, client: KazooClient, once: bool) -> AgentRecord | None:
         record = None
         watching = False
-        try:
-            while not self._stop.is_set():
-                self._wake.clear()
-                try:
-                    if not watching:
-                        self.layout.ensure(client)
-                        client.ChildrenWatch(self.layout.resources, self._on_children)
-                        client.ChildrenWatch(self.layout.leases, self._on_children)
-                        watching = True
-                    record = self.prober.probe()
-                    self.publish(client, record)
-                    self._dirty = False
-                    if self.is_keeper(client):
-                        sync_matrix(client, self.layout)
-                except (KazooException, KazooTimeoutError) as err:
-                    log.warning("ZooKeeper unavailable (%s); retrying", err)
-                    self._wake.wait(1.0)
-                    continue
-                if once:
-                    return record
-                self._wake.wait(self.node.settings.agent_interval)
-        finally:
+        while not self._stop.is_set():
+            self._wake.clear()
+            if self._stale():
+                return record
+            if not client.connected:
+                self._wake.wait(1.0)  # calls would queue and block until reconnected
+                continue
+            try:
+                if not watching:
+                    self.layout.ensure(client)
+                    client.ChildrenWatch(self.layout.resources, self._on_children)
+                    client.ChildrenWatch(self.layout.leases, self._on_children)
+                    watching = True
+                record = self.prober.probe()
+                self.publish(client, record)
+                if self.is_keeper(client):
+                    sync_matrix(client, self.layout)
+            except (KazooException, KazooTimeoutError) as err:
+                log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
+                self._wake.wait(1.0)
+                continue
+            if once:
+                return record
+            self._wake.wait(self.node.settings.agent_interval)
+        return record
+
+    def _stop_requested_cleanup(self, client: KazooClient) -> None:
+        """Delete the record (if ZooKeeper answers) and close the session."""
+        if self._stop.is_set() or client.connected:
             try:
                 client.delete(self.layout.resource(self.node.name))
             except (NoNodeError, KazooException, KazooTimeoutError):
                 pass
-            store.close(client)
-            close = getattr(self.prober.source, "close", None)
-            if close:
-                close()
-        return record
+        try:
+            client.stop()
+            client.close()
+        except Exception as err:  # a dying client must not keep the agent from going on
+            log.debug("closing the ZooKeeper client: %s", err)
 
 
 def serve(inventory: Inventory, host: str) -> None:

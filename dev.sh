@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# HyperTF on this machine, from a fresh clone:
+#   ./dev.sh up     install everything, start a local ZooKeeper and agent, show the cluster
+#   ./dev.sh test   install everything, then run the whole test suite (lint included)
+# Needs: Debian/Ubuntu, root (apt, network namespaces for the lab), Python >= 3.10.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+SYSTEM_PACKAGES=(zookeeper openssh-server openssh-client iproute2 pdsh)
+
+install_system() {
+    local missing=()
+    for pkg in "${SYSTEM_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+    done
+    if ((${#missing[@]})); then
+        echo "== apt-get install ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+install_python() {
+    if [ ! -x .venv/bin/python ]; then
+        echo "== creating .venv with $($PYTHON --version)"
+        "$PYTHON" -m venv .venv
+    fi
+    echo "== pip install -e .[tf,dev]"
+    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[tf,dev]'
+}
+
+case "${1:-}" in
+    up)
+        install_system
+        install_python
+        .venv/bin/invoke zk.start
+        .venv/bin/invoke agent.start
+        sleep 1
+        .venv/bin/invoke cluster.status
+        ;;
+    test)
+        install_system
+        install_python
+        echo "== ruff"
+        .venv/bin/ruff check hypertf tests tasks.py examples bench
+        echo "== pytest"
+        set +e
+        .venv/bin/python -m pytest "${@:2}"
+        code=$?
+        set -e
+        if [ "$code" -eq 5 ]; then
+            echo "pytest collected no test: failing" >&2
+            exit 1
+        fi
+        exit "$code"
+        ;;
+    *)
+        echo "usage: ./dev.sh up | ./dev.sh test [pytest args]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,128 @@
+"""Invoke tasks: ``invoke --list``. Each task calls the same code as the ``hypertf`` command."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from invoke import Collection, Context, Exit, task
+
+from hypertf import cli
+
+INVENTORY_HELP = {"inventory": "inventory YAML (default inventory/local.yml)"}
+
+
+def _hypertf(argv: Sequence[str]) -> None:
+    """Run a hypertf subcommand; a failure becomes invoke.Exit with its message and code."""
+    code = cli.main(list(argv))
+    if code:
+        raise Exit(code=code)
+
+
+def _inv(inventory: str | None) -> list[str]:
+    return ["--inventory", inventory] if inventory else []
+
+
+
+@task(help=INVENTORY_HELP)
+def zk_start(c: Context, inventory: str | None = None) -> None:
+    """Start the local standalone ZooKeeper the inventory names."""
+    _hypertf(["zk", "start", *_inv(inventory)])
+
+
+@task(help=INVENTORY_HELP)
+def zk_stop(c: Context, inventory: str | None = None) -> None:
+    """Stop the local ZooKeeper (by its pidfile)."""
+    _hypertf(["zk", "stop", *_inv(inventory)])
+
+
+@task(help=INVENTORY_HELP)
+def zk_status(c: Context, inventory: str | None = None) -> None:
+    """Say whether the local ZooKeeper serves, and in which mode."""
+    _hypertf(["zk", "status", *_inv(inventory)])
+
+
+@task(help={**INVENTORY_HELP, "host": "only this node (default: every GPU node)"})
+def agent_start(c: Context, inventory: str | None = None, host: str | None = None) -> None:
+    """Start the resource agent on the nodes (over SSH; locally for a local node)."""
+    from hypertf import agentctl
+    from hypertf.inventory import DEFAULT_INVENTORY, load_inventory
+
+    def start() -> int:
+        inv = load_inventory(inventory or DEFAULT_INVENTORY)
+        for name, result in agentctl.start_agents(inv, [host] if host else None).items():
+            print(f"{name}: {result.stdout.strip()}")
+        return 0
+
+    code = cli.run(start)
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={**INVENTORY_HELP, "host": "only this node (default: every GPU node)"})
+def agent_stop(c: Context, inventory: str | None = None, host: str | None = None) -> None:
+    """Stop the resource agent on the nodes; their records leave ZooKeeper at once."""
+    from hypertf import agentctl
+    from hypertf.inventory import DEFAULT_INVENTORY, load_inventory
+
+    def stop() -> int:
+        inv = load_inventory(inventory or DEFAULT_INVENTORY)
+        for name, result in agentctl.stop_agents(inv, [host] if host else None).items():
+            print(f"{name}: {result.stdout.strip()}")
+        return 0
+
+    code = cli.run(stop)
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={**INVENTORY_HELP, "json": "print one JSON object instead of the table"})
+def status(c: Context, inventory: str | None = None, json: bool = False) -> None:
+    """Show hosts x GPUs (free / busy / unavailable), agents and ZooKeeper health."""
+    _hypertf(["status", *_inv(inventory), *(["--json"] if json else [])])
+
+
+@task(help={"hosts": "number of hosts (network namespaces)", "gpus": "static GPUs per host",
+            "no_agents": "bare hosts: no agent started"})
+def lab_up(c: Context, hosts: int = 3, gpus: int = 4, no_agents: bool = False) -> None:
+    """Create a multi-host lab on this machine; the last line printed is its inventory."""
+    _hypertf(["lab", "up", "--hosts", str(hosts), "--gpus", str(gpus),
+              *(["--no-agents"] if no_agents else [])])
+
+
+@task(help={"name": "lab id (default: every lab)"})
+def lab_down(c: Context, name: str | None = None) -> None:
+    """Remove the lab(s): hosts, sshd, agents, ZooKeeper, namespaces, bridge, files."""
+    _hypertf(["lab", "down", *(["--name", name] if name else [])])
+
+
+@task
+def lab_list(c: Context) -> None:
+    """List the labs that are up."""
+    _hypertf(["lab", "list"])
+
+
+@task(help={"args": "extra pytest arguments, e.g. '-k allocation -x'"})
+def test(c: Context, args: str = "") -> None:
+    """Run the whole test suite (needs root for the lab)."""
+    c.run(f"{sys.executable} -m pytest {args}", pty=False)
+
+
+zk = Collection("zk")
+zk.add_task(zk_start, "start")
+zk.add_task(zk_stop, "stop")
+zk.add_task(zk_status, "status")
+
+agent = Collection("agent")
+agent.add_task(agent_start, "start")
+agent.add_task(agent_stop, "stop")
+
+cluster = Collection("cluster")
+cluster.add_task(status, "status")
+
+lab = Collection("lab")
+lab.add_task(lab_up, "up")
+lab.add_task(lab_down, "down")
+lab.add_task(lab_list, "list")
+
+ns = Collection(zk, agent, cluster, lab, test)

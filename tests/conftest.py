@@ -1,0 +1,124 @@
+"""Shared fixtures: one real ZooKeeper and one lab per test session, torn down even on failure.
+
+The ZooKeeper listens on loopback only; the lab's hosts are network namespaces this session
+creates itself (see hypertf.lab). Each test gets its own ZooKeeper root, so tests sharing the
+server never see each other's matrix.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from hypertf import lab as lab_module
+from hypertf import store
+from hypertf.inventory import ClusterSettings
+from hypertf.store import AgentRecord, Layout
+from hypertf.zkserver import ZooKeeperServer, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str,
+             interval: float = 0.1) -> object:
+    """Poll with a deadline instead of sleeping; the failure says what did not happen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private HYPERTF_HOME (0700, not under world-writable /tmp paths for sshd)."""
+    home = REPO / ".hypertf" / f"test-{secrets.token_hex(3)}"
+    home.mkdir(parents=True, mode=0o700)
+    old = os.environ.get("HYPERTF_HOME")
+    os.environ["HYPERTF_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("HYPERTF_HOME", None)
+    else:
+        os.environ["HYPERTF_HOME"] = old
+    import shutil
+
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def zk_server(state_home: Path, request: pytest.FixtureRequest) -> Iterator[ZooKeeperServer]:
+    server = ZooKeeperServer("127.0.0.1", free_port(), state_home / "zookeeper")
+    server.start(tick_ms=500)
+    yield server
+    if request.session.testsfailed:
+        tail = server.logfile.read_text(errors="replace").splitlines()[-30:]
+        print("\n--- ZooKeeper log (last lines) ---\n" + "\n".join(tail))
+    server.stop()
+
+
+@pytest.fixture
+def cluster_settings(zk_server: ZooKeeperServer) -> ClusterSettings:
+    """Settings for a fresh ZooKeeper root, private to this test."""
+    return ClusterSettings(
+        gpu_group="gpu_nodes",
+        zookeeper_hosts=zk_server.hosts,
+        zk_root=f"/test-{secrets.token_hex(4)}",
+        zk_session_timeout=2.0,
+        known_hosts="/nonexistent",
+        ssh_timeout=5.0,
+    )
+
+
+@pytest.fixture
+def layout(cluster_settings: ClusterSettings) -> Layout:
+    return Layout(cluster_settings.zk_root)
+
+
+@pytest.fixture
+def zk(cluster_settings: ClusterSettings, layout: Layout) -> Iterator[KazooClient]:
+    client = store.connect(cluster_settings)
+    layout.ensure(client)
+    yield client
+    store.close(client)
+
+
+@pytest.fixture
+def fake_agents(cluster_settings: ClusterSettings, layout: Layout,
+                ) -> Iterator[Callable[[dict[str, int]], KazooClient]]:
+    """Publish agent records (the real format) from a separate session, like agents would."""
+    clients: list[KazooClient] = []
+
+    def publish(gpus_per_host: dict[str, int]) -> KazooClient:
+        client = store.connect(cluster_settings)
+        clients.append(client)
+        layout.ensure(client)
+        for i, (host, gpus) in enumerate(gpus_per_host.items()):
+            record = AgentRecord(host=host, mgmt_addr=f"127.0.0.{i + 2}",
+                                 data_addr=f"127.0.0.{i + 2}", port=20000 + i, gpu=gpus,
+                                 gpu_avail_list=list(range(gpus)), heartbeat=time.time())
+            client.create(layout.resource(host), record.to_json(), ephemeral=True)
+        return client
+
+    yield publish
+    for client in clients:
+        store.close(client)
+
+
+@pytest.fixture(scope="session")
+def lab(state_home: Path) -> Iterator[lab_module.Lab]:
+    """Three hosts with four static GPUs each, agents running; removed at the end."""
+    built = lab_module.up(hosts=3, gpus=4)
+    try:
+        yield built
+    finally:
+        lab_module.down(built)

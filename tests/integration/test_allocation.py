@@ -1,0 +1,161 @@
+"""Allocation against a real ZooKeeper: atomicity, leases, release, messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from hypertf import store
+from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
+from hypertf.errors import InsufficientResources
+from hypertf.matrix import FREE
+from hypertf.scheduler import TaskSlot
+from tests.conftest import wait_for
+
+WORKER = Path(__file__).resolve().parent.parent / "allocator_worker.py"
+HOSTS = ("n1", "n2", "n3", "n4")
+
+
+def one_gpu() -> Request:
+    return Request(slots=(TaskSlot("worker", 0, 1),), hosts=HOSTS)
+
+
+def all_free(zk, layout) -> bool:
+    matrix, _ = sync_matrix(zk, layout)
+    return all(cell == FREE for row in matrix.gpus.values() for cell in row) and not matrix.ports
+
+
+def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents):
+    fake_agents({"n1": 2, "n2": 2})
+    request = Request(
+        slots=(TaskSlot("chief", 0, 1), TaskSlot("worker", 0, 1), TaskSlot("worker", 1, 1),
+               TaskSlot("ps", 0, 0)),
+        hosts=("n1", "n2"),
+        port_ranges={"n1": (21000, 21010), "n2": (21000, 21010)},
+    )
+    key = new_task_key()
+    grant = allocate(zk, layout, request, key)
+    assert [(p.name, p.host, p.gpus) for p in grant.placements] == [
+        ("chief:0", "n1", (0,)), ("worker:0", "n2", (0,)), ("worker:1", "n1", (1,)),
+        ("ps:0", "n1", ()),
+    ]
+    assert len({(p.host, grant.ports[p.name]) for p in grant.placements}) == 4
+    assert all(21000 <= port <= 21010 for port in grant.ports.values())
+    assert zk.exists(layout.lease(key)) and zk.exists(layout.job(key))
+    assert release(zk, layout, key) is True
+    assert release(zk, layout, key) is False
+    assert all_free(zk, layout)
+    job = json.loads(zk.get(layout.job(key))[0])
+    assert job["state"] == "released"
+    assert zk.exists(layout.lease(key)) is None
+
+
+def test_impossible_request_says_what_is_free_where(zk, layout, fake_agents):
+    fake_agents({"n1": 2, "n2": 1})
+    allocate(zk, layout, Request((TaskSlot("worker", 0, 1),), ("n1", "n2")), new_task_key())
+    request = Request(tuple(TaskSlot("worker", i, 1) for i in range(3)), ("n1", "n2", "n3"))
+    with pytest.raises(InsufficientResources) as err:
+        allocate(zk, layout, request, new_task_key())
+    assert str(err.value) == (
+        "cannot place worker:2 (1 GPU on one host): asked for 3 worker (1 GPU each): "
+        "3 GPUs in all; free now: n1: 1 of 2 free (GPU 1); n2: 1 of 1 free (GPU 0); "
+        "n3: agent down. Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status)."
+    )
+    matrix, _ = sync_matrix(zk, layout)
+    assert matrix.free("n1") == [1] and matrix.free("n2") == [0]  # nothing taken by the failure
+
+
+def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, cluster_settings):
+    """16 threads (own sessions) and 16 processes hold GPUs at once, then cycle.
+
+    Sessions get 15 s here: 32 clients and 16 Python start-ups on 2 cores can starve a
+    2 s session of its pings, and an expired lease is (rightly) reclaimed.
+    """
+    cluster_settings = dataclasses.replace(cluster_settings, zk_session_timeout=15.0)
+    fake_agents({host: 8 for host in HOSTS})  # 32 GPUs for 32 allocators
+    held: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    everyone_holds = threading.Event()
+
+    def thread_allocator() -> None:
+        client = store.connect(cluster_settings)
+        try:
+            key = new_task_key()
+            grant = allocate(client, layout, one_gpu(), key)
+            with lock:
+                held.extend((p.host, g) for p in grant.placements for g in p.gpus)
+            everyone_holds.wait(timeout=120)
+        finally:
+            store.close(client)  # session closes: the lease goes, the GPU is reclaimed
+
+    processes = [
+        subprocess.Popen([sys.executable, str(WORKER), cluster_settings.zookeeper_hosts,
+                          layout.root, ",".join(HOSTS), "hold", "1", "15"],
+                         stdout=subprocess.PIPE, text=True)
+        for _ in range(16)
+    ]
+    try:
+        threads = [threading.Thread(target=thread_allocator) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for proc in processes:
+            grant = json.loads(proc.stdout.readline())
+            held.append((grant["host"], grant["gpu"]))
+        wait_for(lambda: len(held) == 32, 60, "32 grants")
+        assert len(set(held)) == 32, "a GPU was granted twice"
+        with pytest.raises(InsufficientResources):
+            allocate(zk, layout, one_gpu(), new_task_key())
+        everyone_holds.set()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        everyone_holds.set()
+        for proc in processes:
+            proc.kill()
+            proc.wait()
+    wait_for(lambda: all_free(zk, layout), 15, "every GPU back after the allocators ended")
+
+    # Second round: 32 processes-or-threads churning allocate/release; intervals must not overlap.
+    churners = [
+        subprocess.Popen([sys.executable, str(WORKER), cluster_settings.zookeeper_hosts,
+                          layout.root, ",".join(HOSTS[:1]), "cycle", "5", "15"],
+                         stdout=subprocess.PIPE, text=True)
+        for _ in range(12)
+    ]
+    events = []
+    for proc in churners:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        events.extend(json.loads(line) for line in out.splitlines())
+    starts = {e["key"]: e for e in events if "start" in e}
+    ends = {e["key"]: e["end"] for e in events if "end" in e}
+    by_gpu = defaultdict(list)
+    for key, grant in starts.items():
+        by_gpu[(grant["host"], grant["gpu"])].append((grant["start"], ends[key]))
+    assert len(starts) == 60
+    for gpu, intervals in by_gpu.items():
+        intervals.sort()
+        for (_, end), (start, _) in zip(intervals, intervals[1:]):
+            assert start >= end, f"{gpu} held by two jobs at once"
+    assert all_free(zk, layout)
+
+
+def test_sigkilled_allocator_gpus_return(zk, layout, fake_agents, cluster_settings):
+    fake_agents({"n1": 2})
+    proc = subprocess.Popen([sys.executable, str(WORKER), cluster_settings.zookeeper_hosts,
+                             layout.root, "n1", "hold"], stdout=subprocess.PIPE, text=True)
+    grant = json.loads(proc.stdout.readline())
+    matrix, _ = sync_matrix(zk, layout)
+    assert matrix.gpus["n1"][grant["gpu"]] == grant["key"]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # Session timeout is 2 s: the lease expires, the next sync reclaims the cell.
+    wait_for(lambda: all_free(zk, layout), 2.0 * 3 + 2, "the killed allocator's GPU to return")
