@@ -102,6 +102,40 @@ def lab_list(c: Context) -> None:
     _hypertf(["lab", "list"])
 
 
+@task(
+    help={
+        **INVENTORY_HELP,
+        "script": "training script (on the nodes, or inside --sync DIR)",
+        "worker": "number of workers", "ps": "parameter servers (0: mirrored job)",
+        "chief": "add a chief task (TF2 ParameterServerStrategy)",
+        "policy": "round_robin (default) or pack",
+        "gpus_per_worker": "GPUs per worker and chief (default 1)",
+        "gpus_per_ps": "GPUs per parameter server (default 0)",
+        "sync": "upload this directory into the job's run directory",
+        "start_timeout": "seconds for every task to listen (default 120)",
+        "timeout": "seconds for the whole job", "grace": "seconds from SIGTERM to SIGKILL",
+        "no_legacy_flags": "do not pass --ps_hosts/--worker_hosts/--job_name/--task_index",
+    }
+)
+def train(c: Context, script: str, worker: int = 1, ps: int = 0, chief: bool = False,
+          inventory: str | None = None, policy: str = "round_robin", gpus_per_worker: int = 1,
+          gpus_per_ps: int = 0, sync: str | None = None, start_timeout: float = 120.0,
+          timeout: float | None = None, grace: float = 5.0, no_legacy_flags: bool = False,
+          ) -> None:
+    """Run a distributed TensorFlow job; hyperparameters go after '--'."""
+    argv = ["train", "--script", script, "--worker", str(worker), "--ps", str(ps),
+            "--policy", policy, "--gpus-per-worker", str(gpus_per_worker),
+            "--gpus-per-ps", str(gpus_per_ps), "--start-timeout", str(start_timeout),
+            "--grace", str(grace), *_inv(inventory)]
+    argv += ["--chief"] if chief else []
+    argv += ["--sync", sync] if sync else []
+    argv += ["--timeout", str(timeout)] if timeout else []
+    argv += ["--no-legacy-flags"] if no_legacy_flags else []
+    # Invoke joins what follows '--' into one string; take it from argv to keep quoting.
+    hyperparameters = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+    _hypertf([*argv, "--", *hyperparameters])
+
+
 @task(help={"args": "extra pytest arguments, e.g. '-k allocation -x'"})
 def test(c: Context, args: str = "") -> None:
     """Run the whole test suite (needs root for the lab)."""
@@ -125,4 +159,4 @@ lab.add_task(lab_up, "up")
 lab.add_task(lab_down, "down")
 lab.add_task(lab_list, "list")
 
-ns = Collection(zk, agent, cluster, lab, test)
+ns = Collection(zk, agent, cluster, lab, train, test)

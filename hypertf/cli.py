@@ -110,6 +110,57 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from hypertf.launcher import TrainRequest, train
+
+    inventory = load_inventory(args.inventory)
+    request = TrainRequest(
+        script=args.script, workers=args.worker, ps=args.ps, chief=args.chief,
+        policy=args.policy, gpus_per_worker=args.gpus_per_worker, gpus_per_ps=args.gpus_per_ps,
+        sync_dir=args.sync, start_timeout=args.start_timeout, timeout=args.timeout,
+        legacy_flags=not args.no_legacy_flags, grace=args.grace, args=tuple(args.hyperparameters),
+    )
+    train(inventory, request, say=lambda line: print(line, flush=True))
+    return 0
+
+
+def add_train_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``train``; everything else is passed to the script unchanged."""
+    _inventory_option(p)
+    p.add_argument("--script", required=True, help="training script (path on the nodes, "
+                   "or inside --sync DIR)")
+    p.add_argument("--worker", type=int, default=1, help="number of workers (default 1)")
+    p.add_argument("--ps", type=int, default=0, help="parameter servers (0: mirrored job)")
+    p.add_argument("--chief", action="store_true", help="add a chief (TF2 ParameterServer)")
+    p.add_argument("--policy", default="round_robin", help="round_robin or pack")
+    p.add_argument("--gpus-per-worker", type=int, default=1, help="GPUs per worker/chief")
+    p.add_argument("--gpus-per-ps", type=int, default=0, help="GPUs per ps (default none)")
+    p.add_argument("--sync", help="upload this directory into the job's run dir first")
+    p.add_argument("--start-timeout", type=float, default=120.0,
+                   help="seconds for every task to listen on its port (default 120)")
+    p.add_argument("--timeout", type=float, help="seconds for the whole job (default none)")
+    p.add_argument("--grace", type=float, default=5.0,
+                   help="seconds between SIGTERM and SIGKILL when stopping tasks")
+    p.add_argument("--no-legacy-flags", action="store_true",
+                   help="do not pass --ps_hosts/--worker_hosts/--job_name/--task_index")
+
+
+def parse_train(argv: Sequence[str]) -> argparse.Namespace:
+    """``--`` or any unknown option starts the hyperparameters, kept verbatim."""
+    argv = list(argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(prog="hypertf train", allow_abbrev=False)
+    add_train_options(parser)
+    args, unknown = parser.parse_known_args(argv)
+    args.hyperparameters = unknown + extra
+    args.func = cmd_train
+    args.command = "train"
+    return args
+
+
 def _inventory_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY,
                         help=f"inventory YAML (default {DEFAULT_INVENTORY})")
@@ -141,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     _inventory_option(p)
     p.set_defaults(func=cmd_zk)
 
+    sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
+                   add_help=False)
+
     p = sub.add_parser("lab", help="a multi-host test cluster of network namespaces")
     p.add_argument("action", choices=("up", "down", "list"))
     p.add_argument("--hosts", type=int, default=3, help="number of hosts (up)")
@@ -164,7 +218,16 @@ def run(func: Callable[[], int]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        args = parse_train(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+    if args.command != "agent":
+        # kazoo's connection warnings are noise for a one-shot command: our error says it.
+        kazoo_log = logging.getLogger("hypertf.kazoo")
+        kazoo_log.addHandler(logging.NullHandler())
+        kazoo_log.propagate = False
     return run(lambda: args.func(args))
 
 

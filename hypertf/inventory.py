@@ -47,6 +47,12 @@ def _positive(kind: type) -> Callable[[str, Any], Any]:
     return parse
 
 
+def _port(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ValueError(f"{key} must be a port number 1-65535, not {value!r}")
+    return value
+
+
 def _percent(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
         raise ValueError(f"{key} must be a percentage between 0 and 100, not {value!r}")
@@ -105,7 +111,7 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_workdir": Setting(_text, "/var/lib/hypertf"),
     "hypertf_gpu_group": Setting(_text, "gpu_nodes"),
     "hypertf_zookeeper_hosts": Setting(_optional_text, None),
-    "hypertf_zookeeper_port": Setting(_positive(int), 2181),
+    "hypertf_zookeeper_port": Setting(_port, 2181),
     "hypertf_zk_root": Setting(_text, "/hypertf"),
     "hypertf_zk_session_timeout": Setting(_positive(float), 10.0),
     "hypertf_data_network": Setting(_optional_text, None),
@@ -197,6 +203,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                mark = key_node.start_mark
+                raise InventoryError(
+                    f"line {mark.line + 1}, column {mark.column + 1}: a mapping key must be "
+                    f"a plain value, not {key!r}"
+                ) from None
             if key in seen:
                 mark = key_node.start_mark
                 raise InventoryError(
@@ -219,6 +233,8 @@ def _read_yaml(path: Path) -> Any:
         raise InventoryError(
             f"{path}: byte {err.start} is not UTF-8 text; save the inventory as UTF-8"
         ) from None
+    except OSError as err:
+        raise InventoryError(f"inventory {path} cannot be read: {err.strerror}") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except InventoryError as err:
@@ -375,8 +391,12 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
                     f"(or ansible_connection: local for this machine)"
                 )
         port = variables.get("ansible_port", variables.get("ansible_ssh_port", 22))
+        if isinstance(port, str) and port.strip().isdigit():
+            port = int(port)  # Ansible converts quoted numbers too
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise InventoryError(f"{path}: host {host!r}: ansible_port must be 1-65535, not {port!r}")
+            raise InventoryError(
+                f"{path}: host {host!r}: ansible_port must be 1-65535, not {port!r}"
+            )
         key_file = variables.get("ansible_ssh_private_key_file") or variables.get(
             "ansible_private_key_file"
         )

@@ -122,11 +122,15 @@ class StaticGpuSource:
             path = Path(spec).expanduser()
             try:
                 spec = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as err:
+            except (OSError, ValueError) as err:
                 raise HyperTFError(f"static GPU file {path} unreadable: {err}") from None
-        if isinstance(spec, int):
+        if isinstance(spec, int) and not isinstance(spec, bool):
             return [{} for _ in range(spec)]
-        return [dict(item) for item in spec]
+        if isinstance(spec, (list, tuple)) and all(isinstance(item, dict) for item in spec):
+            return [dict(item) for item in spec]
+        raise HyperTFError(
+            f"static GPU source {self._spec!r}: expected a GPU count or a list of GPU objects"
+        )
 
     def read(self) -> list[GpuReading]:
         readings = []
@@ -170,7 +174,8 @@ def judge(readings: list[GpuReading], util_max: float, mem_max: float) -> list[G
                 utilization=r.utilization,
                 memory_used=r.memory_used,
                 memory_total=r.memory_total,
-                available=r.utilization <= util_max and mem_percent <= mem_max,
+                available=r.memory_total > 0 and r.utilization <= util_max
+                and mem_percent <= mem_max,
             )
         )
     return gpus

@@ -7,6 +7,7 @@ runs its commands through Invoke on this machine, with the same interface.
 
 from __future__ import annotations
 
+import io
 import shlex
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -117,15 +118,20 @@ class Session:
     def run(self, command: str, timeout: float | None = None, **kwargs: Any) -> Result:
         """Run a shell command; a non-zero exit is returned, never raised."""
         runner = self._open()
+        kwargs.setdefault("in_stream", False)
+        kwargs.setdefault("hide", True)
         try:
-            result = runner.run(command, hide=True, warn=True, in_stream=False,
-                                timeout=timeout, **kwargs)
+            result = runner.run(command, warn=True, timeout=timeout, **kwargs)
         except UnexpectedExit as err:  # only with warn=False, kept for safety
             result = err.result
         except (OSError, EOFError, paramiko.SSHException) as err:
             self.close()
             raise RemoteError(f"{self.node.name}: connection lost: {err}") from None
         return Result(self.node.name, command, result.exited, result.stdout, result.stderr)
+
+    def stream(self, command: str, sink: io.TextIOBase) -> Result:
+        """Run a long command whose stdout goes to ``sink`` as it arrives."""
+        return self.run(command, hide=False, out_stream=sink, err_stream=io.StringIO())
 
     def close(self) -> None:
         runner, self._runner = self._runner, None

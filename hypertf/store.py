@@ -120,6 +120,11 @@ def decode(data: bytes, what: str) -> dict[str, Any]:
         payload = json.loads(data.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise StoreError(f"ZooKeeper holds an unreadable {what}: {err}") from None
+    if not isinstance(payload, dict):
+        raise StoreError(
+            f"ZooKeeper holds an unreadable {what}: expected a JSON object, "
+            f"got {type(payload).__name__}"
+        )
     version = payload.pop("format", None)
     if version != FORMAT:
         raise StoreError(

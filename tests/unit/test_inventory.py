@@ -241,11 +241,6 @@ def test_duplicate_host_key(tmp_path):
     )
 
 
-@pytest.mark.xfail(
-    reason="_UniqueKeyLoader.construct_mapping does `key in seen` on an unhashable key "
-    "(hypertf/inventory.py:200): TypeError and a traceback instead of InventoryError",
-    strict=True,
-)
 def test_unhashable_key_is_an_inventory_error(tmp_path):
     path = write(tmp_path, """
         all:
@@ -257,11 +252,6 @@ def test_unhashable_key_is_an_inventory_error(tmp_path):
     assert "line 5" in load_error(path)
 
 
-@pytest.mark.xfail(
-    reason="_read_yaml catches only UnicodeDecodeError around path.read_bytes() "
-    "(hypertf/inventory.py:217): PermissionError escapes as a traceback",
-    strict=True,
-)
 def test_unreadable_file_is_an_inventory_error(tmp_path, monkeypatch):
     path = write(tmp_path, one_node())
 
@@ -353,21 +343,11 @@ def test_wrong_types_name_file_host_and_key(tmp_path, line, expected):
     assert expected in message
 
 
-@pytest.mark.xfail(
-    reason="ansible accepts a quoted ansible_port (its connection plugins convert it to int) "
-    "but HyperTF refuses it (hypertf/inventory.py:378), so the two read the file differently",
-    strict=True,
-)
 def test_quoted_ansible_port_is_read_like_ansible_does(tmp_path):
     path = write(tmp_path, one_node('ansible_port: "2222"'))
     assert load_inventory(path).node("node1").port == 2222
 
 
-@pytest.mark.xfail(
-    reason="hypertf_zookeeper_port is parsed with _positive(int) (hypertf/inventory.py:108): "
-    "99999 is accepted and a float is truncated, giving a connection string that cannot work",
-    strict=True,
-)
 @pytest.mark.parametrize("port", ["99999", "2181.5"])
 def test_zookeeper_port_must_be_a_port_number(tmp_path, port):
     path = write(tmp_path, f"""

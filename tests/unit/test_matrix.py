@@ -69,11 +69,6 @@ def test_unreadable_bytes_are_a_store_error(data):
         Matrix.from_json(data)
 
 
-@pytest.mark.xfail(
-    reason="store.decode calls payload.pop() on whatever JSON it got: a list, string or null "
-    "raises TypeError/AttributeError instead of StoreError (hypertf/store.py:123)",
-    strict=True,
-)
 @pytest.mark.parametrize("data", [b"[]", b"null", b'"matrix"'])
 def test_json_that_is_not_an_object_is_a_store_error(data):
     with pytest.raises(StoreError):

@@ -108,12 +108,6 @@ def test_static_unreadable_file_is_a_hypertf_error_naming_it(tmp_path, content):
         StaticGpuSource("n", str(path)).read()
 
 
-@pytest.mark.xfail(
-    reason="StaticGpuSource._entries catches only OSError and JSONDecodeError "
-    "(hypertf/probes.py:125) and trusts the JSON's shape (probes.py:128-131): non-UTF-8 "
-    "bytes raise UnicodeDecodeError, an object or string raises ValueError",
-    strict=True,
-)
 @pytest.mark.parametrize("content", [b"\xff\xfe[]", b'{"gpus": 2}', b'"two"'])
 def test_static_file_with_bad_bytes_or_shape_is_a_hypertf_error(tmp_path, content):
     path = tmp_path / "gpus.json"

@@ -1,0 +1,545 @@
+"""The job lifecycle behind ``invoke train`` / ``hypertf train``.
+
+plan -> preflight -> allocate -> start -> watch -> decide -> stop -> release -> report.
+Each step is a method of ``Job``; ``Job.run`` calls them in that order and guarantees the
+last three whatever happens (failure, Ctrl-C, SIGTERM). If the launcher is killed outright,
+its ZooKeeper lease expires and the agents stop the job's tasks and free its GPUs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import queue
+import signal
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooState
+
+from hypertf import spec as specs
+from hypertf import store
+from hypertf.allocation import Grant, Request, allocate, new_task_key, release, update_job
+from hypertf.errors import HyperTFError, RemoteError, UsageError
+from hypertf.inventory import Inventory
+from hypertf.remote import Cluster, Session, command_line, quote
+from hypertf.scheduler import POLICIES, Placement
+from hypertf.store import Layout
+
+PORT_IN_USE = ("Failed to add port to server", "Could not start gRPC server",
+               "Address already in use")
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
+             "GRPC_FAIL_FAST": "use_caller"}
+MAX_PORT_RETRIES = 3
+
+
+class JobFailed(HyperTFError):
+    """The job ran and failed; the message names the task and shows its last lines."""
+
+    exit_code = 1
+
+
+class Interrupted(HyperTFError):
+    exit_code = 130
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What the user asked for on the command line."""
+
+    script: str
+    workers: int = 1
+    ps: int = 0
+    chief: bool = False
+    policy: str = "round_robin"
+    gpus_per_worker: int = 1
+    gpus_per_ps: int = 0
+    sync_dir: str | None = None
+    start_timeout: float = 120.0
+    timeout: float | None = None
+    legacy_flags: bool = True
+    grace: float = 5.0
+    args: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if self.workers < 0 or self.ps < 0 or self.gpus_per_worker < 0 or self.gpus_per_ps < 0:
+            raise UsageError("--worker, --ps and the GPU counts cannot be negative")
+        if self.workers == 0 and not self.chief:
+            raise UsageError("a job needs at least one worker (--worker N) or --chief")
+        if self.workers + self.ps + self.chief > 1024:
+            raise UsageError(f"{self.workers + self.ps + self.chief} tasks is more than the "
+                             f"1024 a job may have")
+        if self.policy not in POLICIES:
+            raise UsageError(f"unknown policy {self.policy!r}; choose {' or '.join(POLICIES)}")
+        if self.start_timeout <= 0 or (self.timeout is not None and self.timeout <= 0):
+            raise UsageError("--start-timeout and --timeout must be positive seconds")
+        if self.sync_dir:
+            if not Path(self.sync_dir).is_dir():
+                raise UsageError(f"--sync {self.sync_dir}: no such directory")
+            if not (Path(self.sync_dir) / self.script).is_file():
+                raise UsageError(f"--script {self.script} not found in --sync {self.sync_dir}")
+
+
+@dataclass
+class TaskState:
+    placement: Placement
+    port: int
+    started: float | None = None
+    exit_code: int | None = None
+    killed: bool = False
+    ended: float | None = None
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.placement.name
+
+    @property
+    def label(self) -> str:
+        return f"{self.placement.name}@{self.placement.host}"
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.placement.role}{self.placement.index}"
+
+    @property
+    def running(self) -> bool:
+        return self.ended is None
+
+
+class _LineSink(io.TextIOBase):
+    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue."""
+
+    def __init__(self, host: str, events: queue.Queue[tuple[str, dict[str, Any]]]) -> None:
+        self.host, self.events, self.buffer = host, events, ""
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            if line.strip():
+                try:
+                    self.events.put((self.host, json.loads(line)))
+                except json.JSONDecodeError:
+                    self.events.put((self.host, {"e": "noise", "line": line}))
+        return len(text)
+
+
+class Job:
+    """One training job from plan to report."""
+
+    def __init__(self, inventory: Inventory, request: TrainRequest,
+                 say: Callable[[str], None] = print) -> None:
+        request.validate()
+        self.inventory = inventory
+        self.request = request
+        self.say = say
+        self.layout = Layout(inventory.cluster.zk_root)
+        self.task_key = new_task_key()
+        self.client: Any = None
+        self.grant: Grant | None = None
+        self.tasks: dict[str, TaskState] = {}
+        self.cluster: Cluster | None = None
+        self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.host_seen: dict[str, float] = {}
+        self.lost_session = threading.Event()
+        self.started_at = time.time()
+        self.result = "failed"
+        self.message = ""
+        self.wrapper: dict[str, str] = {}
+        self.cpu_only = False
+        self.lost_hosts: set[str] = set()
+
+    @property
+    def local_dir(self) -> Path:
+        """Where the task logs and summary.json land on this machine."""
+        return Path("runs") / self.task_key
+
+    # -- plan ---------------------------------------------------------------------------
+    def plan(self) -> list[str]:
+        """Connect, and find the candidate hosts (inventory GPU nodes with a live agent)."""
+        self.client = store.connect(self.inventory.cluster)
+        self.client.add_listener(self._on_state)
+        self.layout.ensure(self.client)
+        records = store.read_records(self.client, self.layout)
+        hosts = [name for name in self.inventory.nodes if name in records]
+        if not hosts:
+            raise HyperTFError(
+                f"no agent is running on any host of {self.inventory.path}: start them with "
+                f"'invoke agent.start -i {self.inventory.path}' (status: hypertf status)"
+            )
+        self.records = records
+        self.cpu_only = sum(records[h].gpu for h in hosts) == 0
+        if self.cpu_only and (self.request.gpus_per_worker or self.request.gpus_per_ps):
+            self.say("hypertf: notice: no GPU on any node of this cluster: every task runs on CPU")
+        return hosts
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self.lost_session.set()
+
+    # -- preflight ----------------------------------------------------------------------
+    def preflight(self, hosts: list[str]) -> None:
+        """SSH with verified host keys, venv, script, work dir: on every host, in parallel."""
+        self.cluster = Cluster([self.inventory.node(h) for h in hosts], self.inventory.cluster)
+        script = "" if self.request.sync_dir else self._script_path()
+
+        def check(session: Session) -> dict[str, Any]:
+            node = session.node
+            command = command_line([
+                f"{node.settings.venv}/bin/python", "-m", "hypertf.tasknode", "preflight",
+                "--workdir", node.settings.workdir, "--script", script,
+                "--run-dir", f"{node.settings.workdir}/runs",
+            ])
+            result = session.run(command, timeout=self.inventory.cluster.ssh_timeout * 3)
+            if not result.ok:
+                detail = (result.stderr or result.stdout).strip().splitlines()
+                why = detail[-1] if detail else f"exit {result.exited}"
+                if result.exited == 127 or "No such file" in why:
+                    why = (f"the virtualenv {node.settings.venv} has no python with HyperTF "
+                           f"(run invoke cluster.setup): {why}")
+                raise RemoteError(why)
+            report = json.loads(result.stdout.strip().splitlines()[-1])
+            if report["problems"]:
+                raise RemoteError("; ".join(report["problems"]))
+            return report
+
+        results = self.cluster.each(check)
+        problems = {h: str(v) for h, v in results.items() if isinstance(v, BaseException)}
+        if problems:
+            lines = "\n".join(f"  {host}: {why}" for host, why in problems.items())
+            raise HyperTFError(f"preflight failed on {len(problems)} host(s); nothing was "
+                               f"started or allocated:\n{lines}")
+        self.wrapper = {h: v["wrapper"] for h, v in results.items()}
+
+    def _script_path(self) -> str:
+        script = self.request.script
+        return str(Path(script).resolve()) if Path(script).is_file() else script
+
+    # -- allocate -----------------------------------------------------------------------
+    def allocate(self, hosts: list[str], exclude: dict[str, set[int]] | None = None) -> Grant:
+        gpus = 0 if self.cpu_only else self.request.gpus_per_worker
+        ps_gpus = 0 if self.cpu_only else self.request.gpus_per_ps
+        slots = specs.slots_for(self.request.ps, self.request.workers, self.request.chief,
+                                gpus, ps_gpus)
+        request = Request(slots=slots, hosts=tuple(hosts), policy=self.request.policy,
+                          port_ranges={h: self.inventory.node(h).settings.port_range
+                                       for h in hosts})
+        job = {"script": self.request.script, "args": list(self.request.args),
+               "inventory": str(self.inventory.path)}
+        grant = allocate(self.client, self.layout, request, self.task_key, job=job,
+                         exclude_ports=exclude)
+        self.grant = grant
+        self.tasks = {p.name: TaskState(p, grant.ports[p.name]) for p in grant.placements}
+        return grant
+
+    # -- start --------------------------------------------------------------------------
+    def run_dir(self, host: str) -> str:
+        return f"{self.inventory.node(host).settings.workdir}/runs/{self.task_key}"
+
+    def _upload(self, session: Session) -> None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+            archive.add(self.request.sync_dir, arcname="code")
+        payload = buffer.getvalue()
+        target = self.run_dir(session.node.name)
+        command = f"mkdir -p {quote(target)} && tar -xzf - -C {quote(target)}"
+        result = session.run(command, in_stream=io.BytesIO(payload), timeout=120)
+        if not result.ok:
+            raise RemoteError(f"--sync upload failed: {result.stderr.strip()}")
+
+    def start(self) -> None:
+        """Every task at once: one SSH command per host, hosts in parallel."""
+        assert self.grant and self.cluster
+        addresses = {p.name: f"{self.records[p.host].data_addr}:{self.grant.ports[p.name]}"
+                     for p in self.grant.placements}
+        by_host: dict[str, list[specs.TaskSpec]] = {}
+        for task_spec in specs.build(self.grant.placements, addresses):
+            by_host.setdefault(task_spec.placement.host, []).append(task_spec)
+        if self.request.sync_dir:
+            failed = {h: v for h, v in self.cluster.each(self._upload, list(by_host)).items()
+                      if isinstance(v, BaseException)}
+            if failed:
+                raise HyperTFError("; ".join(f"{h}: {v}" for h, v in failed.items()))
+
+        def launch(session: Session) -> None:
+            host = session.node.name
+            node = session.node
+            run_dir = self.run_dir(host)
+            cwd = f"{run_dir}/code" if self.request.sync_dir else node.settings.workdir
+            script = self.request.script if self.request.sync_dir else self._script_path()
+            parts = [f"mkdir -p {quote(run_dir)}"]
+            for task_spec in by_host[host]:
+                task = self.tasks[task_spec.placement.name]
+                env = {**QUIET_ENV, "TF_CONFIG": task_spec.tf_config,
+                       "CUDA_VISIBLE_DEVICES": ",".join(map(str, task_spec.placement.gpus)),
+                       "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name}
+                argv = ["python", script,
+                        *(task_spec.flags if self.request.legacy_flags else ()),
+                        *self.request.args]
+                command = command_line(
+                    ["setsid", "nohup", "env", *(f"{k}={v}" for k, v in env.items()),
+                     "bash", self.wrapper[host], run_dir, task.file_name, node.settings.venv,
+                     cwd, "--", *argv]
+                )
+                parts.append(f"{{ {command} > /dev/null 2>&1 < /dev/null & }}")
+            result = session.run(" && ".join(parts), timeout=60)
+            if not result.ok:
+                raise RemoteError(f"start failed: {result.stderr.strip() or result.exited}")
+
+        update_job(self.client, self.layout, self.task_key, state="starting")
+        failed = {h: v for h, v in self.cluster.each(launch, list(by_host)).items()
+                  if isinstance(v, BaseException)}
+        if failed:
+            raise JobFailed("could not start tasks: " +
+                            "; ".join(f"{h}: {v}" for h, v in failed.items()))
+        self.say(f"hypertf: job {self.task_key}: started {len(self.tasks)} tasks: " + ", ".join(
+            f"{t.name}@{t.placement.host}:{t.port}"
+            + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
+            for t in self.tasks.values()))
+        for host in by_host:
+            self.host_seen[host] = time.monotonic()
+            threading.Thread(target=self._watch_host, args=(host,), daemon=True).start()
+
+    def _watch_host(self, host: str) -> None:
+        assert self.cluster
+        session = self.cluster.sessions[host]
+        node = session.node
+        names = [f"{t.file_name}={t.port}" for t in self.tasks.values() if t.placement.host == host]
+        command = command_line([f"{node.settings.venv}/bin/python", "-m", "hypertf.tasknode",
+                                "watch", self.run_dir(host), *names])
+        try:
+            session.stream(command, _LineSink(host, self.events))
+        except Exception as err:  # the host went away; the main loop decides what it means
+            self.events.put((host, {"e": "lost", "why": str(err)}))
+        else:
+            self.events.put((host, {"e": "closed"}))
+
+    # -- watch and decide ---------------------------------------------------------------
+    def _task_by_file(self, host: str, file_name: str) -> TaskState:
+        for task in self.tasks.values():
+            if task.placement.host == host and task.file_name == file_name:
+                return task
+        raise KeyError(file_name)
+
+    def watch(self) -> str:
+        """Stream logs and decide: 'succeeded', or raise JobFailed; 'retry-ports' on a port clash."""
+        finishers = specs.finishers(self.grant.placements)
+        fatal = specs.fatal_servers(self.grant.placements)
+        begun = time.monotonic()
+        all_started = False
+        host_timeout = max(2 * self.inventory.cluster.ssh_timeout, 10.0)
+        while True:
+            if self.lost_session.is_set():
+                raise JobFailed("lost the ZooKeeper session: the job's lease is gone, so the "
+                                "agents stop its tasks and its GPUs return to the pool")
+            try:
+                host, event = self.events.get(timeout=0.2)
+            except queue.Empty:
+                host, event = "", {"e": "tick"}
+            now = time.monotonic()
+            if host:
+                self.host_seen[host] = now
+            kind = event["e"]
+            if kind == "log":
+                task = self._task_by_file(host, event["task"])
+                task.tail = (task.tail + [event["line"]])[-20:]
+                self.say(f"[{task.label}] {event['line']}")
+            elif kind == "listening":
+                task = self._task_by_file(host, event["task"])
+                task.started = task.started or time.time()
+            elif kind == "exit":
+                task = self._task_by_file(host, event["task"])
+                task.ended = time.time()
+                task.exit_code = event["code"]
+                task.killed = event["killed"]
+                code = "killed" if task.killed else f"exit {task.exit_code}"
+                self.say(f"hypertf: {task.label} ended ({code})")
+                if task.exit_code != 0 and not all_started and any(
+                        marker in line for line in task.tail for marker in PORT_IN_USE):
+                    return "retry-ports"
+                if task.name in finishers and task.exit_code != 0:
+                    raise JobFailed(self._failure(task, f"{code}"))
+                if task.name in fatal:
+                    raise JobFailed(self._failure(task, f"parameter server ended ({code})"))
+                if task.name not in finishers:
+                    self.say(f"hypertf: warning: {task.label} ended; the job goes on without it")
+                elif task.exit_code == 0 and task.started is None:
+                    task.started = task.ended
+                if all(self.tasks[name].exit_code == 0 for name in finishers):
+                    return "succeeded"
+            elif kind == "lost":
+                self.lost_hosts.add(host)
+                raise JobFailed(f"lost contact with {host}: {event['why']}")
+            if not all_started and all(t.started for t in self.tasks.values()):
+                all_started = True
+                self.say(f"hypertf: all {len(self.tasks)} tasks listening after "
+                         f"{now - begun:.1f} s")
+            if not all_started and now - begun > self.request.start_timeout:
+                waiting = [t.label for t in self.tasks.values() if not t.started]
+                raise JobFailed(
+                    f"start-up deadline: {', '.join(waiting)} not listening on their port "
+                    f"after {self.request.start_timeout:.0f} s (a peer that never started, "
+                    f"a host cut off, or a script that never serves); raise --start-timeout "
+                    f"if start-up is just slow"
+                )
+            if self.request.timeout and now - begun > self.request.timeout:
+                raise JobFailed(f"job timeout: still running after {self.request.timeout:.0f} s")
+            for watched, seen in self.host_seen.items():
+                if any(t.running for t in self.tasks.values() if t.placement.host == watched) \
+                        and now - seen > host_timeout:
+                    self.lost_hosts.add(watched)
+                    raise JobFailed(f"host {watched} stopped answering ({now - seen:.0f} s "
+                                    f"without news)")
+
+    def _failure(self, task: TaskState, what: str) -> str:
+        tail = "\n".join(f"    {line}" for line in task.tail[-10:]) or "    (no output)"
+        return (f"task {task.label} failed: {what}. Last lines of its log:\n{tail}\n"
+                f"  full logs: {self.local_dir}/")
+
+    # -- stop ---------------------------------------------------------------------------
+    def stop(self, only_running_servers: bool = False) -> dict[str, Any]:
+        """TERM each task's process group, KILL after the grace period; every host at once."""
+        if not self.cluster or not self.tasks:
+            return {}
+        hosts = sorted({t.placement.host for t in self.tasks.values()} - self.lost_hosts)
+        for host in sorted(self.lost_hosts):
+            self.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
+                     f"tasks there when it can reach ZooKeeper again (the lease is released)")
+
+        def halt(session: Session) -> dict[str, str]:
+            node = session.node
+            command = command_line([f"{node.settings.venv}/bin/python", "-m", "hypertf.tasknode",
+                                    "stop", self.run_dir(node.name),
+                                    "--grace", str(self.request.grace)])
+            result = session.run(command, timeout=self.request.grace + 30)
+            if not result.ok:
+                raise RemoteError(result.stderr.strip() or f"exit {result.exited}")
+            return json.loads(result.stdout.strip().splitlines()[-1])
+
+        results = self.cluster.each(halt, hosts)
+        for host, value in results.items():
+            if isinstance(value, BaseException):
+                self.say(f"hypertf: warning: could not stop tasks on {host} ({value}); its "
+                         f"agent stops them once the job's lease is released")
+        return results
+
+    # -- report -------------------------------------------------------------------------
+    def collect_logs(self) -> None:
+        if not self.cluster or not self.tasks:
+            return
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+
+        def fetch(session: Session) -> None:
+            for task in self.tasks.values():
+                if task.placement.host != session.node.name:
+                    continue
+                path = f"{self.run_dir(session.node.name)}/{task.file_name}.log"
+                result = session.run(f"cat {quote(path)}", timeout=60)
+                (self.local_dir / f"{task.file_name}.log").write_text(result.stdout)
+
+        hosts = sorted({t.placement.host for t in self.tasks.values()} - self.lost_hosts)
+        self.cluster.each(fetch, hosts)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "task_key": self.task_key,
+            "result": self.result,
+            "message": self.message,
+            "script": self.request.script,
+            "args": list(self.request.args),
+            "inventory": str(self.inventory.path),
+            "policy": self.request.policy,
+            "cpu_only": self.cpu_only,
+            "wall_s": round(time.time() - self.started_at, 2),
+            "tasks": [
+                {"task": t.name, "host": t.placement.host, "gpus": list(t.placement.gpus),
+                 "port": t.port, "exit_code": t.exit_code, "killed": t.killed,
+                 "duration_s": round(t.ended - t.started, 2) if t.ended and t.started else None}
+                for t in self.tasks.values()
+            ],
+        }
+
+    # -- the lifecycle ------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Plan to report; stop, release and report happen whatever goes wrong."""
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def interrupt(signum: int, _frame: object) -> None:
+            raise Interrupted(f"interrupted by {signal.Signals(signum).name}: job stopped, "
+                              f"GPUs released")
+
+        for sig in previous:
+            signal.signal(sig, interrupt)
+        try:
+            hosts = self.plan()
+            self.preflight(hosts)
+            exclude: dict[str, set[int]] = {}
+            for attempt in range(MAX_PORT_RETRIES + 1):
+                self.allocate(hosts, exclude)
+                self.start()
+                outcome = self.watch()
+                if outcome != "retry-ports" or attempt == MAX_PORT_RETRIES:
+                    break
+                self.say("hypertf: a task could not bind its port: retrying on fresh ports")
+                for task in self.tasks.values():
+                    exclude.setdefault(task.placement.host, set()).add(task.port)
+                self._finish("retried")
+                self.task_key = new_task_key()
+                self.events = queue.Queue()
+            if outcome == "retry-ports":
+                raise JobFailed("tasks could not bind their ports after "
+                                f"{MAX_PORT_RETRIES} retries")
+            self.result = "succeeded"
+            self.message = "all finishers exited 0"
+        except HyperTFError as err:
+            self.result = "interrupted" if isinstance(err, Interrupted) else "failed"
+            self.message = str(err)
+            raise
+        finally:
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)  # cleanup must not be interrupted
+            try:
+                self._finish(self.result)
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+        return self.summary()
+
+    def _finish(self, state: str) -> None:
+        """Stop every task, release, collect logs, write the summary."""
+        try:
+            self.stop()
+            self.collect_logs()
+        finally:
+            if self.client is not None and self.grant is not None:
+                release(self.client, self.layout, self.task_key, state=state,
+                        extra={"summary": self.summary()})
+            if self.tasks:
+                self.local_dir.mkdir(parents=True, exist_ok=True)
+                (self.local_dir / "summary.json").write_text(json.dumps(self.summary(), indent=2))
+            if state != "retried":
+                if self.cluster:
+                    self.cluster.close()
+                if self.client is not None:
+                    store.close(self.client)
+            self.grant = None
+            self.tasks = {} if state == "retried" else self.tasks
+
+
+def train(inventory: Inventory, request: TrainRequest, say: Callable[[str], None] = print,
+          ) -> dict[str, Any]:
+    """Run one job to the end; returns the summary, raises JobFailed on failure."""
+    job = Job(inventory, request, say)
+    summary = job.run()
+    say(f"hypertf: job {summary['task_key']} {summary['result']} in {summary['wall_s']:.1f} s")
+    for task in summary["tasks"]:
+        say(f"  {task['task']:<10} {task['host']:<12} exit {task['exit_code']}")
+    say(f"  logs and summary.json: {job.local_dir}/")
+    return summary
+

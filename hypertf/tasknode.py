@@ -1,0 +1,237 @@
+"""The node side of a job: preflight, watch and stop the tasks of one run directory.
+
+The launcher runs ``python -m hypertf.tasknode ...`` on each node over SSH. ``watch``
+streams one JSON event per line (log lines, port listening, exits, heartbeats) so a single
+SSH channel per node carries everything the launcher needs; ``stop`` signals each task's
+process group (TERM, then KILL after a grace period: MultiWorkerMirroredStrategy catches
+TERM). Only processes whose pidfile is in the run directory and whose command line is our
+task wrapper are signalled. Standard library only, so it starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+WRAPPER = "task.sh"
+
+
+def wrapper_path() -> str:
+    return str(Path(__file__).with_name(WRAPPER))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _ours(pid: int) -> bool:
+    try:
+        return WRAPPER in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def _pid(run_dir: Path, name: str) -> int | None:
+    try:
+        return int((run_dir / f"{name}.pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _exit_code(run_dir: Path, name: str) -> int | None:
+    try:
+        return int((run_dir / f"{name}.exit").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        return True
+    return False
+
+
+def emit(event: dict) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def watch(run_dir: Path, tasks: dict[str, int], interval: float = 0.2) -> None:
+    """Stream events until every task has exited (or the launcher goes away)."""
+    offsets = dict.fromkeys(tasks, 0)
+    partial = dict.fromkeys(tasks, b"")
+    listening: set[str] = set()
+    finished: set[str] = set()
+    missing_since: dict[str, float] = {}
+    last_beat = 0.0
+    while True:
+        for name, port in tasks.items():
+            if name in finished:
+                continue
+            log = run_dir / f"{name}.log"
+            with contextlib.suppress(OSError), open(log, "rb") as handle:
+                handle.seek(offsets[name])
+                chunk = handle.read(1 << 20)
+                offsets[name] += len(chunk)
+                *lines, partial[name] = (partial[name] + chunk).split(b"\n")
+                for line in lines:
+                    emit({"e": "log", "task": name, "line": line.decode(errors="replace")})
+            if name not in listening and _listening(port):
+                listening.add(name)
+                emit({"e": "listening", "task": name})
+            code = _exit_code(run_dir, name)
+            pid = _pid(run_dir, name)
+            gone = pid is not None and not alive(pid)
+            if pid is None:
+                missing_since.setdefault(name, time.monotonic())
+                gone = time.monotonic() - missing_since[name] > 10
+            if code is not None or gone:
+                if code is None:
+                    time.sleep(0.05)  # the wrapper may be writing it right now
+                    code = _exit_code(run_dir, name)
+                with contextlib.suppress(OSError), open(log, "rb") as handle:
+                    handle.seek(offsets[name])
+                    rest = partial[name] + handle.read()
+                    for line in rest.split(b"\n"):
+                        if line:
+                            emit({"e": "log", "task": name, "line": line.decode(errors="replace")})
+                finished.add(name)
+                emit({"e": "exit", "task": name, "code": code, "killed": code is None})
+        if len(finished) == len(tasks):
+            emit({"e": "done"})
+            return
+        now = time.monotonic()
+        if now - last_beat >= 1.0:
+            emit({"e": "beat"})
+            last_beat = now
+        time.sleep(interval)
+
+
+def stop(run_dir: Path, names: Iterable[str] | None = None, grace: float = 5.0) -> dict[str, str]:
+    """TERM each task's process group, KILL what is left after ``grace``; report per task."""
+    chosen = list(names) if names else [p.stem for p in run_dir.glob("*.pid")]
+    groups = {}
+    result = {}
+    for name in chosen:
+        pid = _pid(run_dir, name)
+        if pid and alive(pid) and _ours(pid):
+            groups[name] = pid
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+        else:
+            result[name] = "not running"
+    deadline = time.monotonic() + grace
+    while groups and time.monotonic() < deadline:
+        for name, pid in list(groups.items()):
+            if not _group_alive(pid):
+                result[name] = "stopped"
+                del groups[name]
+        time.sleep(0.05)
+    for name, pid in groups.items():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        result[name] = "killed"
+    deadline = time.monotonic() + 5
+    while any(_group_alive(pid) for pid in groups.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (run_dir / "stopped").touch()
+    return result
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any live (non-zombie) process left in the group?"""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def reap(workdir: Path, leases: set[str], grace: float = 5.0) -> dict[str, dict[str, str]]:
+    """Stop the tasks of every run whose lease is gone (its launcher died).
+
+    Call with the leases read *after* listing the run directories: a run directory is made
+    only after its lease exists, so a run that is missing from a newer lease list is dead.
+    """
+    reaped = {}
+    for run_dir in sorted((workdir / "runs").glob("*")) if (workdir / "runs").is_dir() else []:
+        if (run_dir / "stopped").exists() or run_dir.name in leases:
+            continue
+        if any(alive(pid) for name in [p.stem for p in run_dir.glob("*.pid")]
+               if (pid := _pid(run_dir, name))):
+            reaped[run_dir.name] = stop(run_dir, grace=grace)
+        else:
+            (run_dir / "stopped").touch()
+    return reaped
+
+
+def preflight(workdir: str, script: str, run_dir: str) -> dict:
+    """Can this node run the job? Checked before anything is allocated or started."""
+    problems = []
+    work = Path(workdir)
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        probe = Path(run_dir) / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        problems.append(f"work dir {workdir} is not writable ({err.strerror})")
+    if script and not (work / script).is_file():
+        problems.append(f"script {script} not found (relative paths start in {workdir})")
+    return {"python": sys.executable, "wrapper": wrapper_path(), "problems": problems,
+            "hostname": socket.gethostname()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hypertf.tasknode")
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("preflight")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--script", default="")
+    p.add_argument("--run-dir", required=True)
+    p = sub.add_parser("watch")
+    p.add_argument("run_dir")
+    p.add_argument("tasks", nargs="+", help="NAME=PORT")
+    p = sub.add_parser("stop")
+    p.add_argument("run_dir")
+    p.add_argument("names", nargs="*")
+    p.add_argument("--grace", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    if args.action == "preflight":
+        print(json.dumps(preflight(args.workdir, args.script, args.run_dir)))
+    elif args.action == "watch":
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
+        tasks = {name: int(port) for name, port in (t.rsplit("=", 1) for t in args.tasks)}
+        watch(Path(args.run_dir), tasks)
+    else:
+        print(json.dumps(stop(Path(args.run_dir), args.names, args.grace)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
