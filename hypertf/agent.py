@@ -16,12 +16,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from hypertf import store
+from hypertf import store, tasknode
 from hypertf.allocation import sync_matrix
 from hypertf.errors import HyperTFError
 from hypertf.inventory import Inventory, Node
@@ -134,6 +135,15 @@ class Agent:
         else:
             client.set(path, data)
 
+    def reap_orphans(self, client: KazooClient) -> None:
+        """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
+        runs = tasknode.unstopped_runs(Path(self.node.settings.workdir))
+        if not runs:
+            return
+        leases = store.read_leases(client, self.layout)  # read after listing: see reap()
+        for task_key, result in tasknode.reap(runs, leases).items():
+            log.warning("job %s has no lease any more: stopped its tasks %s", task_key, result)
+
     def is_keeper(self, client: KazooClient) -> bool:
         live = client.get_children(self.layout.resources)
         return bool(live) and min(live) == self.node.name
@@ -189,6 +199,7 @@ class Agent:
                 self.publish(client, record)
                 if self.is_keeper(client):
                     sync_matrix(client, self.layout)
+                self.reap_orphans(client)
             except (KazooException, KazooTimeoutError) as err:
                 log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
                 self._wake.wait(1.0)

@@ -172,18 +172,27 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def reap(workdir: Path, leases: set[str], grace: float = 5.0) -> dict[str, dict[str, str]]:
+def unstopped_runs(workdir: Path) -> list[Path]:
+    """Run directories whose tasks may still be running (no 'stopped' marker yet)."""
+    runs = workdir / "runs"
+    if not runs.is_dir():
+        return []
+    return [d for d in sorted(runs.iterdir()) if d.is_dir() and not (d / "stopped").exists()]
+
+
+def reap(run_dirs: Iterable[Path], leases: set[str], grace: float = 5.0,
+         ) -> dict[str, dict[str, str]]:
     """Stop the tasks of every run whose lease is gone (its launcher died).
 
-    Call with the leases read *after* listing the run directories: a run directory is made
-    only after its lease exists, so a run that is missing from a newer lease list is dead.
+    List ``run_dirs`` *before* reading ``leases``: a run directory is made only after its
+    lease exists, so a run missing from the newer lease list is really dead.
     """
     reaped = {}
-    for run_dir in sorted((workdir / "runs").glob("*")) if (workdir / "runs").is_dir() else []:
-        if (run_dir / "stopped").exists() or run_dir.name in leases:
+    for run_dir in run_dirs:
+        if run_dir.name in leases:
             continue
-        if any(alive(pid) for name in [p.stem for p in run_dir.glob("*.pid")]
-               if (pid := _pid(run_dir, name))):
+        pids = [pid for p in run_dir.glob("*.pid") if (pid := _pid(run_dir, p.stem))]
+        if any(alive(pid) for pid in pids):
             reaped[run_dir.name] = stop(run_dir, grace=grace)
         else:
             (run_dir / "stopped").touch()

@@ -1,0 +1,58 @@
+"""Helpers for launcher tests: run the real CLI, read what it left, look on every host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hypertf.inventory import load_inventory
+from hypertf.remote import Cluster
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE = str(REPO / "tests" / "scripts" / "fake_tf.py")
+EXAMPLES = REPO / "examples"
+
+
+def hypertf(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hypertf.cli", *argv], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_hypertf(*argv: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "hypertf.cli", *argv], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def summaries(cwd: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((cwd / "runs").glob("*/summary.json"))]
+
+
+def status(inventory: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "hypertf.cli", "status", "--json", "-i",
+                           inventory], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def all_free(inventory: str) -> bool:
+    report = status(inventory)
+    return not report["jobs"] and all(
+        gpu["state"] == "free" for host in report["hosts"] for gpu in host["gpus"]
+    ) and all(host["ports_reserved"] == 0 for host in report["hosts"])
+
+
+def processes_of(inventory: str, task_key: str = "runs/") -> dict[str, list[str]]:
+    """Per host, the processes whose command line names the job's run dir."""
+    inv = load_inventory(inventory)
+    with Cluster(inv.nodes.values(), inv.cluster) as cluster:
+        results = cluster.each(lambda s: s.run("ps -eo pid,stat,args", timeout=20))
+    found = {}
+    for host, result in results.items():
+        assert not isinstance(result, BaseException), result
+        lines = [line for line in result.stdout.splitlines()
+                 if task_key in line and "task.sh" in line and " Z" not in line]
+        if lines:
+            found[host] = lines
+    return found

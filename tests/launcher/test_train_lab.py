@@ -1,0 +1,142 @@
+"""`hypertf train` on the 3-host lab: real sshd, real ZooKeeper, real processes."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.launcher.helpers import (
+    EXAMPLES, FAKE, all_free, hypertf, processes_of, start_hypertf, summaries,
+)
+
+
+def placements(summary: dict) -> list[tuple[str, str, list[int]]]:
+    return [(t["task"], t["host"], t["gpus"]) for t in summary["tasks"]]
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize(
+    ("script", "shape", "expected"),
+    [
+        ("ps_strategy.py", ["--chief", "--worker", "2", "--ps", "1"],
+         [("chief:0", "h1", [0]), ("worker:0", "h2", [0]), ("worker:1", "h3", [0]),
+          ("ps:0", "h1", [])]),
+        ("mirrored_strategy.py", ["--worker", "2"],
+         [("worker:0", "h1", [0]), ("worker:1", "h2", [0])]),
+        ("legacy_tf1.py", ["--worker", "2", "--ps", "1"],
+         [("worker:0", "h1", [0]), ("worker:1", "h2", [0]), ("ps:0", "h1", [])]),
+    ],
+)
+def test_examples_train_to_accuracy_and_leave_nothing(lab, tmp_path, script, shape, expected):
+    done = hypertf("train", "-i", lab.inventory, "--script", str(EXAMPLES / script), *shape,
+                   cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (summary,) = summaries(tmp_path)
+    assert summary["result"] == "succeeded"
+    assert placements(summary) == expected
+    accuracy = [float(m) for m in re.findall(r"test_accuracy=([0-9.]+)", done.stdout)]
+    assert accuracy and min(accuracy) >= 0.85, done.stdout[-2000:]
+    assert (tmp_path / "runs" / summary["task_key"] / "worker0.log").is_file()
+    assert processes_of(lab.inventory, summary["task_key"]) == {}
+    assert all_free(lab.inventory)
+
+
+def test_two_jobs_at_once_get_disjoint_gpus_and_ports(lab, tmp_path):
+    jobs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        jobs.append(start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker",
+                                  "3", "--ps", "1", "--", "--work_s", "3", cwd=tmp_path / name))
+    for job in jobs:
+        out, _ = job.communicate(timeout=120)
+        assert job.returncode == 0, out
+    (first,), (second,) = summaries(tmp_path / "a"), summaries(tmp_path / "b")
+    gpus = [(t["host"], g) for s in (first, second) for t in s["tasks"] for g in t["gpus"]]
+    ports = [(t["host"], t["port"]) for s in (first, second) for t in s["tasks"]]
+    assert len(gpus) == 6 and len(set(gpus)) == 6
+    assert len(set(ports)) == len(ports)
+    assert all_free(lab.inventory)
+
+
+def test_failing_worker_stops_the_whole_job_fast(lab, tmp_path):
+    started = time.monotonic()
+    done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "3", "--ps",
+                   "1", "--", "--work_s", "1", "--fail_on", "worker:1", cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1
+    assert "task worker:1@h2 failed: exit 3" in done.stderr
+    assert "worker:1 failing on purpose" in done.stderr  # last lines of its log
+    assert "Traceback" not in done.stderr
+    assert elapsed < 30
+    (summary,) = summaries(tmp_path)
+    assert summary["result"] == "failed"
+    assert processes_of(lab.inventory, summary["task_key"]) == {}
+    assert all_free(lab.inventory)
+
+
+def test_task_that_never_listens_hits_the_startup_deadline(lab, tmp_path):
+    done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
+                   "--start-timeout", "4", "--", "--work_s", "60", "--never_listen_on",
+                   "worker:1", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "start-up deadline: worker:1@h2 not listening on their port after 4 s" in done.stderr
+    (summary,) = summaries(tmp_path)
+    assert processes_of(lab.inventory, summary["task_key"]) == {}
+    assert all_free(lab.inventory)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_signals_to_the_launcher_leave_nothing_behind(lab, tmp_path, sig):
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
+                        "--ps", "1", "--", "--work_s", "120", "--ignore_term", cwd=tmp_path)
+    lines = []
+    for line in job.stdout:
+        lines.append(line)
+        if "tasks listening" in line:
+            break
+    key = re.search(r"job (\S+): started", "".join(lines)).group(1)
+    assert set(processes_of(lab.inventory, key)) == {"h1", "h2"}
+    job.send_signal(sig)
+    out, _ = job.communicate(timeout=60)
+    if sig == signal.SIGKILL:
+        # No launcher to clean up: the lease expires (4 s) and the agents stop the tasks.
+        wait_for(lambda: processes_of(lab.inventory, key) == {}, 30, "agents to reap the job")
+        wait_for(lambda: all_free(lab.inventory), 15, "the GPUs to return")
+    else:
+        assert job.returncode == 130, out
+        assert f"interrupted by {sig.name}" in out
+        assert processes_of(lab.inventory, key) == {}
+        assert all_free(lab.inventory)
+
+
+def test_hyperparameters_arrive_verbatim_and_run_nothing(lab, tmp_path):
+    canary = Path("/tmp") / f"hypertf-canary-{time.time_ns()}"
+    hostile = ["--msg", "two words", "--quote", "it's \"quoted\"", "--sub", f"$(touch {canary})",
+               "--tick", f"`touch {canary}`", "--semi", f"x; touch {canary}", "--glob", "*",
+               "--nl", "a\nb"]
+    done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "1", "--",
+                   "--work_s", "0", *hostile, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (summary,) = summaries(tmp_path)
+    log = (tmp_path / "runs" / summary["task_key"] / "worker0.log").read_text()
+    argv = json.loads(log.split("argv=", 1)[1].splitlines()[0])
+    assert argv[-len(hostile) - 2:] == ["--work_s", "0", *hostile]
+    assert argv[:4] == [a for a in argv[:4] if a.startswith(("--ps_hosts", "--worker_hosts",
+                                                             "--job_name", "--task_index"))]
+    assert not canary.exists()
+
+
+def test_hyperparameters_follow_directly_without_double_dash(lab, tmp_path):
+    done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "1",
+                   "--work_s", "0", "--batch_size", "100", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (summary,) = summaries(tmp_path)
+    log = (tmp_path / "runs" / summary["task_key"] / "worker0.log").read_text()
+    assert log.split("argv=", 1)[1].splitlines()[0].endswith('"--batch_size", "100"]')
+    assert "cuda='0' fail_fast=use_caller" in log

@@ -1,0 +1,57 @@
+"""A stand-in training script for launcher tests: behaves like a TF task, starts in 50 ms.
+
+It reads TF_CONFIG like a TensorFlow task, listens on its own port, and then either
+finishes (the roles that finish in that mode) or serves until stopped. Options make a given
+task misbehave: ``--fail_on worker:1``, ``--never_listen_on worker:1``, ``--work_s 2``,
+``--ignore_term`` (like MultiWorkerMirroredStrategy). Every task prints its argv as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work_s", type=float, default=1.0)
+    parser.add_argument("--fail_on", default="")
+    parser.add_argument("--never_listen_on", default="")
+    parser.add_argument("--ignore_term", action="store_true")
+    args, _ = parser.parse_known_args()
+    config = json.loads(os.environ["TF_CONFIG"])
+    role, index = config["task"]["type"], config["task"]["index"]
+    me = f"{role}:{index}"
+    print("argv=" + json.dumps(sys.argv[1:]), flush=True)
+    print(f"cuda={os.environ.get('CUDA_VISIBLE_DEVICES')!r} fail_fast={os.environ.get('GRPC_FAIL_FAST')}",
+          flush=True)
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, lambda *_: print("SIGTERM caught", flush=True))
+    if me != args.never_listen_on:
+        port = int(config["cluster"][role][index].rsplit(":", 1)[1])
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("0.0.0.0", port))
+        server.listen()
+        print(f"{me} listening on {port}", flush=True)
+    roles = set(config["cluster"])
+    finishes = (role == "chief") if "chief" in roles and "ps" in roles else (
+        role == "worker" if "ps" in roles else True)
+    time.sleep(args.work_s)
+    if me == args.fail_on:
+        print(f"{me} failing on purpose", flush=True)
+        return 3
+    if finishes:
+        print(f"{me} done", flush=True)
+        return 0
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
