@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # HyperTF on this machine, from a fresh clone:
-#   ./dev.sh up     install everything, start a local ZooKeeper and agent, show the cluster
+#   ./dev.sh up     install everything, start a local ZooKeeper and agent, show the cluster,
+#                   and train an example through `invoke train` (CPU when there is no GPU)
 #   ./dev.sh test   install everything, then run the whole test suite (lint included)
 # Needs: Debian/Ubuntu, root (apt, network namespaces for the lab), Python >= 3.10.
 set -euo pipefail
@@ -37,6 +38,9 @@ case "${1:-}" in
         .venv/bin/invoke zk.start
         .venv/bin/invoke agent.start
         sleep 1
+        .venv/bin/invoke cluster.status
+        .venv/bin/invoke train --script examples/mirrored_strategy.py --worker 2 \
+            -- --batch_size 64 --learning_rate 0.01
         .venv/bin/invoke cluster.status
         ;;
     test)

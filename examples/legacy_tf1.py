@@ -47,7 +47,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task_index", type=int, default=0, help="this task's index in its job")
     parser.add_argument("--batch_size", type=int, default=64, help="batch per worker step")
     parser.add_argument("--learning_rate", type=float, default=0.01, help="Adam learning rate")
-    parser.add_argument("--steps", type=int, default=500, help="global steps, all workers")
+    parser.add_argument("--steps", type=int, default=300, help="global steps, all workers")
     args, _unknown = parser.parse_known_args(argv)
     return args
 

@@ -104,23 +104,23 @@ def _read_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, int]:
 
 
 def _pick_ports(matrix: Matrix, placements: Sequence[Placement],
-                ranges: Mapping[str, tuple[int, int]], rng: random.Random,
-                exclude: Mapping[str, set[int]]) -> dict[str, int]:
-    """One port per task, unreserved on its host; random so retries spread out."""
+                ranges: Mapping[str, tuple[int, int]], exclude: Mapping[str, set[int]]) -> dict[str, int]:
+    """One port per task: the lowest in the host's range not reserved and not excluded.
+
+    Predictable ports are easier to firewall and to read in logs; a port found in use by
+    something else is excluded on the retry (see the launcher).
+    """
     ports: dict[str, int] = {}
     used: dict[str, set[int]] = {}
     for placement in placements:
         host = placement.host
         taken = used.setdefault(host, matrix.reserved_ports(host) | exclude.get(host, set()))
         low, high = ranges.get(host, (20000, 20999))
-        if high - low + 1 - len(taken & set(range(low, high + 1))) <= 0:
+        port = next((p for p in range(low, high + 1) if p not in taken), None)
+        if port is None:
             raise InsufficientResources(
                 f"no free port left on {host} in {low}-{high}: widen hypertf_port_range"
             )
-        while True:
-            port = rng.randint(low, high)
-            if port not in taken:
-                break
         taken.add(port)
         ports[placement.name] = port
     return ports
@@ -148,7 +148,6 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
     """Take GPUs and ports for ``request`` atomically, or raise InsufficientResources."""
     if not request.slots:
         raise UsageError("a job needs at least one task")
-    rng = random.Random()
     layout.ensure(client)
     deadline = time.monotonic() + deadline_s
     attempt = 0
@@ -167,7 +166,7 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
                 f"{request.describe()}; free now: {describe_free(current, records, request.hosts)}. "
                 f"Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status)."
             ) from None
-        ports = _pick_ports(current, placements, request.port_ranges, rng, exclude_ports or {})
+        ports = _pick_ports(current, placements, request.port_ranges, exclude_ports or {})
         gpus: dict[str, list[int]] = {}
         host_ports: dict[str, list[int]] = {}
         for p in placements:

@@ -36,6 +36,15 @@ PORT_IN_USE = ("Failed to add port to server", "Could not start gRPC server",
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
 MAX_PORT_RETRIES = 3
+PORTS_BUSY = 75  # exit code of a start command that found a granted port in use
+
+
+class PortsBusy(Exception):
+    """Something else listens on granted ports of a host; nothing was started there."""
+
+    def __init__(self, ports: set[int]) -> None:
+        super().__init__(f"ports in use: {sorted(ports)}")
+        self.ports = ports
 
 
 class JobFailed(HyperTFError):
@@ -253,8 +262,13 @@ class Job:
         if not result.ok:
             raise RemoteError(f"--sync upload failed: {result.stderr.strip()}")
 
-    def start(self) -> None:
-        """Every task at once: one SSH command per host, hosts in parallel."""
+    def start(self) -> dict[str, set[int]]:
+        """Every task at once: one SSH command per host, hosts in parallel.
+
+        Returns the granted ports found already in use, per host (nothing is started on such
+        a host; the caller retries on fresh ports). A port probe would otherwise mistake the
+        squatter for our task.
+        """
         assert self.grant and self.cluster
         addresses = {p.name: f"{self.records[p.host].data_addr}:{self.grant.ports[p.name]}"
                      for p in self.grant.placements}
@@ -273,7 +287,13 @@ class Job:
             run_dir = self.run_dir(host)
             cwd = f"{run_dir}/code" if self.request.sync_dir else node.settings.workdir
             script = self.request.script if self.request.sync_dir else self._script_path()
-            parts = [f"mkdir -p {quote(run_dir)}"]
+            ports = [self.tasks[t.placement.name].port for t in by_host[host]]
+            parts = [
+                f"busy=''; for p in {' '.join(map(str, ports))}; do "
+                f"(echo > /dev/tcp/127.0.0.1/$p) 2>/dev/null && busy=\"$busy $p\"; done; "
+                f"if [ -n \"$busy\" ]; then echo $busy; exit {PORTS_BUSY}; fi",
+                f"mkdir -p {quote(run_dir)}",
+            ]
             for task_spec in by_host[host]:
                 task = self.tasks[task_spec.placement.name]
                 env = {**QUIET_ENV, "TF_CONFIG": task_spec.tf_config,
@@ -289,15 +309,21 @@ class Job:
                 )
                 parts.append(f"{{ {command} > /dev/null 2>&1 < /dev/null & }}")
             result = session.run(" && ".join(parts), timeout=60)
+            if result.exited == PORTS_BUSY:
+                raise PortsBusy({int(p) for p in result.stdout.split()})
             if not result.ok:
                 raise RemoteError(f"start failed: {result.stderr.strip() or result.exited}")
 
         update_job(self.client, self.layout, self.task_key, state="starting")
-        failed = {h: v for h, v in self.cluster.each(launch, list(by_host)).items()
-                  if isinstance(v, BaseException)}
+        results = self.cluster.each(launch, list(by_host))
+        busy = {h: v.ports for h, v in results.items() if isinstance(v, PortsBusy)}
+        failed = {h: v for h, v in results.items()
+                  if isinstance(v, BaseException) and not isinstance(v, PortsBusy)}
         if failed:
             raise JobFailed("could not start tasks: " +
                             "; ".join(f"{h}: {v}" for h, v in failed.items()))
+        if busy:
+            return busy
         self.say(f"hypertf: job {self.task_key}: started {len(self.tasks)} tasks: " + ", ".join(
             f"{t.name}@{t.placement.host}:{t.port}"
             + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
@@ -305,6 +331,7 @@ class Job:
         for host in by_host:
             self.host_seen[host] = time.monotonic()
             threading.Thread(target=self._watch_host, args=(host,), daemon=True).start()
+        return busy
 
     def _watch_host(self, host: str) -> None:
         assert self.cluster
@@ -482,13 +509,17 @@ class Job:
             exclude: dict[str, set[int]] = {}
             for attempt in range(MAX_PORT_RETRIES + 1):
                 self.allocate(hosts, exclude)
-                self.start()
-                outcome = self.watch()
+                busy = self.start()
+                outcome = "retry-ports" if busy else self.watch()
                 if outcome != "retry-ports" or attempt == MAX_PORT_RETRIES:
                     break
                 self.say("hypertf: a task could not bind its port: retrying on fresh ports")
-                for task in self.tasks.values():
-                    exclude.setdefault(task.placement.host, set()).add(task.port)
+                for host, ports in busy.items():
+                    exclude.setdefault(host, set()).update(ports)
+                if not busy:
+                    for task in self.tasks.values():
+                        exclude.setdefault(task.placement.host, set()).add(task.port)
+                self.result = "retried"
                 self._finish("retried")
                 self.task_key = new_task_key()
                 self.events = queue.Queue()

@@ -1,0 +1,62 @@
+"""The embedded default: `invoke train` on a local inventory (ansible_connection: local)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hypertf import store
+from hypertf.inventory import load_inventory
+from tests.conftest import wait_for
+from tests.launcher.helpers import EXAMPLES, REPO, all_free, summaries
+
+INVOKE = str(Path(sys.executable).with_name("invoke"))
+
+
+@pytest.fixture
+def local_inventory(zk_server, tmp_path):
+    """inventory/local.yml, pointed at the test ZooKeeper and a private work dir."""
+    data = yaml.safe_load((REPO / "inventory" / "local.yml").read_text())
+    data["all"]["vars"].update(
+        hypertf_zookeeper_hosts=zk_server.hosts, hypertf_zk_root=f"/local-{tmp_path.name}",
+        hypertf_venv=sys.prefix, hypertf_workdir=str(tmp_path / "work"),
+        hypertf_agent_interval=1, hypertf_zk_session_timeout=4,
+    )
+    path = tmp_path / "local.yml"
+    path.write_text(yaml.safe_dump(data))
+    inventory = str(path)
+    hypertf = [sys.executable, "-m", "hypertf.cli"]
+    subprocess.run([*hypertf, "agent-ctl", "start", "-i", inventory, "--host", "localhost"],
+                   check=True, capture_output=True)
+    inv = load_inventory(inventory)
+    client = store.connect(inv.cluster)
+    try:
+        wait_for(lambda: "localhost" in store.read_records(client, store.Layout(inv.cluster.zk_root)),
+                 20, "the local agent to register")
+    finally:
+        store.close(client)
+    yield inventory
+    subprocess.run([*hypertf, "agent-ctl", "stop", "-i", inventory, "--host", "localhost"],
+                   check=True, capture_output=True)
+
+
+@pytest.mark.tf
+def test_invoke_train_on_this_machine_runs_on_cpu(local_inventory, tmp_path):
+    done = subprocess.run(
+        [INVOKE, "--search-root", str(REPO), "train", "-i", local_inventory, "--script",
+         str(EXAMPLES / "mirrored_strategy.py"), "--worker", "2", "--", "--batch_size", "64"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert "no GPU on any node of this cluster: every task runs on CPU" in done.stdout
+    assert re.search(r"test_accuracy=0\.(8[5-9]|9\d)", done.stdout)
+    assert "batch_size=64" in done.stdout
+    (summary,) = summaries(tmp_path)
+    assert [(t["task"], t["host"], t["gpus"]) for t in summary["tasks"]] == [
+        ("worker:0", "localhost", []), ("worker:1", "localhost", [])]
+    assert all_free(local_inventory)
