@@ -9,6 +9,7 @@ launcher's GPUs return to the pool without anyone running a command.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -119,10 +120,8 @@ class Agent:
         data = record.to_json()
         stat = client.exists(path)
         if stat is not None and stat.ephemeralOwner != client.client_id[0]:
-            try:
+            with contextlib.suppress(NoNodeError):
                 client.delete(path, version=stat.version)
-            except NoNodeError:
-                pass
             stat = None
         if stat is None:
             self.layout.ensure(client)
@@ -212,10 +211,8 @@ class Agent:
     def _stop_requested_cleanup(self, client: KazooClient) -> None:
         """Delete the record (if ZooKeeper answers) and close the session."""
         if self._stop.is_set() or client.connected:
-            try:
+            with contextlib.suppress(NoNodeError, KazooException, KazooTimeoutError):
                 client.delete(self.layout.resource(self.node.name))
-            except (NoNodeError, KazooException, KazooTimeoutError):
-                pass
         try:
             client.stop()
             client.close()

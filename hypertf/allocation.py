@@ -10,6 +10,7 @@ the job's cells.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -97,14 +98,13 @@ def _read_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, int]:
             return Matrix.from_json(data), stat.version
         except NoNodeError:
             layout.ensure(client)
-            try:
+            with contextlib.suppress(NodeExistsError):
                 client.create(layout.matrix, Matrix().to_json())
-            except NodeExistsError:
-                pass
 
 
 def _pick_ports(matrix: Matrix, placements: Sequence[Placement],
-                ranges: Mapping[str, tuple[int, int]], exclude: Mapping[str, set[int]]) -> dict[str, int]:
+                ranges: Mapping[str, tuple[int, int]], exclude: Mapping[str, set[int]],
+                ) -> dict[str, int]:
     """One port per task: the lowest in the host's range not reserved and not excluded.
 
     Predictable ports are easier to firewall and to read in logs; a port found in use by
@@ -160,10 +160,12 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
         try:
             placements = schedule(free, request.slots, request.policy, cpu_hosts=live)
         except NoFit as err:
-            need = f"{err.slot.gpus} GPU{'s' if err.slot.gpus != 1 else ''}" if err.slot.gpus else "a live host"
+            gpus = err.slot.gpus
+            need = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "a live host"
             raise InsufficientResources(
                 f"cannot place {err.slot.name} ({need} on one host): asked for "
-                f"{request.describe()}; free now: {describe_free(current, records, request.hosts)}. "
+                f"{request.describe()}; "
+                f"free now: {describe_free(current, records, request.hosts)}. "
                 f"Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status)."
             ) from None
         ports = _pick_ports(current, placements, request.port_ranges, exclude_ports or {})

@@ -35,7 +35,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     from hypertf import agent
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hypertf.kazoo").setLevel(logging.WARNING)
     inventory = load_inventory(args.inventory)
     inventory.node(args.host)
@@ -60,7 +61,7 @@ def cmd_agent_ctl(args: argparse.Namespace) -> int:
         print(f"agent {args.host} {'stopped' if stopped else 'was not running'}")
     else:
         pid = agentctl.running_pid(workdir)
-        print(f"agent {args.host} {'running (pid %d)' % pid if pid else 'not running'}")
+        print(f"agent {args.host} {f'running (pid {pid})' if pid else 'not running'}")
         return 0 if pid else 1
     return 0
 
@@ -219,10 +220,7 @@ def run(func: Callable[[], int]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:
-        args = parse_train(argv[1:])
-    else:
-        args = build_parser().parse_args(argv)
+    args = parse_train(argv[1:]) if argv[:1] == ["train"] else build_parser().parse_args(argv)
     if args.command != "agent":
         # kazoo's connection warnings are noise for a one-shot command: our error says it.
         kazoo_log = logging.getLogger("hypertf.kazoo")

@@ -106,7 +106,9 @@ def _run(*argv: str) -> str:
     try:
         done = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
-        raise LabError(f"{argv[0]} is not installed (apt-get install iproute2 openssh-server)") from None
+        raise LabError(
+            f"{argv[0]} is not installed (apt-get install iproute2 openssh-server)"
+        ) from None
     except subprocess.CalledProcessError as err:
         raise LabError(f"{' '.join(argv)} failed: {err.stderr.strip() or err.returncode}") from None
     return done.stdout
@@ -350,5 +352,6 @@ def find(lab_id: str | None, base: Path | None = None) -> list[Lab]:
         return labs
     chosen = [lab for lab in labs if lab.lab_id == lab_id]
     if not chosen:
-        raise LabError(f"no lab {lab_id!r}; labs: {', '.join(l.lab_id for l in labs) or 'none'}")
+        known = ", ".join(each.lab_id for each in labs) or "none"
+        raise LabError(f"no lab {lab_id!r}; labs: {known}")
     return chosen

@@ -355,7 +355,7 @@ class Job:
         raise KeyError(file_name)
 
     def watch(self) -> str:
-        """Stream logs and decide: 'succeeded', or raise JobFailed; 'retry-ports' on a port clash."""
+        """Stream logs and decide: 'succeeded', 'retry-ports' on a port clash, or JobFailed."""
         finishers = specs.finishers(self.grant.placements)
         fatal = specs.fatal_servers(self.grant.placements)
         begun = time.monotonic()
@@ -375,7 +375,7 @@ class Job:
             kind = event["e"]
             if kind == "log":
                 task = self._task_by_file(host, event["task"])
-                task.tail = (task.tail + [event["line"]])[-20:]
+                task.tail = ([*task.tail, event["line"]])[-20:]
                 self.say(f"[{task.label}] {event['line']}")
             elif kind == "listening":
                 task = self._task_by_file(host, event["task"])

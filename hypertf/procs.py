@@ -27,7 +27,8 @@ def alive(pid: int) -> bool:
 def cmdline(pid: int) -> str:
     """The process's command line ('' if gone): used to check a pidfile still names ours."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return raw.replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
 

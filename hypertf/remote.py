@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import shlex
-import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -101,8 +100,10 @@ class Session:
                     f"{self.node.name} ({self.node.address}): host key unknown: it is not "
                     f"in {known_hosts}; verify the node and pin its key (invoke cluster.setup)"
                 ) from None
-            raise RemoteError(f"{self.node.name} ({self.node.address}): SSH failed: {err}") from None
-        except (TimeoutError, socket.timeout):
+            raise RemoteError(
+                f"{self.node.name} ({self.node.address}): SSH failed: {err}"
+            ) from None
+        except TimeoutError:
             raise RemoteError(
                 f"{self.node.name} ({self.node.address}:{self.node.port}): no answer within "
                 f"{self.cluster.ssh_timeout:.0f} s; is the node up and reachable?"

@@ -75,11 +75,9 @@ def schedule(
         placements[slot] = Placement(slot.role, slot.index, host, tuple(taken))
         if policy == "round_robin":
             cursor = (hosts.index(host) + 1) % len(hosts)
-    cpu_cursor = 0
-    for slot in (s for s in slots if s.gpus <= 0):
+    for turn, slot in enumerate(s for s in slots if s.gpus <= 0):
         if not cpu_hosts:
             raise NoFit(slot)
-        host = cpu_hosts[0] if policy == "pack" else cpu_hosts[cpu_cursor % len(cpu_hosts)]
-        cpu_cursor += 1
+        host = cpu_hosts[0] if policy == "pack" else cpu_hosts[turn % len(cpu_hosts)]
         placements[slot] = Placement(slot.role, slot.index, host, ())
     return [placements[slot] for slot in slots]

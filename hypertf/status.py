@@ -51,9 +51,10 @@ def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
         gpus = []
         for index, cell in enumerate(row):
             gpu = details.get(index)
+            state = "busy" if isinstance(cell, str) else ("free" if cell == 1 else "unavailable")
             entry: dict[str, Any] = {
                 "index": index,
-                "state": "busy" if isinstance(cell, str) else ("free" if cell == 1 else "unavailable"),
+                "state": state,
                 "task_key": cell if isinstance(cell, str) else None,
             }
             if gpu:

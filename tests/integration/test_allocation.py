@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import signal
 import subprocess
@@ -143,7 +144,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
     assert len(starts) == 60
     for gpu, intervals in by_gpu.items():
         intervals.sort()
-        for (_, end), (start, _) in zip(intervals, intervals[1:]):
+        for (_, end), (start, _) in itertools.pairwise(intervals):
             assert start >= end, f"{gpu} held by two jobs at once"
     assert all_free(zk, layout)
 

@@ -43,16 +43,20 @@ def all_free(inventory: str) -> bool:
     ) and all(host["ports_reserved"] == 0 for host in report["hosts"])
 
 
-def processes_of(inventory: str, task_key: str = "runs/") -> dict[str, list[str]]:
-    """Per host, the processes whose command line names the job's run dir."""
+def processes_of(inventory: str, task_key: str = "") -> dict[str, list[str]]:
+    """Per host, every live process of the job (of any job by default), children included.
+
+    Found by the HYPERTF_TASK_KEY in their environment, which every child inherits.
+    """
     inv = load_inventory(inventory)
     with Cluster(inv.nodes.values(), inv.cluster) as cluster:
-        results = cluster.each(lambda s: s.run("ps -eo pid,stat,args", timeout=20))
+        results = cluster.each(lambda s: s.run("ps eww -eo pid,stat,args", timeout=20))
     found = {}
+    marker = f"HYPERTF_TASK_KEY={task_key}"
     for host, result in results.items():
         assert not isinstance(result, BaseException), result
-        lines = [line for line in result.stdout.splitlines()
-                 if task_key in line and "task.sh" in line and " Z" not in line]
+        lines = [line.split(" HYPERTF_TASK_KEY=")[0] for line in result.stdout.splitlines()
+                 if marker in line and line.split()[1][0] != "Z"]
         if lines:
             found[host] = lines
     return found

@@ -29,7 +29,8 @@ def nothing_happened(lab) -> None:
 def test_unknown_host_key_is_refused(lab, tmp_path):
     known = tmp_path / "known_hosts"
     lines = Path(lab.known_hosts).read_text().splitlines(keepends=True)
-    known.write_text("".join(line for line in lines if not line.startswith(lab.host("h2").address + " ")))
+    h2 = lab.host("h2").address + " "
+    known.write_text("".join(line for line in lines if not line.startswith(h2)))
 
     def edit(inv):
         inv["all"]["vars"]["hypertf_known_hosts"] = str(known)
@@ -38,7 +39,8 @@ def test_unknown_host_key_is_refused(lab, tmp_path):
                    cwd=tmp_path)
     assert done.returncode != 0
     assert "preflight failed on 1 host(s); nothing was started or allocated:" in done.stderr
-    assert f"h2: h2 ({lab.host('h2').address}): host key unknown: it is not in {known}" in done.stderr
+    address = lab.host("h2").address
+    assert f"h2: h2 ({address}): host key unknown: it is not in {known}" in done.stderr
     assert "Traceback" not in done.stderr
     nothing_happened(lab)
 

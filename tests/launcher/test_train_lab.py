@@ -12,7 +12,13 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.launcher.helpers import (
-    EXAMPLES, FAKE, all_free, hypertf, processes_of, start_hypertf, summaries,
+    EXAMPLES,
+    FAKE,
+    all_free,
+    hypertf,
+    processes_of,
+    start_hypertf,
+    summaries,
 )
 
 

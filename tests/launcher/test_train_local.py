@@ -36,8 +36,9 @@ def local_inventory(zk_server, tmp_path):
     inv = load_inventory(inventory)
     client = store.connect(inv.cluster)
     try:
-        wait_for(lambda: "localhost" in store.read_records(client, store.Layout(inv.cluster.zk_root)),
-                 20, "the local agent to register")
+        layout = store.Layout(inv.cluster.zk_root)
+        wait_for(lambda: "localhost" in store.read_records(client, layout), 20,
+                 "the local agent to register")
     finally:
         store.close(client)
     yield inventory

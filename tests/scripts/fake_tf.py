@@ -28,8 +28,8 @@ def main() -> int:
     role, index = config["task"]["type"], config["task"]["index"]
     me = f"{role}:{index}"
     print("argv=" + json.dumps(sys.argv[1:]), flush=True)
-    print(f"cuda={os.environ.get('CUDA_VISIBLE_DEVICES')!r} fail_fast={os.environ.get('GRPC_FAIL_FAST')}",
-          flush=True)
+    cuda, fail_fast = os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("GRPC_FAIL_FAST")
+    print(f"cuda={cuda!r} fail_fast={fail_fast}", flush=True)
     if args.ignore_term:
         signal.signal(signal.SIGTERM, lambda *_: print("SIGTERM caught", flush=True))
     if me != args.never_listen_on:

@@ -1,0 +1,325 @@
+"""What every benchmark shares: its private state dir, a lab or a ZooKeeper of its own,
+processes it started (stopped by PID, even on failure), statistics, and the report.
+
+Each benchmark prints its figures, side-by-side ratios, the machine and its load, and the
+exact command that reproduces the run. ``--json PATH`` also writes them as JSON (``invoke
+bench`` collects those; ``bench/report.py`` turns them into the tables of docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from hypertf import lab as lab_module  # noqa: E402
+from hypertf import procs  # noqa: E402
+from hypertf.zkserver import ZooKeeperServer, four_letter, free_port  # noqa: E402
+
+PYTHON = sys.executable
+FAKE_TF = str(REPO / "tests" / "scripts" / "fake_tf.py")
+EXAMPLES = REPO / "examples"
+
+
+# -- arguments, signals, the private state dir ------------------------------------------------
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes: a smoke run of about a minute")
+    p.add_argument("--json", metavar="PATH", help="also write the figures here as JSON")
+    return p
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # run every finally block on SIGTERM/SIGHUP too
+
+
+@contextlib.contextmanager
+def bench_home(name: str) -> Iterator[Path]:
+    """A private 0700 state dir (HYPERTF_HOME) under the repo's ignored .hypertf/.
+
+    Not under /tmp: sshd's StrictModes refuses keys below a world-writable directory. Not
+    the default ~/.hypertf either, where someone's ``invoke lab.down`` would remove our lab.
+    """
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminate)
+    home = REPO / ".hypertf" / f"bench-{name}-{secrets.token_hex(3)}"
+    home.mkdir(parents=True, mode=0o700)
+    os.environ["HYPERTF_HOME"] = str(home)
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def lab(home: Path, hosts: int, gpus: int) -> Iterator[lab_module.Lab]:
+    """A lab of our own (hosts, sshd, agents, ZooKeeper); always removed."""
+    started = time.monotonic()
+    built = lab_module.up(hosts=hosts, gpus=gpus, base=home / "labs")
+    try:
+        print(f"# lab {built.lab_id}: {hosts} hosts x {gpus} GPUs up in "
+              f"{time.monotonic() - started:.1f} s", flush=True)
+        yield built
+    finally:
+        lab_module.down(built)
+
+
+@contextlib.contextmanager
+def zookeeper(home: Path, tick_ms: int = 500, heap: str = "256m") -> Iterator[ZooKeeperServer]:
+    """A standalone ZooKeeper of our own on loopback; always stopped."""
+    server = ZooKeeperServer("127.0.0.1", free_port(), home / "zookeeper")
+    server.start(heap=heap, tick_ms=tick_ms)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def zk_stat(server: ZooKeeperServer) -> dict[str, str]:
+    """``mntr`` as a dict, plus the server's last zxid from ``srvr``."""
+    values = {}
+    for line in four_letter(server.address, server.port, "mntr").splitlines():
+        key, _, value = line.partition("\t")
+        values[key] = value.strip()
+    for line in four_letter(server.address, server.port, "srvr").splitlines():
+        if line.startswith("Zxid:"):
+            values["zxid"] = str(int(line.split(":", 1)[1].strip(), 16))
+    return values
+
+
+# -- processes we start -----------------------------------------------------------------------
+class Children:
+    """Every process this benchmark starts; ``stop_all`` ends the ones still running."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[Any]] = []
+
+    def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        proc = subprocess.Popen(list(argv), **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                # SIGINT first: a launcher then stops its job and releases its GPUs.
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGINT)
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    procs.stop(proc.pid, grace_s=2)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def children() -> Iterator[Children]:
+    kids = Children()
+    try:
+        yield kids
+    finally:
+        kids.stop_all()
+
+
+# -- polling ----------------------------------------------------------------------------------
+def listening(address: str, port: int, timeout: float = 0.2) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((address, port), timeout):
+        return True
+    return False
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str,
+               interval: float = 0.01) -> float:
+    """Poll until true; returns time.monotonic() at the first true answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_ports(endpoints: Sequence[tuple[str, int]], up: bool, timeout: float,
+               what: str) -> float:
+    """Time (monotonic) at which every endpoint listens (``up``) or none does."""
+    pending = set(endpoints)
+
+    def check() -> bool:
+        for endpoint in list(pending):
+            if listening(*endpoint, timeout=0.1) == up:
+                pending.discard(endpoint)
+        return not pending
+
+    return wait_until(check, timeout, what, interval=0.005)
+
+
+STARTED = re.compile(r"hypertf: job (\S+): started \d+ tasks: (.*)$")
+ENDPOINT = re.compile(r"(\w+:\d+)@(\S+?):(\d+)")
+
+
+def parse_started(line: str) -> tuple[str, dict[str, tuple[str, int]]] | None:
+    """'hypertf: job KEY: started 3 tasks: worker:0@h1:20000 GPU 0, ...' -> key, tasks."""
+    match = STARTED.search(line)
+    if not match:
+        return None
+    tasks = {m.group(1): (m.group(2), int(m.group(3))) for m in ENDPOINT.finditer(match.group(2))}
+    return match.group(1), tasks
+
+
+def remote_processes(inventory: str, needle: str) -> dict[str, list[str]]:
+    """Per lab host, live processes whose command line contains ``needle``."""
+    from hypertf.inventory import load_inventory
+    from hypertf.remote import Cluster
+
+    inv = load_inventory(inventory)
+    with Cluster(inv.nodes.values(), inv.cluster) as cluster:
+        results = cluster.each(lambda s: s.run("ps -eo pid,stat,args", timeout=20))
+    found = {}
+    for host, result in results.items():
+        if isinstance(result, BaseException):
+            found[host] = [f"unreachable: {result}"]
+            continue
+        lines = [line for line in result.stdout.splitlines()
+                 if needle in line and " Z" not in line and "ps -eo" not in line]
+        if lines:
+            found[host] = lines
+    return found
+
+
+def job_cells(client: Any, root: str, task_key: str) -> int:
+    """GPU cells plus ports the matrix still gives to ``task_key``."""
+    from hypertf.store import Layout
+
+    data, _ = client.get(Layout(root).matrix)
+    payload = json.loads(data)
+    cells = sum(cell == task_key for row in payload["gpus"].values() for cell in row)
+    ports = sum(key == task_key for row in payload["ports"].values() for key in row.values())
+    return cells + ports
+
+
+# -- statistics -------------------------------------------------------------------------------
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0-100): p99 of 300 samples is the 297th."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+# -- the report -------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem_kib = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem_kib = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
+    return {"nproc": os.cpu_count(), "memory_gib": round(mem_kib / 1024**2, 1),
+            "cpu": model, "loadavg": os.getloadavg(), "python": sys.version.split()[0]}
+
+
+@dataclass
+class Report:
+    """Figures in order, printed as they come and once more at the end, with the command."""
+
+    name: str
+    args: argparse.Namespace
+    started: float = field(default_factory=time.time)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=machine)
+
+    @property
+    def command(self) -> str:
+        argv = [a for a in sys.argv[1:]]
+        if "--json" in argv:  # where the JSON goes is not part of the figures
+            i = argv.index("--json")
+            del argv[i:i + 2]
+        rel = Path(sys.argv[0]).resolve().relative_to(REPO)
+        return f"cd {REPO} && .venv/bin/python {shlex.join([str(rel), *argv])}"
+
+    def add(self, figure: str, value: float | int | str, unit: str = "", **extra: Any) -> None:
+        row = {"figure": figure, "value": value, "unit": unit, **extra}
+        self.rows.append(row)
+        print(f"  {figure}: {fmt(value)} {unit}".rstrip(), flush=True)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print(f"  note: {text}", flush=True)
+
+    def start(self) -> None:
+        m = self.machine
+        print(f"== bench/{self.name}.py{' --quick' if self.args.quick else ''}: "
+              f"{m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB, "
+              f"load average at start {' '.join(f'{x:.2f}' for x in m['loadavg'])}", flush=True)
+
+    def finish(self) -> None:
+        elapsed = time.time() - self.started
+        print(f"\n== {self.name}: figures ({elapsed:.0f} s)")
+        width = max((len(r["figure"]) for r in self.rows), default=10)
+        for row in self.rows:
+            print(f"  {row['figure']:<{width}}  {fmt(row['value'])} {row['unit']}".rstrip())
+        for text in self.notes:
+            print(f"  note: {text}")
+        print(f"  reproduce: {self.command}", flush=True)
+        if self.args.json:
+            path = Path(self.args.json)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({
+                "name": self.name, "quick": self.args.quick, "command": self.command,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.started)),
+                "elapsed_s": round(elapsed, 1), "machine": self.machine,
+                "load_at_end": os.getloadavg(), "rows": self.rows, "notes": self.notes,
+            }, indent=2))
+
+
+def fmt(value: float | int | str) -> str:
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "n/a"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        if abs(value) >= 0.1:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
