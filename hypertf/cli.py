@@ -92,11 +92,11 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from hypertf import lab
 
     if args.action == "up":
-        built = lab.up(hosts=args.hosts, gpus=args.gpus, agents=not args.no_agents)
+        built = lab.up(hosts=args.hosts, gpus=args.gpus, agents=not args.no_agents,
+                       zookeeper_members=args.zookeeper_members)
         for host in built.hosts:
             print(f"{host.name} {host.address} (namespace {host.namespace})")
-        print(f"ZooKeeper {built.zookeeper['address']}:{built.zookeeper['port']}"
-              if built.zookeeper else "no ZooKeeper")
+        print(f"ZooKeeper {built.zookeeper_hosts}" if built.zookeeper else "no ZooKeeper")
         print(built.inventory)
     elif args.action == "down":
         labs = lab.find(args.name)
@@ -201,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, default=3, help="number of hosts (up)")
     p.add_argument("--gpus", type=int, default=4, help="static GPUs per host (up)")
     p.add_argument("--no-agents", action="store_true", help="bare hosts, no agents (up)")
+    p.add_argument("--zookeeper-members", type=int, default=1,
+                   help="1: standalone ZooKeeper; 3 or 5: a quorum ensemble (up)")
     p.add_argument("--name", help="lab id to remove (down; default all)")
     p.set_defaults(func=cmd_lab)
     return parser

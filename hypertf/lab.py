@@ -29,7 +29,7 @@ import yaml
 from hypertf import procs
 from hypertf.errors import LabError
 from hypertf.paths import state_home
-from hypertf.zkserver import ZooKeeperServer, free_port
+from hypertf.zkserver import ZooKeeperServer, ensemble, free_port
 
 SSHD = "/usr/sbin/sshd"
 
@@ -52,7 +52,7 @@ class Lab:
     bridge: str
     gateway: str
     hosts: list[LabHost] = field(default_factory=list)
-    zookeeper: dict[str, object] | None = None
+    zookeeper: list[dict[str, object]] = field(default_factory=list)
     inventory: str = ""
 
     @property
@@ -67,11 +67,21 @@ class Lab:
     def known_hosts(self) -> Path:
         return self.dir / "known_hosts"
 
+    def zk_servers(self) -> list[ZooKeeperServer]:
+        """The lab's ZooKeeper members (one, or an ensemble)."""
+        return [
+            ZooKeeperServer(str(z["address"]), int(z["port"]), Path(str(z["directory"])),
+                            int(z.get("myid", 0)), tuple(z.get("peers", ())))
+            for z in self.zookeeper
+        ]
+
     def zk_server(self) -> ZooKeeperServer | None:
-        if not self.zookeeper:
-            return None
-        return ZooKeeperServer(str(self.zookeeper["address"]), int(self.zookeeper["port"]),
-                               Path(str(self.zookeeper["directory"])))
+        servers = self.zk_servers()
+        return servers[0] if servers else None
+
+    @property
+    def zookeeper_hosts(self) -> str:
+        return ",".join(f"{z['address']}:{z['port']}" for z in self.zookeeper)
 
     def host(self, name: str) -> LabHost:
         for host in self.hosts:
@@ -215,9 +225,7 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
         }
     }
     if lab.zookeeper:
-        inventory["all"]["vars"]["hypertf_zookeeper_hosts"] = (
-            f"{lab.zookeeper['address']}:{lab.zookeeper['port']}"
-        )
+        inventory["all"]["vars"]["hypertf_zookeeper_hosts"] = lab.zookeeper_hosts
     path = lab.dir / "inventory.yml"
     header = f"# Lab {lab.lab_id}: written by 'invoke lab.up'; removed by 'invoke lab.down'.\n"
     path.write_text(header + yaml.safe_dump(inventory, sort_keys=False))
@@ -225,8 +233,13 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
 
 
 def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = True,
-       session_timeout: float = 4.0, base: Path | None = None) -> Lab:
-    """Build a lab; on any failure, remove what was built and raise LabError."""
+       session_timeout: float = 4.0, base: Path | None = None, zookeeper_members: int = 1,
+       ) -> Lab:
+    """Build a lab; on any failure, remove what was built and raise LabError.
+
+    ``zookeeper_members`` > 1 runs a quorum ensemble on the bridge address instead of one
+    standalone server.
+    """
     if not 1 <= hosts <= 50:
         raise LabError(f"--hosts must be between 1 and 50, not {hosts}")
     if not 0 <= gpus <= 64:
@@ -278,10 +291,16 @@ def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = Tru
             if not _wait_port(host.address, 22, deadline):
                 raise LabError(f"sshd of lab host {host.name} ({host.address}) did not start; "
                                f"see {lab.dir / host.name / 'sshd.log'}")
-        if zookeeper:
+        if zookeeper and zookeeper_members > 1:
+            servers = ensemble(lab.gateway, lab.dir, zookeeper_members)
+            lab.zookeeper = [{"address": s.address, "port": s.port, "myid": s.myid,
+                              "peers": list(s.peers), "directory": str(s.directory)}
+                             for s in servers]
+            lab.save()
+        elif zookeeper:
             server = ZooKeeperServer(lab.gateway, free_port(lab.gateway), lab.dir / "zookeeper")
-            lab.zookeeper = {"address": server.address, "port": server.port,
-                             "directory": str(server.directory)}
+            lab.zookeeper = [{"address": server.address, "port": server.port,
+                              "directory": str(server.directory)}]
             lab.save()
             server.start(heap="192m", tick_ms=500)
         lab.inventory = str(_write_inventory(lab, gpus, session_timeout))
@@ -323,8 +342,7 @@ def down(lab: Lab) -> None:
             host.holder_pid
         ):
             procs.stop(host.holder_pid, grace_s=0)  # unshare ignores TERM: KILL at once
-    server = lab.zk_server()
-    if server:
+    for server in lab.zk_servers():
         server.stop()
     existing = _ip("netns", "list")
     for host in lab.hosts:

@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooState
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import spec as specs
 from hypertf import store
 from hypertf.allocation import Grant, Request, allocate, new_task_key, release, update_job
-from hypertf.errors import HyperTFError, RemoteError, UsageError
+from hypertf.errors import HyperTFError, RemoteError, StoreError, UsageError
 from hypertf.inventory import Inventory
 from hypertf.remote import Cluster, Session, command_line, quote
 from hypertf.scheduler import POLICIES, Placement
@@ -542,6 +544,21 @@ class Job:
                     signal.signal(sig, handler)
         return self.summary()
 
+    def _release(self, state: str, wait_s: float = 15.0) -> None:
+        """Release, or explain why the GPUs come back anyway when ZooKeeper is out of reach."""
+        deadline = time.monotonic() + wait_s
+        while not self.client.connected and time.monotonic() < deadline:
+            time.sleep(0.2)  # calls on a disconnected client would queue and block
+        try:
+            if not self.client.connected:
+                raise StoreError("not connected")
+            release(self.client, self.layout, self.task_key, state=state,
+                    extra={"summary": self.summary()})
+        except (StoreError, KazooException, KazooTimeoutError) as err:
+            self.say(f"hypertf: warning: could not reach ZooKeeper to release job "
+                     f"{self.task_key} ({err or type(err).__name__}); its lease ends with "
+                     f"this session and the next sync returns the GPUs")
+
     def _finish(self, state: str) -> None:
         """Stop every task, release, collect logs, write the summary."""
         try:
@@ -549,8 +566,7 @@ class Job:
             self.collect_logs()
         finally:
             if self.client is not None and self.grant is not None:
-                release(self.client, self.layout, self.task_key, state=state,
-                        extra={"summary": self.summary()})
+                self._release(state)
             if self.tasks:
                 self.local_dir.mkdir(parents=True, exist_ok=True)
                 (self.local_dir / "summary.json").write_text(json.dumps(self.summary(), indent=2))

@@ -53,6 +53,8 @@ class ZooKeeperServer:
     address: str
     port: int
     directory: Path
+    myid: int = 0
+    peers: tuple[str, ...] = ()  # "address:peer_port:election_port" of every member, by myid
 
     @property
     def hosts(self) -> str:
@@ -97,13 +99,17 @@ class ZooKeeperServer:
                     # Quick sessions for short timeouts (the lab and tests use 2-4 s).
                     f"minSessionTimeout={2 * tick_ms}",
                     "maxClientCnxns=0",
+                    *(f"server.{i}={peer}" for i, peer in enumerate(self.peers, start=1)),
                     "",
                 ]
             )
         )
+        if self.peers:
+            (data / "myid").write_text(f"{self.myid}\n")
         return config
 
-    def start(self, heap: str = "256m", wait_s: float = 30.0, tick_ms: int = 2000) -> int:
+    def start(self, heap: str = "256m", wait_s: float = 30.0, tick_ms: int = 2000,
+              wait: bool = True) -> int:
         """Start (or find running) and wait until it serves; returns the PID."""
         running = self.pid()
         if running and self.mode():
@@ -127,6 +133,8 @@ class ZooKeeperServer:
                 start_new_session=True,
             )
         self.pidfile.write_text(str(proc.pid))
+        if not wait:
+            return proc.pid
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -148,6 +156,29 @@ class ZooKeeperServer:
         stopped = procs.stop(pid, grace_s) if pid else False
         self.pidfile.unlink(missing_ok=True)
         return stopped
+
+
+def ensemble(address: str, directory: Path, members: int = 3, tick_ms: int = 500,
+             heap: str = "160m", wait_s: float = 60.0) -> list[ZooKeeperServer]:
+    """Start a quorum of ``members`` servers on one address (distinct ports) and wait."""
+    ports = [(free_port(address), free_port(address), free_port(address)) for _ in range(members)]
+    peers = tuple(f"{address}:{peer}:{election}" for _, peer, election in ports)
+    servers = [ZooKeeperServer(address, client, directory / f"zookeeper{i}", i, peers)
+               for i, (client, _, _) in enumerate(ports, start=1)]
+    try:
+        for server in servers:
+            server.start(heap=heap, tick_ms=tick_ms, wait=False)
+        deadline = time.monotonic() + wait_s
+        while not all(server.mode() for server in servers):
+            if time.monotonic() > deadline:
+                raise HyperTFError(f"the ZooKeeper ensemble on {address} formed no quorum "
+                                   f"within {wait_s:.0f} s; see {directory}/zookeeper*/")
+            time.sleep(0.2)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
 
 
 def local_server(hosts: str, base: Path) -> ZooKeeperServer:

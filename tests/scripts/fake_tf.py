@@ -2,7 +2,7 @@
 
 It reads TF_CONFIG like a TensorFlow task, listens on its own port, and then either
 finishes (the roles that finish in that mode) or serves until stopped. Options make a given
-task misbehave: ``--fail_on worker:1``, ``--never_listen_on worker:1``, ``--work_s 2``,
+task misbehave: ``--fail_on worker:1 [--fail_s 1]``, ``--never_listen_on worker:1``, ``--work_s 2``,
 ``--ignore_term`` (like MultiWorkerMirroredStrategy). Every task prints its argv as JSON.
 """
 
@@ -21,6 +21,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--work_s", type=float, default=1.0)
     parser.add_argument("--fail_on", default="")
+    parser.add_argument("--fail_s", type=float, help="seconds before failing (default work_s)")
     parser.add_argument("--never_listen_on", default="")
     parser.add_argument("--ignore_term", action="store_true")
     args, _ = parser.parse_known_args()
@@ -42,8 +43,9 @@ def main() -> int:
     roles = set(config["cluster"])
     finishes = (role == "chief") if "chief" in roles and "ps" in roles else (
         role == "worker" if "ps" in roles else True)
-    time.sleep(args.work_s)
-    if me == args.fail_on:
+    failing = me == args.fail_on
+    time.sleep(args.fail_s if failing and args.fail_s is not None else args.work_s)
+    if failing:
         print(f"{me} failing on purpose", flush=True)
         return 3
     if finishes:

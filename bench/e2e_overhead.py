@@ -1,0 +1,187 @@
+"""End-to-end overhead: the same small TensorFlow job through hypertf and started by hand.
+
+The job is examples/mirrored_strategy.py with 2 workers (MultiWorkerMirroredStrategy on
+scikit-learn's digits, 200 steps, CPU). Three ways, interleaved, each repeated:
+
+* by hand: two plain local processes with the TF_CONFIG, legacy flags and environment that
+  hypertf would give them (127.0.0.1 and free ports); wall time from the first start to
+  the last exit;
+* ``hypertf train`` on a one-node local inventory (``ansible_connection: local``, this
+  machine's own agent and a ZooKeeper of our own): no SSH, all of HyperTF's bookkeeping;
+* ``hypertf train`` on a 2-host lab (network namespaces, sshd): one worker per host.
+
+Wall time is from just before the command starts to its exit (hypertf: allocation, start,
+log streaming, stop, log collection, release, summary). ``--ps-strategy`` adds
+examples/ps_strategy.py (chief, 2 workers, 1 ps); by hand, the servers are stopped with
+SIGTERM as soon as the chief exits, which is the best a person at a terminal can do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+import common
+from hypertf import spec as specs
+from hypertf.inventory import load_inventory
+from hypertf.launcher import QUIET_ENV
+from hypertf.scheduler import Placement
+from hypertf.zkserver import free_port
+
+JOBS = {
+    "mirrored": ("mirrored_strategy.py", ["--worker", "2"], [("worker", 0), ("worker", 1)]),
+    "ps": ("ps_strategy.py", ["--chief", "--worker", "2", "--ps", "1"],
+           [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]),
+}
+ACCURACY = re.compile(r"test_accuracy=([0-9.]+)")
+
+
+def local_inventory(home: Path, zk_hosts: str) -> str:
+    data = yaml.safe_load((common.REPO / "inventory" / "local.yml").read_text())
+    data["all"]["vars"].update(
+        hypertf_zookeeper_hosts=zk_hosts, hypertf_zk_root="/bench-e2e",
+        hypertf_venv=sys.prefix, hypertf_workdir=str(home / "work"),
+        hypertf_agent_interval=1, hypertf_zk_session_timeout=4,
+    )
+    path = home / "local.yml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def agent_ctl(action: str, inventory: str) -> None:
+    subprocess.run([common.PYTHON, "-m", "hypertf.cli", "agent-ctl", action, "-i", inventory,
+                    "--host", "localhost"], check=True, capture_output=True, timeout=60)
+
+
+def wait_agent(inventory: str) -> None:
+    from hypertf import store
+
+    inv = load_inventory(inventory)
+    client = store.connect(inv.cluster)
+    try:
+        layout = store.Layout(inv.cluster.zk_root)
+        common.wait_until(lambda: "localhost" in store.read_records(client, layout), 30,
+                          "the local agent to register", interval=0.1)
+    finally:
+        store.close(client)
+
+
+def by_hand(kids: common.Children, job: str, cwd: Path) -> dict:
+    script, _, roles = JOBS[job]
+    placements = [Placement(role, index, "local", ()) for role, index in roles]
+    addresses = {p.name: f"127.0.0.1:{free_port()}" for p in placements}
+    task_specs = specs.build(placements, addresses)
+    finishers = specs.finishers(placements)
+    started = time.monotonic()
+    running = {}
+    for task_spec in task_specs:
+        env = {**os.environ, **QUIET_ENV, "TF_CONFIG": task_spec.tf_config,
+               "CUDA_VISIBLE_DEVICES": ""}
+        name = task_spec.placement.name
+        log = open(cwd / f"{name.replace(':', '')}.log", "w")  # noqa: SIM115 - child's stdout
+        with log:
+            running[name] = kids.popen(
+                [common.PYTHON, str(common.EXAMPLES / script), *task_spec.flags], env=env,
+                cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    codes = {name: running[name].wait(timeout=600) for name in finishers}
+    for name, proc in running.items():
+        if name not in finishers:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+    wall = time.monotonic() - started
+    if any(codes.values()):
+        raise RuntimeError(f"hand-started job failed: {codes}; logs in {cwd}")
+    text = "".join(p.read_text() for p in cwd.glob("*.log"))
+    return {"wall_s": wall, "accuracy": [float(a) for a in ACCURACY.findall(text)]}
+
+
+def through_hypertf(kids: common.Children, job: str, inventory: str, cwd: Path) -> dict:
+    script, shape, _ = JOBS[job]
+    started = time.monotonic()
+    proc = kids.popen([common.PYTHON, "-m", "hypertf.cli", "train", "-i", inventory, "--script",
+                       str(common.EXAMPLES / script), *shape], cwd=cwd,
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=600)
+    wall = time.monotonic() - started
+    if proc.returncode:
+        raise RuntimeError(f"hypertf train failed ({proc.returncode}):\n{out[-3000:]}")
+    (summary_path,) = cwd.glob("runs/*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    durations = [t["duration_s"] for t in summary["tasks"] if t["duration_s"] is not None]
+    return {"wall_s": wall, "launcher_wall_s": summary["wall_s"],
+            "longest_task_s": max(durations) if durations else float("nan"),
+            "accuracy": [float(a) for a in ACCURACY.findall(out)]}
+
+
+def main() -> int:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--ps-strategy", action="store_true",
+                   help="also run examples/ps_strategy.py (chief, 2 workers, 1 ps)")
+    p.add_argument("--reps", type=int, help="repetitions (default 3, --quick 1)")
+    args = p.parse_args()
+    reps = args.reps or (1 if args.quick else 3)
+    jobs = ["mirrored", *(["ps"] if args.ps_strategy else [])]
+    report = common.Report("e2e_overhead", args)
+    report.start()
+    results: dict[tuple[str, str], list[dict]] = {}
+    with common.bench_home("e2e") as home, common.zookeeper(home) as zk, \
+            common.lab(home, 2, 1) as lab, common.children() as kids:
+        inventory = local_inventory(home, zk.hosts)
+        agent_ctl("start", inventory)
+        try:
+            wait_agent(inventory)
+            for rep in range(reps):
+                for job in jobs:
+                    methods = ["hand", "hypertf-local", "hypertf-lab"]
+                    methods = methods[rep % 3:] + methods[:rep % 3]
+                    for method in methods:
+                        cwd = home / f"{job}-{method}-{rep}"
+                        cwd.mkdir()
+                        if method == "hand":
+                            result = by_hand(kids, job, cwd)
+                        else:
+                            inv = inventory if method == "hypertf-local" else lab.inventory
+                            result = through_hypertf(kids, job, inv, cwd)
+                        results.setdefault((job, method), []).append(result)
+                        print(f"  rep {rep + 1} {job} {method}: wall {result['wall_s']:.2f} s, "
+                              f"accuracy {result['accuracy']}", flush=True)
+        finally:
+            agent_ctl("stop", inventory)
+
+    def med(job: str, method: str, key: str = "wall_s") -> float:
+        return common.median([r[key] for r in results[(job, method)]])
+
+    print()
+    for job in jobs:
+        hand = med(job, "hand")
+        report.add(f"{job}: by hand (plain local processes), wall", hand, "s",
+                   samples=[r["wall_s"] for r in results[(job, "hand")]])
+        for method, label in (("hypertf-local", "hypertf train, local inventory"),
+                              ("hypertf-lab", "hypertf train, 2-host lab over SSH")):
+            wall = med(job, method)
+            report.add(f"{job}: {label}, wall", wall, "s",
+                       samples=[r["wall_s"] for r in results[(job, method)]])
+            report.add(f"{job}: ratio {method}/hand", common.ratio(wall, hand), "x")
+            report.add(f"{job}: {method} overhead (wall - hand)", wall - hand, "s")
+            report.add(f"{job}: {method} longest task (listening to exit)",
+                       med(job, method, "longest_task_s"), "s")
+        accuracies = [a for rs in (results[(job, m)] for m in
+                                   ("hand", "hypertf-local", "hypertf-lab"))
+                      for r in rs for a in r["accuracy"]]
+        report.add(f"{job}: lowest test accuracy over all runs", min(accuracies), "")
+    report.note(f"median of {reps} run(s) per method, methods interleaved; CPU only "
+                f"(tensorflow-cpu), so TF start-up (~several s per process) dominates")
+    report.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,254 @@
+"""Launch fan-out: time from the command to every task started (running, port listening).
+
+For N = 1, 2, 4, 8 lab hosts, one trivial task per host (tests/scripts/fake_tf.py: reads
+TF_CONFIG, listens on its port, then sleeps) started three ways, side by side in one run:
+
+* ``hypertf train -i <inventory of hosts h1..hN> --script fake_tf.py --worker N``
+  (preflight, allocation in ZooKeeper, one SSH command per host, a watcher per host);
+  stopped with SIGINT once every port listens, then checked: no process left, GPUs free;
+* ``pdsh -R ssh -w <N hosts>`` running the same task detached on every host;
+* a plain serial ``ssh`` loop doing the same.
+
+Every method is timed the same way: from just before the command starts to the moment this
+machine can connect to every task's port (polled every 5 ms). Both baselines use the lab
+key and its pinned known_hosts with strict host key checking. The launcher also prints its
+own "all N tasks listening" line (its watcher polls every 0.2 s); that time is reported too.
+One lab of max(N) hosts serves every N; the launcher gets an inventory of the first N hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+import common
+from hypertf import store
+from hypertf.inventory import load_inventory
+
+WORK_S = 600  # the task sleeps this long: it must outlive the measurement
+
+
+def sub_inventory(lab, count: int) -> str:
+    """The lab's inventory restricted to hosts h1..h<count> (same ZooKeeper, same agents)."""
+    data = yaml.safe_load(Path(lab.inventory).read_text())
+    hosts = data["all"]["children"]["gpu_nodes"]["hosts"]
+    keep = {h.name for h in lab.hosts[:count]}
+    data["all"]["children"]["gpu_nodes"]["hosts"] = {k: v for k, v in hosts.items() if k in keep}
+    path = Path(lab.directory) / f"inventory-{count}.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def ssh_config(lab, home: Path) -> Path:
+    """OpenSSH settings equal to the launcher's: lab key only, pinned host keys, strict."""
+    path = home / "ssh_config"
+    path.write_text(
+        "Host *\n"
+        "  User root\n"
+        f"  IdentityFile {lab.key_file}\n"
+        "  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {lab.known_hosts}\n"
+        "  GlobalKnownHostsFile /dev/null\n"
+        "  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n"
+        "  ControlMaster no\n"
+        "  ConnectTimeout 5\n"
+    )
+    return path
+
+
+def task_command(lab, count: int, port: int, tag: str) -> str:
+    """One shell command for every host: it finds its own index from its hostname."""
+    hosts = lab.hosts[:count]
+    workers = json.dumps([f"{h.address}:{port}" for h in hosts])
+    cases = " ".join(f"{h.name}) i={n};;" for n, h in enumerate(hosts))
+    config = ('{"cluster":{"worker":' + workers + '},"task":{"type":"worker","index":\'$i\'}}')
+    return (
+        f"mkdir -p /srv/bench && cd /srv/bench && case $(hostname) in {cases} esac && "
+        f"{{ TF_CONFIG='{config}' setsid nohup {common.PYTHON} {common.FAKE_TF} "
+        f"--work_s {WORK_S} > /srv/bench/{tag}.log 2>&1 < /dev/null & "
+        f"echo $! > /srv/bench/{tag}.pid; }}"
+    )
+
+
+def stop_command(tag: str) -> str:
+    return (f"test -f /srv/bench/{tag}.pid && kill -TERM -- -$(cat /srv/bench/{tag}.pid) "
+            f"2>/dev/null; rm -f /srv/bench/{tag}.pid; true")
+
+
+def pdsh(config: Path, addresses: list[str], command: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PDSH_SSH_ARGS": f"-F {config} %h"}
+    return subprocess.run(["pdsh", "-R", "ssh", "-f", "32", "-w", ",".join(addresses), command],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def serial_ssh(config: Path, addresses: list[str], command: str) -> None:
+    for address in addresses:
+        done = subprocess.run(["ssh", "-F", str(config), address, command],
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode:
+            raise RuntimeError(f"ssh {address} failed: {done.stderr.strip()}")
+
+
+def run_baseline(method: str, lab, config: Path, count: int, port: int, tag: str) -> dict:
+    addresses = [h.address for h in lab.hosts[:count]]
+    endpoints = [(a, port) for a in addresses]
+    command = task_command(lab, count, port, tag)
+    started = time.monotonic()
+    try:
+        if method == "pdsh":
+            done = pdsh(config, addresses, command)
+            if done.returncode:
+                raise RuntimeError(f"pdsh failed ({done.returncode}): {done.stderr.strip()}")
+        else:
+            serial_ssh(config, addresses, command)
+        returned = time.monotonic()
+        listening = common.wait_ports(endpoints, True, 60, f"{method} tasks to listen")
+    finally:
+        pdsh(config, addresses, stop_command(tag))
+        common.wait_ports(endpoints, False, 30, f"{method} tasks to stop")
+    return {"listen_s": listening - started, "returned_s": returned - started}
+
+
+def run_ours(kids: common.Children, lab, inventory: str, count: int, cwd: Path,
+             client) -> dict:
+    """hypertf train until every port listens, then SIGINT; check it left nothing."""
+    lines: queue.Queue[tuple[float, str]] = queue.Queue()
+    started = time.monotonic()
+    proc = kids.popen([common.PYTHON, "-m", "hypertf.cli", "train", "-i", inventory,
+                       "--script", common.FAKE_TF, "--worker", str(count),
+                       "--start-timeout", "60", "--", "--work_s", str(WORK_S)],
+                      cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.put((time.monotonic(), line.rstrip("\n")))
+        lines.put((time.monotonic(), ""))
+
+    threading.Thread(target=read, daemon=True).start()
+    output: list[str] = []
+
+    def next_line(deadline: float) -> tuple[float, str]:
+        stamp, line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        output.append(line)
+        if not line and proc.poll() is not None:
+            raise RuntimeError("hypertf train ended early:\n" + "\n".join(output[-20:]))
+        return stamp, line
+
+    deadline = time.monotonic() + 90
+    parsed = None
+    while parsed is None:
+        stamp, line = next_line(deadline)
+        parsed = common.parse_started(line)
+    started_line = stamp
+    key, tasks = parsed
+    addresses = {h.name: h.address for h in lab.hosts}
+    endpoints = [(addresses[host], port) for host, port in tasks.values()]
+    listening = common.wait_ports(endpoints, True, 60, "hypertf tasks to listen")
+    while "tasks listening after" not in line:
+        stamp, line = next_line(deadline)
+    announced = stamp
+    interrupted = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    exited = time.monotonic()
+    with contextlib.suppress(queue.Empty):
+        while True:
+            output.append(lines.get(timeout=1)[1])
+    if proc.returncode != 130:
+        raise RuntimeError(f"hypertf train exited {proc.returncode} on SIGINT, not 130:\n"
+                           + "\n".join(output[-20:]))
+    left = common.remote_processes(inventory, key)
+    held = common.job_cells(client, load_inventory(inventory).cluster.zk_root, key)
+    if left or held:
+        raise RuntimeError(f"job {key} left processes {left} / {held} matrix cells behind")
+    return {"listen_s": listening - started, "started_line_s": started_line - started,
+            "announced_s": announced - started, "stop_s": exited - interrupted}
+
+
+def main() -> int:
+    args = common.parser(__doc__.splitlines()[0]).parse_args()
+    sizes = [1, 2] if args.quick else [1, 2, 4, 8]
+    reps = 1 if args.quick else 3
+    report = common.Report("launch_fanout", args)
+    report.start()
+    results: dict[tuple[str, int], list[dict]] = {}
+    with common.bench_home("fanout") as home, common.lab(home, max(sizes), 1) as lab, \
+            common.children() as kids:
+        config = ssh_config(lab, home)
+        inventories = {n: sub_inventory(lab, n) for n in sizes}
+        client = store.connect(load_inventory(lab.inventory).cluster)
+        try:
+            port = 22000
+            for rep in range(reps):
+                for count in sizes:
+                    methods = ["hypertf", "pdsh", "ssh"]
+                    methods = methods[rep % 3:] + methods[:rep % 3]  # rotate the order
+                    if count == 1 and max(sizes) > 1:
+                        methods.append("hypertf-full-inventory")
+                    for method in methods:
+                        port += 1
+                        if method.startswith("hypertf"):
+                            inventory = (lab.inventory if method.endswith("inventory")
+                                         else inventories[count])
+                            cwd = home / f"runs-{method}-{count}-{rep}"
+                            cwd.mkdir()
+                            result = run_ours(kids, lab, inventory, count, cwd, client)
+                        else:
+                            result = run_baseline(method, lab, config, count, port,
+                                                  f"{method}-{count}-{rep}")
+                        results.setdefault((method, count), []).append(result)
+                        print(f"  rep {rep + 1} N={count} {method}: "
+                              + ", ".join(f"{k} {v:.2f}" for k, v in result.items()),
+                              flush=True)
+        finally:
+            store.close(client)
+
+    def med(method: str, count: int, key: str = "listen_s") -> float:
+        return common.median([r[key] for r in results.get((method, count), [])])
+
+    print()
+    for count in sizes:
+        ours, pd, ssh = med("hypertf", count), med("pdsh", count), med("ssh", count)
+        report.add(f"N={count} hypertf train: command to every port listening", ours, "s",
+                   method="hypertf", n=count, samples=[r["listen_s"] for r in
+                                                        results[("hypertf", count)]])
+        report.add(f"N={count} pdsh -R ssh: command to every port listening", pd, "s",
+                   method="pdsh", n=count)
+        report.add(f"N={count} serial ssh loop: command to every port listening", ssh, "s",
+                   method="ssh", n=count)
+        report.add(f"N={count} ratio hypertf/pdsh", common.ratio(ours, pd), "x")
+        report.add(f"N={count} ratio hypertf/serial ssh", common.ratio(ours, ssh), "x")
+        report.add(f"N={count} hypertf: command to its 'started N tasks' line",
+                   med("hypertf", count, "started_line_s"), "s")
+        report.add(f"N={count} hypertf: command to its 'all N tasks listening' line",
+                   med("hypertf", count, "announced_s"), "s")
+        report.add(f"N={count} hypertf: SIGINT to exit (tasks stopped, GPUs released)",
+                   med("hypertf", count, "stop_s"), "s")
+        report.add(f"N={count} pdsh: command returned", med("pdsh", count, "returned_s"), "s")
+    top, low = max(sizes), min(sizes)
+    for method in ("hypertf", "pdsh", "ssh"):
+        report.add(f"ratio N={top}/N={low} {method}",
+                   common.ratio(med(method, top), med(method, low)), "x")
+    if ("hypertf-full-inventory", 1) in results:
+        full = med("hypertf-full-inventory", 1)
+        report.add(f"N=1 hypertf with the whole {top}-host inventory", full, "s")
+        report.add(f"ratio N=1 {top}-host inventory / 1-host inventory",
+                   common.ratio(full, med("hypertf", 1)), "x")
+    report.note(f"median of {reps} run(s) each; one lab of {top} hosts x 1 static GPU; every "
+                f"hypertf run was stopped with SIGINT, exited 130 and left no process and no "
+                f"held GPU or port (checked)")
+    report.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,238 @@
+"""Fault injection: each case says what is injected and what must hold afterwards.
+
+After every case: no process of the job on any host, no GPU or port held by a dead job, and
+the launcher's exit code and message say what happened.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from hypertf import lab as lab_module
+from hypertf.inventory import load_inventory
+from hypertf.remote import Session
+from tests.conftest import wait_for
+from tests.launcher.helpers import FAKE, all_free, processes_of, start_hypertf, status, summaries
+
+
+def until_line(job: subprocess.Popen[str], needle: str, timeout: float = 120) -> list[str]:
+    """Read the launcher's output until ``needle`` shows up (or it exits)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    for line in job.stdout:
+        lines.append(line)
+        if needle in line or time.monotonic() > deadline:
+            break
+    return lines
+
+
+def task_key(lines: list[str]) -> str:
+    return re.search(r"job (\S+): started", "".join(lines)).group(1)
+
+
+def ssh(inventory: str, host: str, command: str) -> str:
+    inv = load_inventory(inventory)
+    session = Session(inv.node(host), inv.cluster)
+    try:
+        return session.run(command, timeout=30).stdout
+    finally:
+        session.close()
+
+
+def assert_clean(inventory: str, key: str, timeout: float = 30) -> None:
+    wait_for(lambda: processes_of(inventory, key) == {}, timeout, f"every process of {key} gone")
+    wait_for(lambda: all_free(inventory), timeout, "every GPU and port free")
+
+
+def test_agent_killed_mid_job(lab, tmp_path):
+    """Inject: SIGKILL the agent of a host running a task. Holds: the job still succeeds, its
+    GPUs stay held until it releases them, the row is unavailable while the agent is down."""
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2", "--",
+                        "--work_s", "6", cwd=tmp_path)
+    key = task_key(until_line(job, "tasks listening"))
+    ssh(lab.inventory, "h2", "kill -KILL $(cat /srv/hypertf/agent.pid)")
+    wait_for(lambda: next(h for h in status(lab.inventory)["hosts"] if h["name"] == "h2")
+             ["agent"] == "down", 15, "h2's agent to count as down")
+    h2 = next(h for h in status(lab.inventory)["hosts"] if h["name"] == "h2")
+    assert [g["state"] for g in h2["gpus"]] == ["busy", "unavailable", "unavailable",
+                                                "unavailable"]
+    out, _ = job.communicate(timeout=60)
+    assert job.returncode == 0, out
+    lab_module.start_lab_agents(lab)
+    assert_clean(lab.inventory, key)
+
+
+def test_zookeeper_restarted_mid_job(lab, tmp_path):
+    """Inject: stop ZooKeeper for about a second and start it again (data kept). Holds: the
+    sessions survive, the job succeeds and releases, the agents keep their records."""
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
+                        "--ps", "1", "--", "--work_s", "8", cwd=tmp_path)
+    key = task_key(until_line(job, "tasks listening"))
+    server = lab.zk_server()
+    server.stop()
+    time.sleep(1)
+    server.start(tick_ms=500)
+    out, _ = job.communicate(timeout=90)
+    assert job.returncode == 0, out
+    assert_clean(lab.inventory, key)
+    assert all(h["agent"] == "up" for h in status(lab.inventory)["hosts"])
+
+
+def test_zookeeper_outage_longer_than_the_session_spares_the_job(lab, tmp_path):
+    """Inject: ZooKeeper down for 2.5x the 4 s session timeout mid-job (data kept). Holds:
+    ZooKeeper does not expire sessions while it is down, so the job goes on, succeeds and
+    releases; the agents keep their records."""
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2", "--",
+                        "--work_s", "16", cwd=tmp_path)
+    key = task_key(until_line(job, "tasks listening"))
+    server = lab.zk_server()
+    server.stop()
+    time.sleep(10)
+    server.start(tick_ms=500)
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, out
+    assert_clean(lab.inventory, key)
+    assert all(h["agent"] == "up" for h in status(lab.inventory)["hosts"])
+
+
+def test_zookeeper_loses_its_data_mid_job(lab, tmp_path):
+    """Inject: ZooKeeper restarted with an empty data dir mid-job (every lease is gone).
+    Holds: the agents re-register and stop the tasks of the lease-less job; the launcher
+    exits 1 naming a stopped task; nothing stays running or held."""
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2", "--",
+                        "--work_s", "120", cwd=tmp_path)
+    key = task_key(until_line(job, "tasks listening"))
+    server = lab.zk_server()
+    server.stop()
+    shutil.rmtree(server.directory / "data")
+    server.start(tick_ms=500)
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 1, out
+    assert re.search(r"task worker:\d@h\d failed: killed", out), out
+    wait_for(lambda: all(h["agent"] == "up" for h in status(lab.inventory)["hosts"]), 40,
+             "agents to re-register")
+    assert_clean(lab.inventory, key)
+
+
+def test_one_ensemble_member_killed_mid_job(state_home, tmp_path):
+    """Inject: SIGKILL one member of a 3-node ZooKeeper ensemble mid-job. Holds: the cluster
+    keeps serving, the job succeeds and releases, every agent keeps its record."""
+    lab = lab_module.up(hosts=2, gpus=2, zookeeper_members=3)
+    try:
+        job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
+                            "--", "--work_s", "6", cwd=tmp_path)
+        key = task_key(until_line(job, "tasks listening"))
+        victim = lab.zk_servers()[0]
+        victim_pid = victim.pid()
+        assert victim_pid
+        subprocess.run(["kill", "-KILL", str(victim_pid)], check=True)
+        out, _ = job.communicate(timeout=90)
+        assert job.returncode == 0, out
+        report = status(lab.inventory)
+        assert [h["agent"] for h in report["hosts"]] == ["up", "up"]
+        modes = sorted(s["mode"] for s in report["zookeeper"]["servers"])
+        assert modes.count("down") == 1 and "leader" in modes
+        assert_clean(lab.inventory, key)
+    finally:
+        lab_module.down(lab)
+
+
+def test_host_cut_off_mid_job(lab, tmp_path):
+    """Inject: take h2's link down mid-job. Holds: the launcher notices within its host
+    timeout, stops the tasks it can reach, exits 1 naming h2, releases every GPU; once h2 is
+    back, its agent stops the orphaned task (the lease is gone)."""
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "3", "--",
+                        "--work_s", "120", cwd=tmp_path)
+    key = task_key(until_line(job, "tasks listening"))
+    lab.cut("h2")
+    try:
+        started = time.monotonic()
+        out, _ = job.communicate(timeout=90)
+        detected = time.monotonic() - started
+        assert job.returncode == 1, out
+        assert "host h2 stopped answering" in out or "lost contact with h2" in out
+        assert detected < 30
+        assert processes_of_reachable(lab, key) == {}
+    finally:
+        lab.restore("h2")
+    assert_clean(lab.inventory, key, timeout=40)
+
+
+def processes_of_reachable(lab, key: str) -> dict[str, list[str]]:
+    from hypertf.remote import Cluster
+
+    inv = load_inventory(lab.inventory)
+    nodes = [n for n in inv.nodes.values() if n.name != "h2"]
+    with Cluster(nodes, inv.cluster) as cluster:
+        results = cluster.each(lambda s: s.run("ps eww -eo pid,stat,args", timeout=20))
+    marker = f"HYPERTF_TASK_KEY={key}"
+    found = {h: [line for line in r.stdout.splitlines() if marker in line]
+             for h, r in results.items()}
+    return {h: lines for h, lines in found.items() if lines}
+
+
+def test_two_launchers_race_for_the_last_gpu(lab, tmp_path):
+    """Inject: 11 of 12 GPUs held, two launchers ask for the last one at once. Holds: exactly
+    one gets it, the other exits 4 saying what is free; nothing is double-booked."""
+    (tmp_path / "big").mkdir()
+    big = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "11", "--",
+                        "--work_s", "120", cwd=tmp_path / "big")
+    big_key = task_key(until_line(big, "tasks listening"))
+    racers = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        racers.append(start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker",
+                                    "1", "--", "--work_s", "2", cwd=tmp_path / name))
+    outputs = [r.communicate(timeout=90)[0] for r in racers]
+    codes = sorted(r.returncode for r in racers)
+    assert codes == [0, 4], outputs
+    loser = outputs[[r.returncode for r in racers].index(4)]
+    assert "cannot place worker:0 (1 GPU on one host)" in loser
+    big.send_signal(signal.SIGINT)
+    big.communicate(timeout=60)
+    assert big.returncode == 130
+    assert_clean(lab.inventory, big_key)
+
+
+def test_sigint_during_start(lab, tmp_path):
+    """Inject: Ctrl-C right after the tasks were started, before any listens. Holds: exit 130,
+    nothing left running, everything released."""
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
+                        "--ps", "1", "--", "--work_s", "60", "--never_listen_on", "worker:0",
+                        cwd=tmp_path)
+    key = task_key(until_line(job, ": started "))
+    job.send_signal(signal.SIGINT)
+    out, _ = job.communicate(timeout=60)
+    assert job.returncode == 130, out
+    assert "interrupted by SIGINT" in out
+    assert_clean(lab.inventory, key, timeout=10)
+    (summary,) = summaries(tmp_path)
+    assert summary["result"] == "interrupted"
+
+
+@pytest.mark.parametrize("how", ["ps crashes", "mirrored worker ignores SIGTERM"])
+def test_servers_that_die_or_resist(lab, tmp_path, how):
+    """Inject: a ps that exits (fatal), or a job whose tasks ignore SIGTERM when stopped.
+    Holds: the ps exit fails the job naming ps:0; a TERM-ignoring task is KILLed after the
+    grace period; nothing survives."""
+    if how == "ps crashes":
+        args = ["--worker", "2", "--ps", "1", "--", "--work_s", "30", "--fail_on", "ps:0",
+                "--fail_s", "1"]
+    else:
+        args = ["--worker", "2", "--timeout", "4", "--grace", "1", "--", "--work_s", "60",
+                "--ignore_term"]
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, *args, cwd=tmp_path)
+    out, _ = job.communicate(timeout=90)
+    assert job.returncode == 1, out
+    if how == "ps crashes":
+        assert "task ps:0@h1 failed: parameter server ended (exit 3)" in out
+    else:
+        assert "job timeout: still running after 4 s" in out
+    (summary,) = summaries(tmp_path)
+    assert_clean(lab.inventory, summary["task_key"], timeout=10)
