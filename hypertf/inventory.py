@@ -422,6 +422,15 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
             ),
         )
 
+    seen: dict[tuple[str, int], str] = {}
+    for node in nodes.values():
+        other = seen.setdefault((node.address, node.port), node.name)
+        if other != node.name and not node.local:
+            raise InventoryError(
+                f"{path}: hosts {other!r} and {node.name!r} are the same node "
+                f"({node.address}:{node.port}); its GPUs would be counted twice: keep one"
+            )
+
     first = per_host[members[0]]
     for host in members[1:]:
         for key in CLUSTER_KEYS:
