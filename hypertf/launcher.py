@@ -8,6 +8,7 @@ its ZooKeeper lease expires and the agents stop the job's tasks and free its GPU
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import queue
@@ -257,10 +258,11 @@ class Job:
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
             archive.add(self.request.sync_dir, arcname="code")
-        payload = buffer.getvalue()
+        # Invoke streams stdin as text: send the archive base64-encoded.
+        payload = base64.b64encode(buffer.getvalue()).decode() + "\n"
         target = self.run_dir(session.node.name)
-        command = f"mkdir -p {quote(target)} && tar -xzf - -C {quote(target)}"
-        result = session.run(command, in_stream=io.BytesIO(payload), timeout=120)
+        command = f"mkdir -p {quote(target)} && base64 -d | tar -xzf - -C {quote(target)}"
+        result = session.run(command, in_stream=io.StringIO(payload), timeout=120)
         if not result.ok:
             raise RemoteError(f"--sync upload failed: {result.stderr.strip()}")
 
