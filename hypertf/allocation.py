@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import json
 import os
 import random
 import secrets
@@ -266,5 +265,27 @@ def update_job(client: KazooClient, layout: Layout, task_key: str, **changes: An
     client.set(layout.job(task_key), encode(job))
 
 
-def dumps(payload: Any) -> str:
-    return json.dumps(payload, indent=2, sort_keys=True)
+def list_jobs(client: KazooClient, layout: Layout) -> list[dict[str, Any]]:
+    """Every job record, newest first, with ``alive`` telling whether its lease exists."""
+    leases = read_leases(client, layout)
+    jobs = []
+    for key in sorted(client.get_children(layout.jobs), reverse=True):
+        job = read_job(client, layout, key)
+        if job is not None:
+            job["alive"] = key in leases
+            jobs.append(job)
+    return jobs
+
+
+def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
+    """End a job from anywhere: drop its lease. The agents stop its tasks, its launcher sees
+    them die and exits, and the next sync frees its GPUs. False if it was not running."""
+    if read_job(client, layout, task_key) is None:
+        raise UsageError(f"no job {task_key!r}; list them with 'hypertf jobs'")
+    try:
+        client.delete(layout.lease(task_key))
+    except NoNodeError:
+        return False
+    update_job(client, layout, task_key, state="killed", killed=time.time())
+    sync_matrix(client, layout)
+    return True

@@ -32,6 +32,46 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from hypertf import store
+    from hypertf.allocation import list_jobs
+
+    inventory = load_inventory(args.inventory)
+    client = store.connect(inventory.cluster)
+    try:
+        jobs = list_jobs(client, store.Layout(inventory.cluster.zk_root))[: args.last]
+    finally:
+        store.close(client)
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    for job in jobs:
+        owner = job.get("owner", {})
+        tasks = ", ".join(f"{p['role']}:{p['index']}@{p['host']}"
+                          for p in job.get("placements", []))
+        state = "running" if job["alive"] else job.get("state", "?")
+        print(f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
+              f"  {job.get('script', '')}  {tasks}")
+    if not jobs:
+        print("no jobs")
+    return 0
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    from hypertf import store
+    from hypertf.allocation import kill
+
+    inventory = load_inventory(args.inventory)
+    client = store.connect(inventory.cluster)
+    try:
+        killed = kill(client, store.Layout(inventory.cluster.zk_root), args.task_key)
+    finally:
+        store.close(client)
+    print(f"job {args.task_key}: " + ("lease dropped; the agents stop its tasks and its GPUs "
+                                      "return" if killed else "was not running"))
+    return 0
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from hypertf import agent
 
@@ -175,6 +215,17 @@ def build_parser() -> argparse.ArgumentParser:
     _inventory_option(p)
     p.add_argument("--json", action="store_true", help="one JSON object for scripts")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("jobs", help="recent jobs, newest first")
+    _inventory_option(p)
+    p.add_argument("--last", type=int, default=20, help="how many (default 20)")
+    p.add_argument("--json", action="store_true", help="the job records as JSON")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("kill", help="stop a running job from anywhere (by task key)")
+    _inventory_option(p)
+    p.add_argument("task_key")
+    p.set_defaults(func=cmd_kill)
 
     p = sub.add_parser("agent", help="run this node's resource agent in the foreground")
     _inventory_option(p)

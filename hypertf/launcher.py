@@ -160,6 +160,7 @@ class Job:
         self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self.host_seen: dict[str, float] = {}
         self.lost_session = threading.Event()
+        self.lease_dropped = threading.Event()
         self.started_at = time.time()
         self.result = "failed"
         self.message = ""
@@ -248,6 +249,15 @@ class Job:
                          exclude_ports=exclude)
         self.grant = grant
         self.tasks = {p.name: TaskState(p, grant.ports[p.name]) for p in grant.placements}
+        self.lease_dropped.clear()
+        key = self.task_key
+
+        def on_lease(data: bytes | None, _stat: object) -> bool:
+            if data is None and key == self.task_key and self.grant is not None:
+                self.lease_dropped.set()  # 'hypertf kill', or the session expired
+            return data is not None and key == self.task_key  # False ends the watch
+
+        self.client.DataWatch(self.layout.lease(key), on_lease)
         return grant
 
     # -- start --------------------------------------------------------------------------
@@ -366,6 +376,7 @@ class Job:
         all_started = False
         host_timeout = max(2 * self.inventory.cluster.ssh_timeout, 10.0)
         while True:
+            self._check_lease()
             if self.lost_session.is_set():
                 raise JobFailed("lost the ZooKeeper session: the job's lease is gone, so the "
                                 "agents stop its tasks and its GPUs return to the pool")
@@ -391,6 +402,8 @@ class Job:
                 task.killed = event["killed"]
                 code = "killed" if task.killed else f"exit {task.exit_code}"
                 self.say(f"hypertf: {task.label} ended ({code})")
+                if task.killed:
+                    self._check_lease(wait_s=1.0)  # killed by an agent after 'hypertf kill'?
                 if task.exit_code != 0 and not all_started and any(
                         marker in line for line in task.tail for marker in PORT_IN_USE):
                     return "retry-ports"
@@ -427,6 +440,11 @@ class Job:
                     self.lost_hosts.add(watched)
                     raise JobFailed(f"host {watched} stopped answering ({now - seen:.0f} s "
                                     f"without news)")
+
+    def _check_lease(self, wait_s: float = 0.0) -> None:
+        if self.lease_dropped.wait(wait_s) and not self.lost_session.is_set():
+            raise JobFailed(f"job {self.task_key} was killed: its lease was dropped "
+                            f"(hypertf kill); its tasks are stopped and its GPUs returned")
 
     def _failure(self, task: TaskState, what: str) -> str:
         tail = "\n".join(f"    {line}" for line in task.tail[-10:]) or "    (no output)"

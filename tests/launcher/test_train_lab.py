@@ -146,3 +146,28 @@ def test_hyperparameters_follow_directly_without_double_dash(lab, tmp_path):
     log = (tmp_path / "runs" / summary["task_key"] / "worker0.log").read_text()
     assert log.split("argv=", 1)[1].splitlines()[0].endswith('"--batch_size", "100"]')
     assert "cuda='0' fail_fast=use_caller" in log
+
+
+def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2", "--",
+                        "--work_s", "120", cwd=tmp_path)
+    lines = []
+    for line in job.stdout:
+        lines.append(line)
+        if "tasks listening" in line:
+            break
+    key = re.search(r"job (\S+): started", "".join(lines)).group(1)
+    listing = hypertf("jobs", "-i", lab.inventory, cwd=tmp_path)
+    assert re.search(rf"{key}  running +\S+@\S+  {re.escape(FAKE)}  worker:0@h1, worker:1@h2",
+                     listing.stdout), listing.stdout
+    killed = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
+    assert killed.returncode == 0 and "lease dropped" in killed.stdout
+    out, _ = job.communicate(timeout=60)
+    assert job.returncode == 1
+    assert f"job {key} was killed: its lease was dropped" in out
+    wait_for(lambda: processes_of(lab.inventory, key) == {}, 20, "the killed job's processes")
+    assert all_free(lab.inventory)
+    again = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
+    assert "was not running" in again.stdout
+    unknown = hypertf("kill", "-i", lab.inventory, "nope", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no job 'nope'" in unknown.stderr

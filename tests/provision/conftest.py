@@ -1,0 +1,87 @@
+"""Provisioning tests: real Ansible (and molecule) against bare lab hosts.
+
+Each test builds its own lab (``agents=False``: bare hosts; the lab's ZooKeeper only where a
+test asks for it) and removes it whatever happens. Molecule and Ansible get private state
+directories, so nothing leaks into ~/.ansible.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hypertf import lab as lab_module
+from hypertf import provision
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def make_lab(state_home: Path) -> Iterator[Callable[..., lab_module.Lab]]:
+    """Build labs of bare hosts; every one is removed at the end of the test."""
+    built: list[lab_module.Lab] = []
+
+    def make(hosts: int = 3, gpus: int = 2, zookeeper: bool = False) -> lab_module.Lab:
+        lab = lab_module.up(hosts=hosts, gpus=gpus, agents=False, zookeeper=zookeeper)
+        built.append(lab)
+        return lab
+
+    try:
+        yield make
+    finally:
+        for lab in built:
+            lab_module.down(lab)
+
+
+@pytest.fixture
+def ansible_dirs(tmp_path: Path) -> dict[str, str]:
+    """Private Ansible/molecule state (short paths: ssh control sockets live there)."""
+    dirs = {}
+    for key, name in (("ANSIBLE_HOME", "ah"), ("ANSIBLE_LOCAL_TEMP", "at"),
+                      ("ANSIBLE_SSH_CONTROL_PATH_DIR", "cp"),
+                      ("MOLECULE_EPHEMERAL_DIRECTORY", "mol")):
+        path = tmp_path / name
+        path.mkdir()
+        dirs[key] = str(path)
+    return dirs
+
+
+def molecule(role: str, inventory: Path, dirs: dict[str, str], timeout: float = 600,
+             ) -> subprocess.CompletedProcess[str]:
+    """``molecule test`` of a role's default scenario against the hosts of ``inventory``."""
+    env = dict(os.environ)
+    env.pop("ANSIBLE_CONFIG", None)  # molecule writes its own
+    env.update(dirs, HYPERTF_MOLECULE_INVENTORY=str(inventory), ANSIBLE_NOCOLOR="1",
+               PY_COLORS="0", ANSIBLE_FORCE_COLOR="0", NO_COLOR="1",
+               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    started = time.monotonic()
+    done = subprocess.run([str(BIN / "molecule"), "test"], cwd=REPO / "roles" / role, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    print(f"molecule test {role}: {time.monotonic() - started:.1f} s")
+    assert done.returncode == 0, f"molecule test {role} failed:\n{done.stdout[-6000:]}\n" \
+                                 f"{done.stderr[-3000:]}"
+    return done
+
+
+def invoke(*argv: str, env: dict[str, str] | None = None, timeout: float = 900,
+           ) -> subprocess.CompletedProcess[str]:
+    """Run an Invoke task from the repository root, the way a user does."""
+    started = time.monotonic()
+    done = subprocess.run([str(BIN / "invoke"), *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    print(f"invoke {' '.join(argv)}: {time.monotonic() - started:.1f} s, exit {done.returncode}")
+    print(done.stdout[-4000:])
+    return done
+
+
+def playbook_env(dirs: dict[str, str]) -> dict[str, str]:
+    env = provision.ansible_env()
+    env.update(dirs)
+    return env
