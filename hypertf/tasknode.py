@@ -5,7 +5,7 @@ streams one JSON event per line (log lines, port listening, exits, heartbeats) s
 SSH channel per node carries everything the launcher needs; ``stop`` signals each task's
 process group (TERM, then KILL after a grace period: MultiWorkerMirroredStrategy catches
 TERM). Only processes whose pidfile is in the run directory and whose command line is our
-task wrapper are signalled. Standard library only, so it starts fast.
+task wrapper are signalled. Standard library only (and hypertf.procs), so it starts fast.
 """
 
 from __future__ import annotations
@@ -21,25 +21,13 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from hypertf.procs import alive
+
 WRAPPER = "task.sh"
 
 
 def wrapper_path() -> str:
     return str(Path(__file__).with_name(WRAPPER))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _ours(pid: int) -> bool:

@@ -18,22 +18,16 @@ from hypertf import lab as lab_module
 from hypertf.inventory import load_inventory
 from hypertf.remote import Session
 from tests.conftest import wait_for
-from tests.launcher.helpers import FAKE, all_free, processes_of, start_hypertf, status, summaries
-
-
-def until_line(job: subprocess.Popen[str], needle: str, timeout: float = 120) -> list[str]:
-    """Read the launcher's output until ``needle`` shows up (or it exits)."""
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    for line in job.stdout:
-        lines.append(line)
-        if needle in line or time.monotonic() > deadline:
-            break
-    return lines
-
-
-def task_key(lines: list[str]) -> str:
-    return re.search(r"job (\S+): started", "".join(lines)).group(1)
+from tests.launcher.helpers import (
+    FAKE,
+    all_free,
+    processes_of,
+    start_hypertf,
+    status,
+    summaries,
+    task_key,
+    until_line,
+)
 
 
 def ssh(inventory: str, host: str, command: str) -> str:

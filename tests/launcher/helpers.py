@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,21 @@ def hypertf(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
 def start_hypertf(*argv: str, cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "hypertf.cli", *argv], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def until_line(job: subprocess.Popen[str], needle: str) -> list[str]:
+    """Read the launcher's output until ``needle`` shows up (or the launcher exits)."""
+    lines: list[str] = []
+    for line in job.stdout:
+        lines.append(line)
+        if needle in line:
+            break
+    return lines
+
+
+def task_key(lines: list[str]) -> str:
+    """The task key from the launcher's 'job KEY: started ...' line."""
+    return re.search(r"job (\S+): started", "".join(lines)).group(1)
 
 
 def summaries(cwd: Path) -> list[dict]:

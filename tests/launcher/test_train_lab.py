@@ -19,6 +19,8 @@ from tests.launcher.helpers import (
     processes_of,
     start_hypertf,
     summaries,
+    task_key,
+    until_line,
 )
 
 
@@ -101,12 +103,7 @@ def test_task_that_never_listens_hits_the_startup_deadline(lab, tmp_path):
 def test_signals_to_the_launcher_leave_nothing_behind(lab, tmp_path, sig):
     job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
                         "--ps", "1", "--", "--work_s", "120", "--ignore_term", cwd=tmp_path)
-    lines = []
-    for line in job.stdout:
-        lines.append(line)
-        if "tasks listening" in line:
-            break
-    key = re.search(r"job (\S+): started", "".join(lines)).group(1)
+    key = task_key(until_line(job, "tasks listening"))
     assert set(processes_of(lab.inventory, key)) == {"h1", "h2"}
     job.send_signal(sig)
     out, _ = job.communicate(timeout=60)
@@ -151,12 +148,7 @@ def test_hyperparameters_follow_directly_without_double_dash(lab, tmp_path):
 def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
     job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2", "--",
                         "--work_s", "120", cwd=tmp_path)
-    lines = []
-    for line in job.stdout:
-        lines.append(line)
-        if "tasks listening" in line:
-            break
-    key = re.search(r"job (\S+): started", "".join(lines)).group(1)
+    key = task_key(until_line(job, "tasks listening"))
     listing = hypertf("jobs", "-i", lab.inventory, cwd=tmp_path)
     assert re.search(rf"{key}  running +\S+@\S+  {re.escape(FAKE)}  worker:0@h1, worker:1@h2",
                      listing.stdout), listing.stdout
