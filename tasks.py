@@ -82,6 +82,40 @@ def status(c: Context, inventory: str | None = None, json: bool = False) -> None
     _hypertf(["status", *_inv(inventory), *(["--json"] if json else [])])
 
 
+@task(help={**INVENTORY_HELP, "ask_pass": "ask for the SSH password (first contact; needs sshpass)",
+            "check": "dry run: show what would change, change nothing"})
+def cluster_setup(c: Context, inventory: str | None = None, ask_pass: bool = False,
+                  check: bool = False) -> None:
+    """Provision every node with deploy.yml (SSH keys, virtualenv, ZooKeeper, agents)."""
+    from hypertf import provision
+    from hypertf.inventory import DEFAULT_INVENTORY
+
+    def setup() -> int:
+        provision.setup(inventory or DEFAULT_INVENTORY, ask_pass=ask_pass, check=check)
+        return 0
+
+    code = cli.run(setup)
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={**INVENTORY_HELP, "zookeeper": "also stop ZooKeeper and remove its service",
+            "purge": "also remove virtualenvs, work directories and ZooKeeper data"})
+def cluster_teardown(c: Context, inventory: str | None = None, zookeeper: bool = False,
+                     purge: bool = False) -> None:
+    """Stop the agents (and ZooKeeper on request) and remove what cluster.setup installed."""
+    from hypertf import provision
+    from hypertf.inventory import DEFAULT_INVENTORY
+
+    def teardown() -> int:
+        provision.teardown(inventory or DEFAULT_INVENTORY, zookeeper=zookeeper, purge=purge)
+        return 0
+
+    code = cli.run(teardown)
+    if code:
+        raise Exit(code=code)
+
+
 @task(help={"hosts": "number of hosts (network namespaces)", "gpus": "static GPUs per host",
             "no_agents": "bare hosts: no agent started"})
 def lab_up(c: Context, hosts: int = 3, gpus: int = 4, no_agents: bool = False) -> None:
@@ -142,6 +176,43 @@ def test(c: Context, args: str = "") -> None:
     c.run(f"{sys.executable} -m pytest {args}", pty=False)
 
 
+BENCHMARKS = ("launch_fanout", "e2e_overhead", "allocation", "scale", "agent_footprint",
+              "failure_detection")
+
+
+@task(help={"quick": "small sizes: a smoke run of about a minute per benchmark",
+            "only": f"comma-separated names (default all: {', '.join(BENCHMARKS)})",
+            "out": "directory for the figures as JSON and report.md "
+                   "(default runs/bench/<date-time>)"})
+def bench(c: Context, quick: bool = False, only: str | None = None, out: str | None = None,
+          ) -> None:
+    """Run the benchmarks in bench/ (needs root for the lab); each prints figures and command."""
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent
+    names = [n.strip() for n in only.split(",")] if only else list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise Exit(f"unknown benchmark {', '.join(unknown)}; choose from "
+                   f"{', '.join(BENCHMARKS)}", code=2)
+    results = Path(out or repo / "runs" / "bench" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    failed = []
+    with c.cd(str(repo)):
+        for name in names:
+            done = c.run(f"{sys.executable} bench/{name}.py{' --quick' if quick else ''} "
+                         f"--json {results / (name + '.json')}", warn=True, pty=False)
+            if not done or done.exited:
+                failed.append(name)
+        report = c.run(f"{sys.executable} bench/report.py {results}", hide=True, warn=True)
+    if report and report.ok:
+        (results / "report.md").write_text(report.stdout)
+    print(f"figures: {results}/ (report.md: the tables for docs/benchmarks.md)")
+    if failed:
+        raise Exit(f"benchmarks failed: {', '.join(failed)}", code=1)
+
+
 zk = Collection("zk")
 zk.add_task(zk_start, "start")
 zk.add_task(zk_stop, "stop")
@@ -153,10 +224,12 @@ agent.add_task(agent_stop, "stop")
 
 cluster = Collection("cluster")
 cluster.add_task(status, "status")
+cluster.add_task(cluster_setup, "setup")
+cluster.add_task(cluster_teardown, "teardown")
 
 lab = Collection("lab")
 lab.add_task(lab_up, "up")
 lab.add_task(lab_down, "down")
 lab.add_task(lab_list, "list")
 
-ns = Collection(zk, agent, cluster, lab, train, test)
+ns = Collection(zk, agent, cluster, lab, train, test, bench)

@@ -27,6 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import common
+
 from hypertf import store
 from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
 from hypertf.errors import StoreError

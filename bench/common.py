@@ -163,18 +163,61 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str,
         time.sleep(interval)
 
 
-def wait_ports(endpoints: Sequence[tuple[str, int]], up: bool, timeout: float,
-               what: str) -> float:
-    """Time (monotonic) at which every endpoint listens (``up``) or none does."""
+def wait_listening(endpoints: Sequence[tuple[str, int]], timeout: float, what: str) -> float:
+    """Time (monotonic) at which every endpoint has accepted a connection once.
+
+    Each endpoint is polled only until its first success: a stand-in task that never
+    accept()s would otherwise fill its backlog (see processes_with_env for the other way).
+    """
     pending = set(endpoints)
 
     def check() -> bool:
         for endpoint in list(pending):
-            if listening(*endpoint, timeout=0.1) == up:
+            if listening(*endpoint, timeout=0.1):
                 pending.discard(endpoint)
         return not pending
 
     return wait_until(check, timeout, what, interval=0.005)
+
+
+def processes_with_env(variable: str, value: str) -> dict[int, dict[str, str]]:
+    """Live processes (not zombies) whose environment has ``variable=value``: pid -> env.
+
+    The lab's hosts are namespaces of this machine's kernel, so /proc here sees their
+    processes. This is how the benchmarks see a task die: polling its port with connect()
+    is no use for that, as a stand-in task that never accept()s fills its backlog and then
+    looks closed while it still runs.
+    """
+    needle = f"{variable}={value}".encode()
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as handle:
+                raw = handle.read()
+            if needle not in raw:
+                continue
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == b"Z":
+            continue
+        env = dict(item.decode(errors="replace").partition("=")[::2]
+                   for item in raw.split(b"\0") if item)
+        if env.get(variable) == value:
+            found[int(entry.name)] = env
+    return found
+
+
+def job_tasks(task_key: str) -> dict[str, int]:
+    """Per task name ('worker:0'), how many live processes a hypertf job has on the lab."""
+    tasks: dict[str, int] = {}
+    for env in processes_with_env("HYPERTF_TASK_KEY", task_key).values():
+        name = env.get("HYPERTF_TASK", "?")
+        tasks[name] = tasks.get(name, 0) + 1
+    return tasks
 
 
 STARTED = re.compile(r"hypertf: job (\S+): started \d+ tasks: (.*)$")

@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+import common
 import yaml
 
-import common
 from hypertf import spec as specs
 from hypertf.inventory import load_inventory
 from hypertf.launcher import QUIET_ENV
@@ -138,6 +138,9 @@ def main() -> int:
         agent_ctl("start", inventory)
         try:
             wait_agent(inventory)
+            warm = home / "warm-up"
+            warm.mkdir()
+            by_hand(kids, "mirrored", warm)  # page cache and bytecode: not counted
             for rep in range(reps):
                 for job in jobs:
                     methods = ["hand", "hypertf-local", "hypertf-lab"]
@@ -177,8 +180,9 @@ def main() -> int:
                                    ("hand", "hypertf-local", "hypertf-lab"))
                       for r in rs for a in r["accuracy"]]
         report.add(f"{job}: lowest test accuracy over all runs", min(accuracies), "")
-    report.note(f"median of {reps} run(s) per method, methods interleaved; CPU only "
-                f"(tensorflow-cpu), so TF start-up (~several s per process) dominates")
+    report.note(f"median of {reps} run(s) per method after one uncounted warm-up run; the "
+                f"methods interleaved, their order rotated each repetition; CPU only "
+                f"(tensorflow-cpu): TensorFlow's own start-up is most of every run")
     report.finish()
     return 0
 

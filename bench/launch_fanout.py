@@ -27,9 +27,9 @@ import threading
 import time
 from pathlib import Path
 
+import common
 import yaml
 
-import common
 from hypertf import store
 from hypertf.inventory import load_inventory
 
@@ -73,7 +73,7 @@ def task_command(lab, count: int, port: int, tag: str) -> str:
     config = ('{"cluster":{"worker":' + workers + '},"task":{"type":"worker","index":\'$i\'}}')
     return (
         f"mkdir -p /srv/bench && cd /srv/bench && case $(hostname) in {cases} esac && "
-        f"{{ TF_CONFIG='{config}' setsid nohup {common.PYTHON} {common.FAKE_TF} "
+        f"{{ BENCH_TAG={tag} TF_CONFIG='{config}' setsid nohup {common.PYTHON} {common.FAKE_TF} "
         f"--work_s {WORK_S} > /srv/bench/{tag}.log 2>&1 < /dev/null & "
         f"echo $! > /srv/bench/{tag}.pid; }}"
     )
@@ -111,10 +111,11 @@ def run_baseline(method: str, lab, config: Path, count: int, port: int, tag: str
         else:
             serial_ssh(config, addresses, command)
         returned = time.monotonic()
-        listening = common.wait_ports(endpoints, True, 60, f"{method} tasks to listen")
+        listening = common.wait_listening(endpoints, 60, f"{method} tasks to listen")
     finally:
         pdsh(config, addresses, stop_command(tag))
-        common.wait_ports(endpoints, False, 30, f"{method} tasks to stop")
+        common.wait_until(lambda: not common.processes_with_env("BENCH_TAG", tag), 30,
+                          f"{method} tasks to stop")
     return {"listen_s": listening - started, "returned_s": returned - started}
 
 
@@ -152,7 +153,7 @@ def run_ours(kids: common.Children, lab, inventory: str, count: int, cwd: Path,
     key, tasks = parsed
     addresses = {h.name: h.address for h in lab.hosts}
     endpoints = [(addresses[host], port) for host, port in tasks.values()]
-    listening = common.wait_ports(endpoints, True, 60, "hypertf tasks to listen")
+    listening = common.wait_listening(endpoints, 60, "hypertf tasks to listen")
     while "tasks listening after" not in line:
         stamp, line = next_line(deadline)
     announced = stamp

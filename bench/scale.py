@@ -25,11 +25,11 @@ import statistics
 import time
 from collections.abc import Callable
 
+import common
 import yaml
 from kazoo.exceptions import KazooException
 from rich.console import Console
 
-import common
 from hypertf import status, store
 from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
 from hypertf.inventory import ClusterSettings, load_inventory
@@ -78,6 +78,13 @@ def timed(action: Callable[[], object], repeat: int = 3) -> float:
     return statistics.median(samples)
 
 
+def read_records_pipelined(client, layout: Layout) -> dict[str, AgentRecord]:
+    """What store.read_records could do: every get sent at once, answers collected after."""
+    hosts = client.get_children(layout.resources)
+    pending = [(host, client.get_async(layout.resource(host))) for host in hosts]
+    return {host: AgentRecord.from_json(result.get(timeout=30)[0]) for host, result in pending}
+
+
 def held_matrix(size: int) -> Matrix:
     """Every GPU held by its own job, one reserved port per job: the largest matrix."""
     matrix = Matrix()
@@ -113,6 +120,8 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
         sync_matrix(client, layout)
         rows["build the matrix (first sync, writes it)"] = time.monotonic() - t0
         rows["read every agent record"] = timed(lambda: read_records(client, layout))
+        rows["read every agent record, pipelined (get_async)"] = timed(
+            lambda: read_records_pipelined(client, layout))
         rows["sync the matrix again (no change)"] = timed(lambda: sync_matrix(client, layout))
         rows["plain get of the matrix (1 round trip)"] = timed(
             lambda: client.get(layout.matrix), 20)
@@ -134,6 +143,7 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
             rows[f"allocate a {label}"] = statistics.median(s[0] for s in samples)
             rows[f"release a {label}"] = statistics.median(s[1] for s in samples)
         inventory_path = write_inventory(home, size, zk_hosts, root)
+        load_inventory(inventory_path)  # the first load also imports ansible-core
         rows["load the inventory (ansible-core parser)"] = timed(
             lambda: load_inventory(inventory_path), 1)
         inventory = load_inventory(inventory_path)
@@ -180,12 +190,12 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
         agent = record(0)
         agents.create(layout.resource(agent.host), agent.to_json(), ephemeral=True)
         matrix = Matrix(gpus={agent.host: [1] * GPUS})
-        filler = 0
-        while len(matrix.to_json()) < JUTE_MAXBUFFER - 400:
-            filler += 1
+        target = JUTE_MAXBUFFER - 400
+        row = len(b'"gone000000":[0,0,0,0,0,0,0,0],')
+        for filler in range((target - len(matrix.to_json())) // row):
             matrix.gpus[f"gone{filler:06d}"] = [0] * GPUS
-        excess = JUTE_MAXBUFFER - 400 - len(matrix.to_json())
-        matrix.gpus[agent.host + "x"] = [0] * max(0, excess // 2)  # fine-tune the size
+        remaining = target - len(matrix.to_json()) - len(b',"tune":[]')
+        matrix.gpus["tune"] = [0] * max(0, remaining // 2)  # ",0" per cell
         client.set(layout.matrix, matrix.to_json())
         stored = len(client.get(layout.matrix)[0])
         request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=(agent.host,))
@@ -194,9 +204,10 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
             allocate(client, layout, request, new_task_key())
             outcome = "granted"
         except Exception as err:
-            outcome = f"{type(err).__module__}.{type(err).__name__}: {err!s:.80}"
+            outcome = f"{type(err).__module__}.{type(err).__name__}" + (
+                f": {err!s:.80}" if str(err) else " (no message)")
         report.add(f"allocate 1 GPU with the stored matrix at {stored:,} bytes "
-                   f"({time.monotonic() - t0:.2f} s)", outcome or "(no message)")
+                   f"({time.monotonic() - t0:.2f} s)", outcome)
     finally:
         store.close(client)
         store.close(agents)
@@ -214,17 +225,17 @@ def main() -> int:
             measure(size, zk.hosts, home, rows)
         top, low = max(sizes), min(sizes)
         print()
+        sizes_label = " / ".join(str(s) for s in sizes)
         for figure, value in rows[top].items():
             is_bytes = "znode" in figure or figure == "one agent record"
-            unit = "bytes" if is_bytes else "ms"
-            shown = value if is_bytes else 1000 * value
-            extra = {f"at_{s}": rows[s][figure] for s in sizes}
-            report.add(f"{top} hosts: {figure}", int(shown) if is_bytes else shown, unit,
-                       **extra)
-            lower = ", ".join(f"{s}: {int(rows[s][figure]) if is_bytes else 1000 * rows[s][figure]:.4g}"
-                              for s in sizes if s != top)
-            report.add(f"  ratio {top}/{low} hosts (at {lower})",
-                       common.ratio(value, rows[low][figure]), "x")
+            values = [rows[s][figure] if is_bytes else 1000 * rows[s][figure] for s in sizes]
+            shown = " / ".join(f"{v:,.0f}" if is_bytes else common.fmt(v) for v in values)
+            per_size = {f"at_{s}": v for s, v in zip(sizes, values, strict=True)}
+            report.add(f"{figure} ({sizes_label} hosts)", shown,
+                       "bytes" if is_bytes else "ms", **per_size)
+            if figure != "one agent record":
+                report.add(f"  ratio {top}/{low} hosts", common.ratio(value, rows[low][figure]),
+                           "x")
         report.add(f"{top} hosts: bytes read per allocate or release (every record)",
                    int(rows[top]["one agent record"] * top), "bytes")
         free_small, free_big = (rows[s]["matrix znode, all free"] for s in (low, top))

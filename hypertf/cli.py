@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -203,8 +204,9 @@ def parse_train(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _inventory_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY,
-                        help=f"inventory YAML (default {DEFAULT_INVENTORY})")
+    default = os.environ.get("HYPERTF_INVENTORY", DEFAULT_INVENTORY)
+    parser.add_argument("-i", "--inventory", default=default,
+                        help=f"inventory YAML (default $HYPERTF_INVENTORY or {DEFAULT_INVENTORY})")
 
 
 def build_parser() -> argparse.ArgumentParser:

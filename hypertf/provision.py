@@ -359,6 +359,7 @@ def lab_inventory(lab_dir: str | os.PathLike[str], *, name: str = "provision.yml
                   tensorflow: str = "tensorflow-cpu", extra_packages: Sequence[str] | None = None,
                   operator_dir: str | os.PathLike[str] | None = None,
                   wheel_dir: str | os.PathLike[str] = WHEEL_DIR,
+                  hypertf_source: str | os.PathLike[str] | None = None,
                   host_vars: Mapping[str, Mapping[str, Any]] | None = None,
                   extra_vars: Mapping[str, Any] | None = None) -> Path:
     """Write an inventory that provisions the lab in ``lab_dir`` from bare hosts.
@@ -367,7 +368,8 @@ def lab_inventory(lab_dir: str | os.PathLike[str], *, name: str = "provision.yml
     used when empty). ``venv``: the virtualenv on each host, None for the lab's shared one
     (then python_env must not run). ``tensorflow``: the package, "" for none.
     ``operator_dir``: a fresh operator key and known_hosts there (made and pinned by the
-    ssh_access role) instead of the lab's own.
+    ssh_access role) instead of the lab's own. ``hypertf_source``: the HyperTF tree to build
+    the wheel from (default: this checkout).
     """
     lab_dir = Path(lab_dir)
     source = yaml.safe_load((lab_dir / "inventory.yml").read_text())
@@ -408,6 +410,8 @@ def lab_inventory(lab_dir: str | os.PathLike[str], *, name: str = "provision.yml
         children["zookeeper"] = {"hosts": {h: {"ansible_host": addresses[h]} for h in zookeeper}}
     for host, values in (host_vars or {}).items():
         children["gpu_nodes"]["hosts"].setdefault(host, {}).update(values)
+    if hypertf_source is not None:
+        variables["python_env_hypertf_source"] = str(hypertf_source)
     variables.update(extra_vars or {})
     path = lab_dir / name
     header = ("# Provisioning inventory for the lab's bare hosts "

@@ -94,22 +94,22 @@ def _gpu_cell(gpu: dict[str, Any]) -> str:
 
 def render(status: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
-    width = max((len(h["gpus"]) for h in status["hosts"]), default=0)
+    most = max((len(h["gpus"]) for h in status["hosts"]), default=0)
+    width = max(1, most)
     table = Table(title=f"HyperTF cluster ({status['inventory']})")
     table.add_column("host")
     table.add_column("agent")
     table.add_column("data address")
     for index in range(width):
-        table.add_column(f"GPU {index}")
+        table.add_column(f"GPU {index}" if most else "GPUs")
     for host in status["hosts"]:
         agent = (f"[green]up[/] {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == "up"
                  else "[red]down[/]")
         cells = [_gpu_cell(g) for g in host["gpus"]]
         if host["agent"] == "up" and not host["gpus"]:
-            cells = ["CPU only"]
+            cells = ["no GPU: CPU tasks only"]
         cells += [""] * (width - len(cells))
-        table.add_row(host["name"], agent, host["data_addr"] or host["address"], *cells[:width]
-                      if width else [])
+        table.add_row(host["name"], agent, host["data_addr"] or host["address"], *cells)
     console.print(table)
     servers = ", ".join(f"{s['server']} {s['mode']} ({s['latency_ms']} ms)"
                         for s in status["zookeeper"]["servers"])

@@ -8,6 +8,7 @@ directories, so nothing leaks into ~/.ansible.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,29 @@ from hypertf import provision
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def hypertf_source(state_home: Path) -> Path:
+    """A snapshot of HyperTF's source for the wheel: edits made while the tests run do not
+    turn an idempotence check into a reinstall."""
+    snapshot = state_home / "hypertf-source"
+    shutil.copytree(REPO / "hypertf", snapshot / "hypertf",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, snapshot / name)
+    return snapshot
+
+
+@pytest.fixture
+def lab_inventory(hypertf_source: Path) -> Callable[..., Path]:
+    """provision.lab_inventory, building HyperTF from the snapshot."""
+
+    def write(lab_dir: Path, **kwargs: object) -> Path:
+        kwargs.setdefault("hypertf_source", hypertf_source)
+        return provision.lab_inventory(lab_dir, **kwargs)
+
+    return write
 
 
 @pytest.fixture

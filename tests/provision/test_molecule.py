@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from hypertf import provision
 from tests.provision.conftest import molecule
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 
-def test_ssh_access_makes_a_key_pins_host_keys_and_authorizes_it(make_lab, ansible_dirs):
+def test_ssh_access_makes_a_key_pins_host_keys_and_authorizes_it(make_lab, lab_inventory,
+                                                                  ansible_dirs):
     """First contact with the lab's key; the role makes a new operator key, pins both host
     keys in an empty known_hosts and authorizes the key (verify logs in with it alone)."""
     lab = make_lab(hosts=2)
     operator = lab.dir / "operator"
-    inventory = provision.lab_inventory(
+    inventory = lab_inventory(
         lab.dir, zookeeper=(), venv=None, tensorflow="", operator_dir=operator,
         extra_vars={"ansible_ssh_private_key_file": str(lab.key_file),
                     "ssh_access_key_file": str(operator / "id_ed25519")})
@@ -26,21 +26,21 @@ def test_ssh_access_makes_a_key_pins_host_keys_and_authorizes_it(make_lab, ansib
         lab.dir / "authorized_keys").read_text()
 
 
-def test_python_env_installs_hypertf_and_tensorflow_offline(make_lab, ansible_dirs):
+def test_python_env_installs_hypertf_and_tensorflow_offline(make_lab, lab_inventory, ansible_dirs):
     lab = make_lab(hosts=1)
-    inventory = provision.lab_inventory(lab.dir, zookeeper=(), tensorflow="tensorflow-cpu")
+    inventory = lab_inventory(lab.dir, zookeeper=(), tensorflow="tensorflow-cpu")
     molecule("python_env", inventory, ansible_dirs)
     assert (lab.dir / "h1" / "srv" / "hypertf" / "venv" / "bin" / "hypertf").exists()
 
 
-def test_zookeeper_standalone(make_lab, ansible_dirs):
+def test_zookeeper_standalone(make_lab, lab_inventory, ansible_dirs):
     lab = make_lab(hosts=1)
-    inventory = provision.lab_inventory(lab.dir, zookeeper=("h1",), tensorflow="")
+    inventory = lab_inventory(lab.dir, zookeeper=("h1",), tensorflow="")
     molecule("zookeeper", inventory, ansible_dirs)
 
 
-def test_hypertf_agent_registers_every_node(make_lab, ansible_dirs):
+def test_hypertf_agent_registers_every_node(make_lab, lab_inventory, ansible_dirs):
     """The lab's own ZooKeeper and the machine's virtualenv: only the agent role runs."""
     lab = make_lab(hosts=2, zookeeper=True)
-    inventory = provision.lab_inventory(lab.dir, zookeeper=(), venv=None, tensorflow="")
+    inventory = lab_inventory(lab.dir, zookeeper=(), venv=None, tensorflow="")
     molecule("hypertf_agent", inventory, ansible_dirs)

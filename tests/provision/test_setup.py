@@ -39,10 +39,11 @@ def processes(inventory: str, host: str) -> str:
         session.close()
 
 
-def test_check_mode_changes_nothing_and_a_failing_node_is_named(make_lab, ansible_dirs):
+def test_check_mode_changes_nothing_and_a_failing_node_is_named(make_lab, lab_inventory,
+                                                                ansible_dirs):
     lab = make_lab(hosts=2)
     env = {**os.environ, **ansible_dirs}
-    check = provision.lab_inventory(lab.dir, name="check.yml", tensorflow="")
+    check = lab_inventory(lab.dir, name="check.yml", tensorflow="")
     done = invoke("cluster.setup", "--check", "-i", str(check), env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "would change" in done.stdout
@@ -50,7 +51,7 @@ def test_check_mode_changes_nothing_and_a_failing_node_is_named(make_lab, ansibl
     assert not (lab.dir / "h2" / "srv" / "hypertf").exists()
 
     # h2's Python does not exist: h2 fails at that step, h1 still gets its agent.
-    broken = provision.lab_inventory(
+    broken = lab_inventory(
         lab.dir, name="broken.yml", tensorflow="",
         host_vars={"h2": {"python_env_python": "/nonexistent/python3"}})
     done = invoke("cluster.setup", "-i", str(broken), env=env)
@@ -61,13 +62,13 @@ def test_check_mode_changes_nothing_and_a_failing_node_is_named(make_lab, ansibl
 
 
 @pytest.mark.tf
-def test_bare_hosts_to_a_trained_example(make_lab, ansible_dirs, tmp_path):
+def test_bare_hosts_to_a_trained_example(make_lab, lab_inventory, ansible_dirs, tmp_path):
     """Bare hosts reachable only with the lab's key (held by an ssh-agent, as an operator's
     personal key would be): cluster.setup makes the operator key, pins the host keys, installs
     everything; a second run changes nothing; train runs an example; teardown cleans up."""
     lab = make_lab(hosts=3)
     operator = lab.dir / "operator"
-    inventory = str(provision.lab_inventory(lab.dir, zookeeper=("h1",), operator_dir=operator))
+    inventory = str(lab_inventory(lab.dir, zookeeper=("h1",), operator_dir=operator))
     socket = tmp_path / "agent.sock"
     started = subprocess.run(["ssh-agent", "-a", str(socket)], capture_output=True, text=True,
                              check=True)

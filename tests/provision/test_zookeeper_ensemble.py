@@ -28,11 +28,11 @@ def on_host(inventory, host: str, command: str) -> str:
     return result.stdout
 
 
-def test_ensemble_survives_a_dead_member(make_lab, ansible_dirs, monkeypatch):
+def test_ensemble_survives_a_dead_member(make_lab, lab_inventory, ansible_dirs, monkeypatch):
     for key, value in ansible_dirs.items():
         monkeypatch.setenv(key, value)
     lab = make_lab(hosts=3)
-    path = provision.lab_inventory(lab.dir, zookeeper=MEMBERS, tensorflow="")
+    path = lab_inventory(lab.dir, zookeeper=MEMBERS, tensorflow="")
     out: list[str] = []
     provision.setup(path, say=out.append)
     inventory = load_inventory(path)
