@@ -25,7 +25,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store, tasknode
 from hypertf.allocation import sync_matrix
-from hypertf.errors import HyperTFError
+from hypertf.errors import HyperTFError, StoreError
 from hypertf.inventory import Inventory, Node
 from hypertf.probes import (
     GpuSource,
@@ -100,6 +100,7 @@ class Agent:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._disconnected_since: float | None = None
+        self._republish = True
 
     def _on_state(self, state: str) -> None:
         """Listeners must not block: note what happened and wake the loop."""
@@ -107,6 +108,8 @@ class Agent:
             self._disconnected_since = None
         elif self._disconnected_since is None:
             self._disconnected_since = time.monotonic()
+        if state in (KazooState.LOST, KazooState.CONNECTED):
+            self._republish = True  # a new session has no record yet
         if state == KazooState.LOST and not self._stop.is_set():
             log.warning("ZooKeeper session lost: the record is gone, re-registering")
         self._wake.set()
@@ -179,8 +182,11 @@ class Agent:
         return record
 
     def _serve(self, client: KazooClient, once: bool) -> AgentRecord | None:
+        """Publish every interval (or after a reconnect); on a watch wake-up only sync the
+        matrix and reap, so job starts and ends cost no write per node."""
         record = None
         watching = False
+        next_beat = 0.0
         while not self._stop.is_set():
             self._wake.clear()
             if self._stale():
@@ -194,10 +200,16 @@ class Agent:
                     client.ChildrenWatch(self.layout.resources, self._on_children)
                     client.ChildrenWatch(self.layout.leases, self._on_children)
                     watching = True
-                record = self.prober.probe()
-                self.publish(client, record)
+                if self._republish or time.monotonic() >= next_beat:
+                    self._republish = False
+                    record = self.prober.probe()
+                    self.publish(client, record)
+                    next_beat = time.monotonic() + self.node.settings.agent_interval
                 if self.is_keeper(client):
-                    sync_matrix(client, self.layout)
+                    try:
+                        sync_matrix(client, self.layout)
+                    except StoreError as err:  # e.g. the matrix outgrew its znode
+                        log.error("cannot sync the matrix: %s", err)
                 self.reap_orphans(client)
             except (KazooException, KazooTimeoutError) as err:
                 log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
@@ -205,7 +217,7 @@ class Agent:
                 continue
             if once:
                 return record
-            self._wake.wait(self.node.settings.agent_interval)
+            self._wake.wait(max(0.0, next_beat - time.monotonic()))
         return record
 
     def _stop_requested_cleanup(self, client: KazooClient) -> None:

@@ -141,6 +141,36 @@ def _backoff(attempt: int) -> None:
     time.sleep(random.uniform(0, min(0.2, 0.005 * 2**min(attempt, 6))))
 
 
+def _place(client: KazooClient, layout: Layout, request: Request,
+           ) -> tuple[Matrix, int, list[Placement]]:
+    """Read the matrix as it should be now and schedule on it (writes nothing)."""
+    matrix, version = _read_matrix(client, layout)
+    records = read_records(client, layout, only=request.hosts)
+    current = synced(matrix, records, read_leases(client, layout))
+    live = [host for host in request.hosts if host in records]
+    free = {host: current.free(host) for host in live}
+    try:
+        placements = schedule(free, request.slots, request.policy, cpu_hosts=live)
+    except NoFit as err:
+        gpus = err.slot.gpus
+        need = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "a live host"
+        raise InsufficientResources(
+            f"cannot place {err.slot.name} ({need} on one host): asked for "
+            f"{request.describe()}; "
+            f"free now: {describe_free(current, records, request.hosts)}. "
+            f"Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status)."
+        ) from None
+    return current, version, placements
+
+
+def plan(client: KazooClient, layout: Layout, request: Request) -> list[Placement]:
+    """Where the request would go now: used to preflight only the hosts a job needs."""
+    if not request.slots:
+        raise UsageError("a job needs at least one task")
+    layout.ensure(client)
+    return _place(client, layout, request)[2]
+
+
 def allocate(client: KazooClient, layout: Layout, request: Request, task_key: str,
              job: Mapping[str, Any] | None = None, deadline_s: float = 30.0,
              exclude_ports: Mapping[str, set[int]] | None = None) -> Grant:
@@ -151,22 +181,7 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
     deadline = time.monotonic() + deadline_s
     attempt = 0
     while True:
-        matrix, version = _read_matrix(client, layout)
-        records = read_records(client, layout)
-        current = synced(matrix, records, read_leases(client, layout))
-        live = [host for host in request.hosts if host in records]
-        free = {host: current.free(host) for host in live}
-        try:
-            placements = schedule(free, request.slots, request.policy, cpu_hosts=live)
-        except NoFit as err:
-            gpus = err.slot.gpus
-            need = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "a live host"
-            raise InsufficientResources(
-                f"cannot place {err.slot.name} ({need} on one host): asked for "
-                f"{request.describe()}; "
-                f"free now: {describe_free(current, records, request.hosts)}. "
-                f"Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status)."
-            ) from None
+        current, version, placements = _place(client, layout, request)
         ports = _pick_ports(current, placements, request.port_ranges, exclude_ports or {})
         gpus: dict[str, list[int]] = {}
         host_ports: dict[str, list[int]] = {}
@@ -205,7 +220,7 @@ def release(client: KazooClient, layout: Layout, task_key: str, state: str = "re
     attempt = 0
     while True:
         matrix, version = _read_matrix(client, layout)
-        records = read_records(client, layout)
+        records = read_records(client, layout, only=matrix.held_by(task_key))
         freed = matrix.release({task_key}, records)
         changed = not same(matrix, freed)
         lease_stat = client.exists(layout.lease(task_key))

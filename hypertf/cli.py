@@ -13,6 +13,9 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
 from hypertf.errors import HyperTFError
 from hypertf.inventory import DEFAULT_INVENTORY, load_inventory
 
@@ -268,6 +271,10 @@ def run(func: Callable[[], int]) -> int:
     except HyperTFError as err:
         print(f"hypertf: error: {err}", file=sys.stderr)
         return err.exit_code
+    except (KazooException, KazooTimeoutError) as err:  # an outage, not a bug
+        print(f"hypertf: error: ZooKeeper failed ({type(err).__name__}: {err or 'no detail'}); "
+              f"check 'hypertf status' and the ZooKeeper servers", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("hypertf: interrupted", file=sys.stderr)
         return 130

@@ -27,7 +27,15 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import spec as specs
 from hypertf import store
-from hypertf.allocation import Grant, Request, allocate, new_task_key, release, update_job
+from hypertf.allocation import (
+    Grant,
+    Request,
+    allocate,
+    new_task_key,
+    plan,
+    release,
+    update_job,
+)
 from hypertf.errors import HyperTFError, RemoteError, StoreError, UsageError
 from hypertf.inventory import Inventory
 from hypertf.remote import Cluster, Session, command_line, quote
@@ -235,14 +243,24 @@ class Job:
         return str(Path(script).resolve()) if Path(script).is_file() else script
 
     # -- allocate -----------------------------------------------------------------------
-    def allocate(self, hosts: list[str], exclude: dict[str, set[int]] | None = None) -> Grant:
+    def _allocation_request(self, hosts: list[str]) -> Request:
         gpus = 0 if self.cpu_only else self.request.gpus_per_worker
         ps_gpus = 0 if self.cpu_only else self.request.gpus_per_ps
         slots = specs.slots_for(self.request.ps, self.request.workers, self.request.chief,
                                 gpus, ps_gpus)
-        request = Request(slots=slots, hosts=tuple(hosts), policy=self.request.policy,
-                          port_ranges={h: self.inventory.node(h).settings.port_range
-                                       for h in hosts})
+        return Request(slots=slots, hosts=tuple(hosts), policy=self.request.policy,
+                       port_ranges={h: self.inventory.node(h).settings.port_range
+                                    for h in hosts})
+
+    def needed_hosts(self, hosts: list[str]) -> list[str]:
+        """The hosts the job would use now (a dry run): only those are preflighted, so a
+        broken node the job does not need does not fail it."""
+        placements = plan(self.client, self.layout, self._allocation_request(hosts))
+        used = {p.host for p in placements}
+        return [host for host in hosts if host in used]
+
+    def allocate(self, hosts: list[str], exclude: dict[str, set[int]] | None = None) -> Grant:
+        request = self._allocation_request(hosts)
         job = {"script": self.request.script, "args": list(self.request.args),
                "inventory": str(self.inventory.path)}
         grant = allocate(self.client, self.layout, request, self.task_key, job=job,
@@ -526,7 +544,7 @@ class Job:
         for sig in previous:
             signal.signal(sig, interrupt)
         try:
-            hosts = self.plan()
+            hosts = self.needed_hosts(self.plan())
             self.preflight(hosts)
             exclude: dict[str, set[int]] = {}
             for attempt in range(MAX_PORT_RETRIES + 1):
@@ -583,10 +601,10 @@ class Job:
         """Stop every task, release, collect logs, write the summary."""
         try:
             self.stop()
-            self.collect_logs()
         finally:
             if self.client is not None and self.grant is not None:
-                self._release(state)
+                self._release(state)  # GPUs back first; logs can wait
+            self.collect_logs()
             if self.tasks:
                 self.local_dir.mkdir(parents=True, exist_ok=True)
                 (self.local_dir / "summary.json").write_text(json.dumps(self.summary(), indent=2))

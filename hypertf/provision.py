@@ -137,8 +137,10 @@ class Progress:
                 step = self._step(event)
                 message = str(event.get("msg") or "").strip()
                 self.failed_at.setdefault(host, (step, message))
-                first = message.splitlines()[0] if message else ""
-                self.say(f"  !! {host} {status.upper()} at {step}: {first}")
+                lines = message.splitlines() or [""]
+                self.say(f"  !! {host} {status.upper()} at {step}: {lines[0]}")
+                for line in lines[1:5]:
+                    self.say(f"       {line}")
         elif kind == "stats":
             self._flush()
             for host, counts in event["hosts"].items():
@@ -250,7 +252,8 @@ def _failure(run: PlaybookRun, what: str) -> ProvisionError:
     for host in run.failed_hosts:
         detail = (host.message or "").strip().splitlines()
         lines.append(f"  {host.name}: {host.status} at {host.failed_step or 'an unknown step'}"
-                     + (f": {detail[0]}" if detail else ""))
+                     + (f": {detail[0]}" if detail else "")
+                     + (f" ({detail[-1].strip()})" if len(detail) > 1 else ""))
     return ProvisionError(f"{what} failed on {len(lines)} node(s):\n" + "\n".join(lines)
                           + f"\nAnsible's log: {run.log}", run)
 

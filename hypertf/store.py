@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,6 +27,8 @@ from hypertf.errors import StoreError
 from hypertf.inventory import ClusterSettings
 
 FORMAT = 1
+# ZooKeeper refuses a znode larger than jute.maxbuffer (1 MiB by default); stay under it.
+MAX_ZNODE_BYTES = 1024 * 1024 - 1024
 log = logging.getLogger(__name__)
 
 
@@ -110,8 +113,15 @@ class AgentRecord:
 
 
 def encode(payload: dict[str, Any]) -> bytes:
-    """JSON bytes with the format number first."""
-    return json.dumps({"format": FORMAT, **payload}, separators=(",", ":")).encode()
+    """JSON bytes with the format number first; refuses what ZooKeeper would refuse."""
+    data = json.dumps({"format": FORMAT, **payload}, separators=(",", ":")).encode()
+    if len(data) > MAX_ZNODE_BYTES:
+        raise StoreError(
+            f"a record of {len(data)} bytes is over ZooKeeper's 1 MiB znode limit "
+            f"(jute.maxbuffer): split the cluster into several hypertf_zk_root roots, or "
+            f"raise jute.maxbuffer on every ZooKeeper server and client"
+        )
+    return data
 
 
 def decode(data: bytes, what: str) -> dict[str, Any]:
@@ -163,13 +173,16 @@ def close(client: KazooClient) -> None:
         client.close()
 
 
-def read_records(client: KazooClient, layout: Layout) -> dict[str, AgentRecord]:
-    """Every live agent's record, keyed by host name."""
+def read_records(client: KazooClient, layout: Layout,
+                 only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
+    """Every live agent's record (or those of the ``only`` hosts), keyed by host name."""
     records: dict[str, AgentRecord] = {}
     try:
         hosts = client.get_children(layout.resources)
     except NoNodeError:
         return records
+    if only is not None:
+        hosts = sorted(set(hosts) & set(only))
     for host in hosts:
         try:
             data, _ = client.get(layout.resource(host))

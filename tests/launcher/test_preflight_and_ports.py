@@ -35,7 +35,7 @@ def test_unknown_host_key_is_refused(lab, tmp_path):
     def edit(inv):
         inv["all"]["vars"]["hypertf_known_hosts"] = str(known)
 
-    done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "1",
+    done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "3",
                    cwd=tmp_path)
     assert done.returncode != 0
     assert "preflight failed on 1 host(s); nothing was started or allocated:" in done.stderr
@@ -52,7 +52,7 @@ def test_unreachable_host_is_named(lab, tmp_path):
         inv["all"]["children"]["gpu_nodes"]["hosts"]["h3"]["ansible_host"] = unused
         inv["all"]["vars"]["hypertf_ssh_timeout"] = 2
 
-    done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "1",
+    done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "3",
                    cwd=tmp_path)
     assert done.returncode != 0
     assert "preflight failed on 1 host(s)" in done.stderr
@@ -60,9 +60,20 @@ def test_unreachable_host_is_named(lab, tmp_path):
     nothing_happened(lab)
 
 
+def test_only_the_hosts_a_job_needs_are_preflighted(lab, tmp_path):
+    """A broken node the job does not need (h3's venv) does not fail a 2-worker job."""
+    def edit(inv):
+        inv["all"]["children"]["gpu_nodes"]["hosts"]["h3"]["hypertf_venv"] = "/nonexistent"
+
+    done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "2",
+                   "--", "--work_s", "0", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [t["host"] for t in summaries(tmp_path)[0]["tasks"]] == ["h1", "h2"]
+
+
 def test_missing_script_is_reported_per_host(lab, tmp_path):
     done = hypertf("train", "-i", lab.inventory, "--script", "/nonexistent/train.py",
-                   "--worker", "1", cwd=tmp_path)
+                   "--worker", "3", cwd=tmp_path)
     assert done.returncode != 0
     assert "preflight failed on 3 host(s)" in done.stderr
     for host in ("h1", "h2", "h3"):
@@ -74,7 +85,7 @@ def test_missing_venv_is_reported_per_host(lab, tmp_path):
     def edit(inv):
         inv["all"]["vars"]["hypertf_venv"] = "/nonexistent/venv"
 
-    done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "1",
+    done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "3",
                    cwd=tmp_path)
     assert done.returncode != 0
     assert "preflight failed on 3 host(s)" in done.stderr

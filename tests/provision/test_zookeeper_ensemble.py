@@ -40,7 +40,7 @@ def test_ensemble_survives_a_dead_member(make_lab, lab_inventory, ansible_dirs, 
     def modes() -> dict[str, str | None]:
         return {h: zkserver.mode(lab.host(h).address, 2181) for h in MEMBERS}
 
-    assert sorted(modes().values()) == ["follower", "follower", "leader"], "\n".join(out)
+    assert sorted(map(str, modes().values())) == ["follower", "follower", "leader"], "\n".join(out)
     assert inventory.cluster.zookeeper_hosts.count(",") == 2
 
     client = store.connect(inventory.cluster)
@@ -59,7 +59,7 @@ def test_ensemble_survives_a_dead_member(make_lab, lab_inventory, ansible_dirs, 
         leader = next(h for h, m in modes().items() if m == "leader")
         on_host(inventory, leader, f"kill -KILL -- -$(cat {PIDFILE})")
         wait_for(lambda: modes()[leader] is None, 10, f"{leader} down")
-        wait_for(lambda: sorted(m for h, m in modes().items() if h != leader)
+        wait_for(lambda: sorted(str(m) for h, m in modes().items() if h != leader)
                  == ["follower", "leader"], 60, "a new leader among the two left")
 
         # Still serving: writes succeed; the agents keep their records and sessions.
@@ -84,5 +84,5 @@ def test_ensemble_survives_a_dead_member(make_lab, lab_inventory, ansible_dirs, 
     run = provision.setup(path, say=out.append)
     changed = {h.name for h in run.hosts.values() if h.changed}
     assert changed == {leader}, "\n".join(out)
-    wait_for(lambda: sorted(modes().values()) == ["follower", "follower", "leader"], 60,
+    wait_for(lambda: sorted(map(str, modes().values())) == ["follower", "follower", "leader"], 60,
              "three members serving again")
