@@ -21,6 +21,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -307,6 +308,12 @@ class Report:
     rows: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     machine: dict[str, Any] = field(default_factory=machine)
+    load: list[float] = field(default_factory=list)
+
+    def _sample_load(self) -> None:
+        while True:
+            self.load.append(os.getloadavg()[0])
+            time.sleep(2.0)
 
     @property
     def command(self) -> str:
@@ -331,6 +338,7 @@ class Report:
         print(f"== bench/{self.name}.py{' --quick' if self.args.quick else ''}: "
               f"{m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB, "
               f"load average at start {' '.join(f'{x:.2f}' for x in m['loadavg'])}", flush=True)
+        threading.Thread(target=self._sample_load, daemon=True).start()
 
     def finish(self) -> None:
         elapsed = time.time() - self.started
@@ -340,6 +348,10 @@ class Report:
             print(f"  {row['figure']:<{width}}  {fmt(row['value'])} {row['unit']}".rstrip())
         for text in self.notes:
             print(f"  note: {text}")
+        load = self.load or [os.getloadavg()[0]]
+        during = {"mean": round(sum(load) / len(load), 2), "max": round(max(load), 2)}
+        print(f"  1-min load average during the run: mean {during['mean']:.2f}, "
+              f"max {during['max']:.2f} ({self.machine['nproc']} CPUs)")
         print(f"  reproduce: {self.command}", flush=True)
         if self.args.json:
             path = Path(self.args.json)
@@ -348,7 +360,8 @@ class Report:
                 "name": self.name, "quick": self.args.quick, "command": self.command,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.started)),
                 "elapsed_s": round(elapsed, 1), "machine": self.machine,
-                "load_at_end": os.getloadavg(), "rows": self.rows, "notes": self.notes,
+                "load_at_end": os.getloadavg(), "load_during": during,
+                "rows": self.rows, "notes": self.notes,
             }, indent=2))
 
 

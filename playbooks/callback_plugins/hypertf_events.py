@@ -37,6 +37,9 @@ def _message(result: dict) -> str:
         if text:
             parts.append("\n".join(text.splitlines()[-8:]))
             break
+    if len(parts) == 1 and result.get("cmd"):  # a command that did not even print
+        command = result["cmd"] if isinstance(result["cmd"], str) else " ".join(result["cmd"])
+        parts[0] += f" ({command}: exit {result.get('rc')})"
     if not parts and result.get("results"):  # a loop: the first failed item
         for item in result["results"]:
             if item.get("failed"):
