@@ -45,35 +45,25 @@ def zk_status(c: Context, inventory: str | None = None) -> None:
 @task(help={**INVENTORY_HELP, "host": "only this node (default: every GPU node)"})
 def agent_start(c: Context, inventory: str | None = None, host: str | None = None) -> None:
     """Start the resource agent on the nodes (over SSH; locally for a local node)."""
-    from hypertf import agentctl
-    from hypertf.inventory import DEFAULT_INVENTORY, load_inventory
-
-    def start() -> int:
-        inv = load_inventory(inventory or DEFAULT_INVENTORY)
-        for name, result in agentctl.start_agents(inv, [host] if host else None).items():
-            print(f"{name}: {result.stdout.strip()}")
-        return 0
-
-    code = cli.run(start)
-    if code:
-        raise Exit(code=code)
+    _hypertf(["agents", "start", *_inv(inventory), *(["--host", host] if host else [])])
 
 
 @task(help={**INVENTORY_HELP, "host": "only this node (default: every GPU node)"})
 def agent_stop(c: Context, inventory: str | None = None, host: str | None = None) -> None:
     """Stop the resource agent on the nodes; their records leave ZooKeeper at once."""
-    from hypertf import agentctl
-    from hypertf.inventory import DEFAULT_INVENTORY, load_inventory
+    _hypertf(["agents", "stop", *_inv(inventory), *(["--host", host] if host else [])])
 
-    def stop() -> int:
-        inv = load_inventory(inventory or DEFAULT_INVENTORY)
-        for name, result in agentctl.stop_agents(inv, [host] if host else None).items():
-            print(f"{name}: {result.stdout.strip()}")
-        return 0
 
-    code = cli.run(stop)
-    if code:
-        raise Exit(code=code)
+@task(help={**INVENTORY_HELP, "last": "how many jobs (default 20)"})
+def jobs(c: Context, inventory: str | None = None, last: int = 20) -> None:
+    """List recent jobs, newest first: running, succeeded, failed, interrupted, killed."""
+    _hypertf(["jobs", *_inv(inventory), "--last", str(last)])
+
+
+@task(help={**INVENTORY_HELP, "task_key": "the job's task key (see invoke jobs)"})
+def kill(c: Context, task_key: str, inventory: str | None = None) -> None:
+    """Stop a running job from anywhere: its tasks stop and its GPUs return."""
+    _hypertf(["kill", *_inv(inventory), task_key])
 
 
 @task(help={**INVENTORY_HELP, "json": "print one JSON object instead of the table"})
@@ -117,10 +107,13 @@ def cluster_teardown(c: Context, inventory: str | None = None, zookeeper: bool =
 
 
 @task(help={"hosts": "number of hosts (network namespaces)", "gpus": "static GPUs per host",
-            "no_agents": "bare hosts: no agent started"})
-def lab_up(c: Context, hosts: int = 3, gpus: int = 4, no_agents: bool = False) -> None:
+            "no_agents": "bare hosts: no agent started",
+            "zookeeper_members": "1: one ZooKeeper server; 3 or 5: a quorum ensemble"})
+def lab_up(c: Context, hosts: int = 3, gpus: int = 4, no_agents: bool = False,
+           zookeeper_members: int = 1) -> None:
     """Create a multi-host lab on this machine; the last line printed is its inventory."""
     _hypertf(["lab", "up", "--hosts", str(hosts), "--gpus", str(gpus),
+              "--zookeeper-members", str(zookeeper_members),
               *(["--no-agents"] if no_agents else [])])
 
 
@@ -232,4 +225,4 @@ lab.add_task(lab_up, "up")
 lab.add_task(lab_down, "down")
 lab.add_task(lab_list, "list")
 
-ns = Collection(zk, agent, cluster, lab, train, test, bench)
+ns = Collection(zk, agent, cluster, lab, train, jobs, kill, test, bench)

@@ -110,6 +110,17 @@ def cmd_agent_ctl(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_agents(args: argparse.Namespace) -> int:
+    from hypertf import agentctl
+
+    inventory = load_inventory(args.inventory)
+    names = [args.host] if args.host else None
+    act = agentctl.start_agents if args.action == "start" else agentctl.stop_agents
+    for name, result in act(inventory, names).items():
+        print(f"{name}: {result.stdout.strip()}")
+    return 0
+
+
 def _local_zk(args: argparse.Namespace):  # -> ZooKeeperServer
     from hypertf.paths import state_home
     from hypertf.zkserver import local_server
@@ -243,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     _inventory_option(p)
     p.add_argument("--host", required=True, help="this node's name in the inventory")
     p.set_defaults(func=cmd_agent_ctl)
+
+    p = sub.add_parser("agents", help="start/stop the agents of many nodes (over SSH)")
+    p.add_argument("action", choices=("start", "stop"))
+    _inventory_option(p)
+    p.add_argument("--host", help="only this node (default: every GPU node)")
+    p.set_defaults(func=cmd_agents)
 
     p = sub.add_parser("zk", help="the local standalone ZooKeeper the inventory names")
     p.add_argument("action", choices=("start", "stop", "status"))
