@@ -24,8 +24,13 @@ from hypertf.errors import InventoryError
 DEFAULT_INVENTORY = "inventory/local.yml"
 GROUP_KEYS = ("hosts", "vars", "children")
 ZOOKEEPER_GROUP = "zookeeper"
-# Variables of HyperTF's Ansible roles that share the hypertf_ prefix (roles/*/defaults).
-ROLE_PREFIXES = ("hypertf_agent_",)
+# Variables of the hypertf_agent Ansible role: they share the hypertf_ prefix and may sit in
+# the inventory beside HyperTF's own settings (roles/hypertf_agent/defaults/main.yml).
+ROLE_VARIABLES = frozenset(
+    f"hypertf_agent_{name}"
+    for name in ("venv", "workdir", "config", "service_manager", "service_name", "user",
+                 "register_timeout", "purge")
+)
 
 # Ansible connection variables HyperTF reads or expects to see; used to catch typos.
 ANSIBLE_KEYS = frozenset(
@@ -291,8 +296,8 @@ def _check_keys(path: Path, host: str, variables: Mapping[str, Any]) -> None:
     for key in variables:
         if not isinstance(key, str):
             continue
-        if key.startswith(ROLE_PREFIXES):
-            continue  # variables of the Ansible roles, e.g. hypertf_agent_service_manager
+        if key in ROLE_VARIABLES:
+            continue
         if key.startswith("hypertf_") and key not in SETTINGS:
             hint = difflib.get_close_matches(key, SETTINGS, n=1)
             guess = f"; did you mean {hint[0]!r}?" if hint else f"; known: {', '.join(SETTINGS)}"

@@ -109,6 +109,8 @@ class Progress:
         self.outcomes: dict[str, str] = {}
         self.hosts: dict[str, HostResult] = {}
         self.failed_at: dict[str, tuple[str, str]] = {}
+        self.play_hosts: set[str] = set()
+        self.stopped_by: tuple[str, str] | None = None
 
     def _step(self, event: Mapping[str, Any]) -> str:
         return f"{event['role']} | {event['task']}" if event.get("role") else str(event["task"])
@@ -126,6 +128,7 @@ class Progress:
         if kind == "play":
             self._flush()
             self.task = None
+            self.play_hosts = set()
             self.say(f"== {event['name']}{' (check mode)' if event.get('check') else ''}")
         elif kind == "task":
             self._flush()
@@ -133,10 +136,17 @@ class Progress:
         elif kind == "result":
             host, status = str(event["host"]), str(event["status"])
             self.outcomes[host] = status
+            self.play_hosts.add(host)
             if status in ("failed", "unreachable"):
                 step = self._step(event)
                 message = str(event.get("msg") or "").strip()
                 self.failed_at.setdefault(host, (step, message))
+                if event.get("run_once"):
+                    # Ansible stops the whole play: every host of it is left unfinished.
+                    self.stopped_by = (step, message)
+                    for other in self.play_hosts:
+                        self.failed_at.setdefault(
+                            other, (step, f"not finished: {step} failed for every node"))
                 lines = message.splitlines() or [""]
                 self.say(f"  !! {host} {status.upper()} at {step}: {lines[0]}")
                 for line in lines[1:5]:
@@ -147,8 +157,9 @@ class Progress:
                 step, message = self.failed_at.get(host, (None, None))
                 self.hosts[host] = HostResult(
                     name=host, ok=counts["ok"], changed=counts["changed"],
-                    failed=counts["failures"], unreachable=counts["unreachable"],
-                    skipped=counts["skipped"], failed_step=step, message=message,
+                    failed=counts["failures"] or int(step is not None),
+                    unreachable=counts["unreachable"], skipped=counts["skipped"],
+                    failed_step=step, message=message,
                 )
 
 
@@ -397,7 +408,6 @@ def lab_inventory(lab_dir: str | os.PathLike[str], *, name: str = "provision.yml
         python_env_offline=True,
         python_env_wheel_dir_shared=True,
         python_env_compile_bytecode=False,
-        python_env_build_isolation=False,
         python_env_tensorflow_package=tensorflow,
         python_env_extra_packages=packages,
         **LAB_ZOOKEEPER,

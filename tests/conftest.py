@@ -40,8 +40,9 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str,
 
 @pytest.fixture(scope="session")
 def state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private HYPERTF_HOME (0700, not under world-writable /tmp paths for sshd)."""
-    home = REPO / ".hypertf" / f"test-{secrets.token_hex(3)}"
+    """A private HYPERTF_HOME under the user's home (0700): sshd's StrictModes refuses keys
+    below a world-writable directory, and a checkout may well live under /tmp."""
+    home = Path.home() / ".hypertf" / f"test-{secrets.token_hex(3)}"
     home.mkdir(parents=True, mode=0o700)
     old = os.environ.get("HYPERTF_HOME")
     os.environ["HYPERTF_HOME"] = str(home)

@@ -95,7 +95,9 @@ class CallbackModule(CallbackBase):
         if ignore_errors:
             self._result("ignored", result)
         else:
-            self._result("failed", result, msg=_message(result._result))
+            # A failed run_once task (on the control machine) stops every host of the play.
+            self._result("failed", result, msg=_message(result._result),
+                         run_once=bool(result._task.run_once))
 
     def v2_runner_on_skipped(self, result) -> None:
         self._result("skipped", result)
