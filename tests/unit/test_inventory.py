@@ -60,7 +60,7 @@ def test_shipped_local_inventory():
     assert node.address == "127.0.0.1"
     assert node.port == 22
     assert node.groups == ("gpu_nodes",)
-    assert node.settings.venv == str(REPO / ".venv") == "/work/main/.venv"
+    assert node.settings.venv == str(REPO / ".venv")
     assert node.settings.workdir == str(REPO / ".hypertf" / "work")
     assert node.settings.gpu_source == "nvml"
     assert node.settings.agent_interval == 5.0
