@@ -18,7 +18,8 @@ from kazoo.client import KazooClient
 
 from hypertf import lab as lab_module
 from hypertf import store
-from hypertf.inventory import ClusterSettings
+from hypertf.inventory import ClusterSettings, Inventory, load_inventory
+from hypertf.remote import Session
 from hypertf.store import AgentRecord, Layout
 from hypertf.zkserver import ZooKeeperServer, free_port
 
@@ -36,6 +37,18 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def on_host(inventory: Inventory | str, host: str, command: str) -> str:
+    """Run a shell command on an inventory host over SSH (pinned keys); its stdout."""
+    inv = load_inventory(inventory) if isinstance(inventory, str) else inventory
+    session = Session(inv.node(host), inv.cluster)
+    try:
+        result = session.run(command, timeout=30)
+    finally:
+        session.close()
+    assert result.ok, result.stderr
+    return result.stdout
 
 
 @pytest.fixture(scope="session")

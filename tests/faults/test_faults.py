@@ -16,8 +16,7 @@ import pytest
 
 from hypertf import lab as lab_module
 from hypertf.inventory import load_inventory
-from hypertf.remote import Session
-from tests.conftest import wait_for
+from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import (
     FAKE,
     all_free,
@@ -28,15 +27,6 @@ from tests.launcher.helpers import (
     task_key,
     until_line,
 )
-
-
-def ssh(inventory: str, host: str, command: str) -> str:
-    inv = load_inventory(inventory)
-    session = Session(inv.node(host), inv.cluster)
-    try:
-        return session.run(command, timeout=30).stdout
-    finally:
-        session.close()
 
 
 def assert_clean(inventory: str, key: str, timeout: float = 30) -> None:
@@ -50,7 +40,7 @@ def test_agent_killed_mid_job(lab, tmp_path):
     job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2", "--",
                         "--work_s", "6", cwd=tmp_path)
     key = task_key(until_line(job, "tasks listening"))
-    ssh(lab.inventory, "h2", "kill -KILL $(cat /srv/hypertf/agent.pid)")
+    on_host(lab.inventory, "h2", "kill -KILL $(cat /srv/hypertf/agent.pid)")
     wait_for(lambda: next(h for h in status(lab.inventory)["hosts"] if h["name"] == "h2")
              ["agent"] == "down", 15, "h2's agent to count as down")
     h2 = next(h for h in status(lab.inventory)["hosts"] if h["name"] == "h2")

@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 from hypertf import lab as lab_module
-from hypertf.inventory import load_inventory
-from hypertf.remote import Session
-from tests.conftest import wait_for
+from tests.conftest import on_host, wait_for
 
 HYPERTF = [sys.executable, "-m", "hypertf.cli"]
 
@@ -24,14 +22,7 @@ def status(lab: lab_module.Lab) -> dict:
 
 
 def ssh(lab: lab_module.Lab, host: str, command: str) -> str:
-    inventory = load_inventory(lab.inventory)
-    session = Session(inventory.node(host), inventory.cluster)
-    try:
-        result = session.run(command, timeout=30)
-    finally:
-        session.close()
-    assert result.ok, result.stderr
-    return result.stdout
+    return on_host(lab.inventory, host, command)
 
 
 def row_states(report: dict, host: str) -> list[str]:

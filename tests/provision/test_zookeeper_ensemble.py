@@ -10,22 +10,11 @@ from kazoo.exceptions import NoNodeError
 
 from hypertf import provision, store, zkserver
 from hypertf.inventory import load_inventory
-from hypertf.remote import Session
-from tests.conftest import wait_for
+from tests.conftest import on_host, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 MEMBERS = ("h1", "h2", "h3")
 PIDFILE = "/srv/zookeeper/run/zookeeper.pid"
-
-
-def on_host(inventory, host: str, command: str) -> str:
-    session = Session(inventory.node(host), inventory.cluster)
-    try:
-        result = session.run(command, timeout=30)
-    finally:
-        session.close()
-    assert result.ok, result.stderr
-    return result.stdout
 
 
 def test_ensemble_survives_a_dead_member(make_lab, lab_inventory, ansible_dirs, monkeypatch):
