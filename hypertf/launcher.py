@@ -96,8 +96,10 @@ class TrainRequest:
                              f"1024 a job may have")
         if self.policy not in POLICIES:
             raise UsageError(f"unknown policy {self.policy!r}; choose {' or '.join(POLICIES)}")
-        if self.start_timeout <= 0 or (self.timeout is not None and self.timeout <= 0):
+        if not self.start_timeout > 0 or (self.timeout is not None and not self.timeout > 0):
             raise UsageError("--start-timeout and --timeout must be positive seconds")
+        if not self.grace >= 0:
+            raise UsageError(f"--grace must be zero or more seconds, not {self.grace}")
         if self.sync_dir:
             if not Path(self.sync_dir).is_dir():
                 raise UsageError(f"--sync {self.sync_dir}: no such directory")
@@ -234,7 +236,7 @@ class Job:
         problems = {h: str(v) for h, v in results.items() if isinstance(v, BaseException)}
         if problems:
             lines = "\n".join(f"  {host}: {why}" for host, why in problems.items())
-            raise HyperTFError(f"preflight failed on {len(problems)} host(s); nothing was "
+            raise RemoteError(f"preflight failed on {len(problems)} host(s); nothing was "
                                f"started or allocated:\n{lines}")
         self.wrapper = {h: v["wrapper"] for h, v in results.items()}
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import netifaces
 
-from hypertf.errors import HyperTFError
+from hypertf.errors import HyperTFError, InventoryError
 from hypertf.store import GpuInfo
 
 log = logging.getLogger(__name__)
@@ -205,14 +205,15 @@ def select_address(spec: str | None, addresses: dict[str, list[str]], preferred:
         try:
             network = ipaddress.ip_network(spec, strict=False)
         except ValueError:
-            raise HyperTFError(
+            raise InventoryError(
                 f"network {spec!r} is neither an interface of this node "
-                f"({', '.join(addresses)}) nor a subnet like 10.40.0.0/16"
+                f"({', '.join(addresses)}) nor a subnet like 10.40.0.0/16; fix "
+                f"hypertf_data_network / hypertf_mgmt_network in the inventory"
             ) from None
         for addr in every:
             if ipaddress.ip_address(addr) in network:
                 return addr
-        raise HyperTFError(
+        raise InventoryError(
             f"no address of this node lies in {spec} (addresses: {', '.join(every)}); "
             f"fix hypertf_data_network / hypertf_mgmt_network in the inventory"
         )

@@ -108,13 +108,19 @@ class AgentRecord:
     @classmethod
     def from_json(cls, data: bytes) -> AgentRecord:
         payload = decode(data, "agent record")
-        payload["gpus"] = [GpuInfo(**gpu) for gpu in payload.get("gpus", [])]
-        return cls(**payload)
+        try:
+            payload["gpus"] = [GpuInfo(**gpu) for gpu in payload.get("gpus", [])]
+            return cls(**payload)
+        except TypeError as err:  # missing or unknown fields: a damaged or foreign record
+            host = payload.get("host", "?")
+            raise StoreError(f"ZooKeeper holds an unreadable agent record (host {host!r}): "
+                             f"{err}; restart that host's agent to rewrite it") from None
 
 
 def encode(payload: dict[str, Any]) -> bytes:
     """JSON bytes with the format number first; refuses what ZooKeeper would refuse."""
-    data = json.dumps({"format": FORMAT, **payload}, separators=(",", ":")).encode()
+    fields = {key: value for key, value in payload.items() if key != "format"}
+    data = json.dumps({"format": FORMAT, **fields}, separators=(",", ":")).encode()
     if len(data) > MAX_ZNODE_BYTES:
         raise StoreError(
             f"a record of {len(data)} bytes is over ZooKeeper's 1 MiB znode limit "
@@ -136,7 +142,7 @@ def decode(data: bytes, what: str) -> dict[str, Any]:
             f"got {type(payload).__name__}"
         )
     version = payload.pop("format", None)
-    if version != FORMAT:
+    if type(version) is not int or version != FORMAT:
         raise StoreError(
             f"ZooKeeper holds a {what} in format {version!r}; this HyperTF reads format "
             f"{FORMAT}: upgrade HyperTF on every node, or use another hypertf_zk_root"

@@ -128,11 +128,50 @@ def fake_agents(cluster_settings: ClusterSettings, layout: Layout,
         store.close(client)
 
 
+LAB_HOSTS, LAB_GPUS = 3, 4
+
+
+class SharedLab:
+    """The session's lab; replaced when a test broke it beyond repair."""
+
+    def __init__(self) -> None:
+        self.current: lab_module.Lab | None = None
+
+    def get(self) -> lab_module.Lab:
+        if self.current is None:
+            self.current = lab_module.up(hosts=LAB_HOSTS, gpus=LAB_GPUS)
+        return self.current
+
+
 @pytest.fixture(scope="session")
-def lab(state_home: Path) -> Iterator[lab_module.Lab]:
+def shared_lab(state_home: Path) -> Iterator[SharedLab]:
     """Three hosts with four static GPUs each, agents running; removed at the end."""
-    built = lab_module.up(hosts=3, gpus=4)
+    shared = SharedLab()
     try:
-        yield built
+        yield shared
     finally:
-        lab_module.down(built)
+        if shared.current is not None:
+            lab_module.down(shared.current)
+
+
+@pytest.fixture
+def lab(shared_lab: SharedLab, request: pytest.FixtureRequest) -> lab_module.Lab:
+    """The shared lab, healthy: checked before each test and repaired (or rebuilt) if an
+    earlier test left it damaged, so one failing test fails alone."""
+    from tests.lab_health import ensure_healthy
+
+    healthy, problems = ensure_healthy(shared_lab.get(), LAB_GPUS)
+    shared_lab.current = healthy
+    if problems:
+        print(f"\n[lab] repaired before {request.node.name}: {'; '.join(problems)}")
+    return healthy
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_left() -> Iterator[None]:
+    """Launchers a test started and did not wait for (an assert failed first) are
+    interrupted, then killed, so they release what they hold before the next test."""
+    from tests.launcher.helpers import stop_started
+
+    yield
+    stop_started()

@@ -78,6 +78,6 @@ def test_agent_refuses_a_bad_network_setting(agent_inventory):
     done = subprocess.run([sys.executable, "-m", "hypertf.cli", "agent", "-i", str(path),
                            "--host", "node1", "--once"], capture_output=True, text=True,
                           timeout=60)
-    assert done.returncode == 1
+    assert done.returncode == 2, done.stderr
     assert "network 'nosuchnic0' is neither an interface of this node" in done.stderr
     assert "Traceback" not in done.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,9 +22,37 @@ def hypertf(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
                           capture_output=True, text=True, timeout=timeout)
 
 
+STARTED: list[subprocess.Popen[str]] = []
+
+
 def start_hypertf(*argv: str, cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "hypertf.cli", *argv], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """A launcher in the background; the test session stops it if the test does not."""
+    job = subprocess.Popen([sys.executable, "-m", "hypertf.cli", *argv], cwd=cwd,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    STARTED.append(job)
+    return job
+
+
+def stop_started(grace_s: float = 60) -> None:
+    """Interrupt every launcher still running (it stops its tasks and releases), by PID;
+    KILL it if it does not exit within ``grace_s``."""
+    while STARTED:
+        job = STARTED.pop()
+        if job.poll() is None:
+            job.send_signal(signal.SIGINT)
+            try:
+                job.communicate(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.communicate()
+        elif job.stdout is not None:
+            job.stdout.close()
+
+
+def finish_file(cwd: Path) -> Path:
+    """A file whose creation ends every fake task run with ``--until_file`` (the lab's hosts
+    share this machine's filesystem outside /srv)."""
+    return cwd / "finish-now"
 
 
 def until_line(job: subprocess.Popen[str], needle: str) -> list[str]:

@@ -37,7 +37,7 @@ def test_unknown_host_key_is_refused(lab, tmp_path):
 
     done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "3",
                    cwd=tmp_path)
-    assert done.returncode != 0
+    assert done.returncode == 6, done.stderr
     assert "preflight failed on 1 host(s); nothing was started or allocated:" in done.stderr
     address = lab.host("h2").address
     assert f"h2: h2 ({address}): host key unknown: it is not in {known}" in done.stderr
@@ -54,7 +54,7 @@ def test_unreachable_host_is_named(lab, tmp_path):
 
     done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "3",
                    cwd=tmp_path)
-    assert done.returncode != 0
+    assert done.returncode == 6, done.stderr
     assert "preflight failed on 1 host(s)" in done.stderr
     assert f"h3: h3 ({unused}:22)" in done.stderr
     nothing_happened(lab)
@@ -74,7 +74,7 @@ def test_only_the_hosts_a_job_needs_are_preflighted(lab, tmp_path):
 def test_missing_script_is_reported_per_host(lab, tmp_path):
     done = hypertf("train", "-i", lab.inventory, "--script", "/nonexistent/train.py",
                    "--worker", "3", cwd=tmp_path)
-    assert done.returncode != 0
+    assert done.returncode == 6, done.stderr
     assert "preflight failed on 3 host(s)" in done.stderr
     for host in ("h1", "h2", "h3"):
         assert f"  {host}: script /nonexistent/train.py not found" in done.stderr
@@ -87,17 +87,18 @@ def test_missing_venv_is_reported_per_host(lab, tmp_path):
 
     done = hypertf("train", "-i", variant(lab, tmp_path, edit), "--script", FAKE, "--worker", "3",
                    cwd=tmp_path)
-    assert done.returncode != 0
+    assert done.returncode == 6, done.stderr
     assert "preflight failed on 3 host(s)" in done.stderr
     assert "h1: the virtualenv /nonexistent/venv has no python with HyperTF" in done.stderr
     nothing_happened(lab)
 
 
-@pytest.mark.parametrize("request_args", [["--worker", "0"], ["--worker", "-1"],
-                                          ["--worker", "13"], ["--worker", "2", "--policy", "x"]])
-def test_impossible_or_invalid_requests(lab, tmp_path, request_args):
+@pytest.mark.parametrize(("request_args", "code"), [
+    (["--worker", "0"], 2), (["--worker", "-1"], 2), (["--worker", "13"], 4),
+    (["--worker", "2", "--policy", "x"], 2)])
+def test_impossible_or_invalid_requests(lab, tmp_path, request_args, code):
     done = hypertf("train", "-i", lab.inventory, "--script", FAKE, *request_args, cwd=tmp_path)
-    assert done.returncode in (2, 4), done.stderr
+    assert done.returncode == code, done.stderr
     assert done.stderr.startswith("hypertf: error: ")
     assert "Traceback" not in done.stderr
     if "13" in request_args:

@@ -15,6 +15,7 @@ from tests.launcher.helpers import (
     EXAMPLES,
     FAKE,
     all_free,
+    finish_file,
     hypertf,
     processes_of,
     start_hypertf,
@@ -56,11 +57,17 @@ def test_examples_train_to_accuracy_and_leave_nothing(lab, tmp_path, script, sha
 
 
 def test_two_jobs_at_once_get_disjoint_gpus_and_ports(lab, tmp_path):
+    """Both jobs run until both are listening, so their grants overlap in time."""
+    finish = finish_file(tmp_path)
     jobs = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         jobs.append(start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker",
-                                  "3", "--ps", "1", "--", "--work_s", "3", cwd=tmp_path / name))
+                                  "3", "--ps", "1", "--", "--until_file", str(finish),
+                                  cwd=tmp_path / name))
+    for job in jobs:
+        until_line(job, "tasks listening")
+    finish.touch()
     for job in jobs:
         out, _ = job.communicate(timeout=120)
         assert job.returncode == 0, out
@@ -75,13 +82,14 @@ def test_two_jobs_at_once_get_disjoint_gpus_and_ports(lab, tmp_path):
 def test_failing_worker_stops_the_whole_job_fast(lab, tmp_path):
     started = time.monotonic()
     done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "3", "--ps",
-                   "1", "--", "--work_s", "1", "--fail_on", "worker:1", cwd=tmp_path)
+                   "1", "--", "--work_s", "20", "--fail_on", "worker:1", "--fail_s", "1",
+                   cwd=tmp_path)
     elapsed = time.monotonic() - started
     assert done.returncode == 1
     assert "task worker:1@h2 failed: exit 3" in done.stderr
     assert "worker:1 failing on purpose" in done.stderr  # last lines of its log
     assert "Traceback" not in done.stderr
-    assert elapsed < 30
+    assert elapsed < 60  # fails fast: not after the other workers' 20 s of work
     (summary,) = summaries(tmp_path)
     assert summary["result"] == "failed"
     assert processes_of(lab.inventory, summary["task_key"]) == {}
@@ -90,7 +98,7 @@ def test_failing_worker_stops_the_whole_job_fast(lab, tmp_path):
 
 def test_task_that_never_listens_hits_the_startup_deadline(lab, tmp_path):
     done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
-                   "--start-timeout", "4", "--", "--work_s", "60", "--never_listen_on",
+                   "--start-timeout", "4", "--", "--work_s", "600", "--never_listen_on",
                    "worker:1", cwd=tmp_path)
     assert done.returncode == 1
     assert "start-up deadline: worker:1@h2 not listening on their port after 4 s" in done.stderr
@@ -102,15 +110,15 @@ def test_task_that_never_listens_hits_the_startup_deadline(lab, tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_signals_to_the_launcher_leave_nothing_behind(lab, tmp_path, sig):
     job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
-                        "--ps", "1", "--", "--work_s", "120", "--ignore_term", cwd=tmp_path)
+                        "--ps", "1", "--", "--work_s", "600", "--ignore_term", cwd=tmp_path)
     key = task_key(until_line(job, "tasks listening"))
     assert set(processes_of(lab.inventory, key)) == {"h1", "h2"}
     job.send_signal(sig)
     out, _ = job.communicate(timeout=60)
     if sig == signal.SIGKILL:
         # No launcher to clean up: the lease expires (4 s) and the agents stop the tasks.
-        wait_for(lambda: processes_of(lab.inventory, key) == {}, 30, "agents to reap the job")
-        wait_for(lambda: all_free(lab.inventory), 15, "the GPUs to return")
+        wait_for(lambda: processes_of(lab.inventory, key) == {}, 90, "agents to reap the job")
+        wait_for(lambda: all_free(lab.inventory), 90, "the GPUs to return")
     else:
         assert job.returncode == 130, out
         assert f"interrupted by {sig.name}" in out
@@ -147,7 +155,7 @@ def test_hyperparameters_follow_directly_without_double_dash(lab, tmp_path):
 
 def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
     job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2", "--",
-                        "--work_s", "120", cwd=tmp_path)
+                        "--work_s", "600", cwd=tmp_path)
     key = task_key(until_line(job, "tasks listening"))
     listing = hypertf("jobs", "-i", lab.inventory, cwd=tmp_path)
     assert re.search(rf"{key}  running +\S+@\S+  {re.escape(FAKE)}  worker:0@h1, worker:1@h2",
@@ -157,7 +165,7 @@ def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
     out, _ = job.communicate(timeout=60)
     assert job.returncode == 1
     assert f"job {key} was killed: its lease was dropped" in out
-    wait_for(lambda: processes_of(lab.inventory, key) == {}, 20, "the killed job's processes")
+    wait_for(lambda: processes_of(lab.inventory, key) == {}, 90, "the killed job's processes")
     assert all_free(lab.inventory)
     again = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
     assert "was not running" in again.stdout

@@ -3,7 +3,9 @@
 It reads TF_CONFIG like a TensorFlow task, listens on its own port, and then either
 finishes (the roles that finish in that mode) or serves until stopped. Options make a given
 task misbehave: ``--fail_on worker:1 [--fail_s 1]``, ``--never_listen_on worker:1``, ``--work_s 2``,
-``--ignore_term`` (like MultiWorkerMirroredStrategy). Every task prints its argv as JSON.
+``--ignore_term`` (like MultiWorkerMirroredStrategy), ``--until_file PATH`` (work until the test
+creates PATH, so a test that inspects a running job decides when it ends). Every task prints
+its argv as JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> int:
     parser.add_argument("--fail_s", type=float, help="seconds before failing (default work_s)")
     parser.add_argument("--never_listen_on", default="")
     parser.add_argument("--ignore_term", action="store_true")
+    parser.add_argument("--until_file", help="work until this file exists (not --work_s)")
     args, _ = parser.parse_known_args()
     config = json.loads(os.environ["TF_CONFIG"])
     role, index = config["task"]["type"], config["task"]["index"]
@@ -44,7 +47,13 @@ def main() -> int:
     finishes = (role == "chief") if "chief" in roles and "ps" in roles else (
         role == "worker" if "ps" in roles else True)
     failing = me == args.fail_on
-    time.sleep(args.fail_s if failing and args.fail_s is not None else args.work_s)
+    if failing and args.fail_s is not None:
+        time.sleep(args.fail_s)
+    elif args.until_file:
+        while not os.path.exists(args.until_file):
+            time.sleep(0.1)
+    else:
+        time.sleep(args.work_s)
     if failing:
         print(f"{me} failing on purpose", flush=True)
         return 3

@@ -1,0 +1,129 @@
+"""The matrix keeper, judged by the stored matrix alone: nothing in these tests syncs it.
+
+The keeper is the live agent with the lowest host name; it brings ``matrix`` in line with the
+agents' records and the live leases. Every assertion here reads the znode as it is stored,
+so these tests fail if no agent keeps the matrix (or if the keeper role does not move when
+the keeper dies).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hypertf import store
+from hypertf.allocation import Request, allocate
+from hypertf.inventory import load_inventory
+from hypertf.matrix import Matrix
+from hypertf.scheduler import TaskSlot
+from tests.conftest import wait_for
+
+HOSTS = ("node1", "node2")
+
+
+@pytest.fixture
+def keeper_lab(zk_server, tmp_path) -> Iterator[tuple[Path, dict[str, Path]]]:
+    """Two local nodes (distinct addresses, work dirs and static GPU files), no agent yet."""
+    gpu_files = {}
+    hosts = {}
+    for i, host in enumerate(HOSTS, start=1):
+        gpu_files[host] = tmp_path / f"{host}-gpus.json"
+        gpu_files[host].write_text(json.dumps([{}, {}, {"utilization": 95}]))
+        hosts[host] = {"ansible_connection": "local", "ansible_host": f"127.0.0.{i}",
+                       "hypertf_static_gpus": str(gpu_files[host]),
+                       "hypertf_workdir": str(tmp_path / host)}
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump({"all": {
+        "vars": {"hypertf_zookeeper_hosts": zk_server.hosts,
+                 "hypertf_zk_root": f"/keeper-{tmp_path.name}", "hypertf_agent_interval": 0.3,
+                 "hypertf_zk_session_timeout": 2, "hypertf_gpu_source": "static",
+                 "hypertf_venv": sys.prefix},
+        "children": {"gpu_nodes": {"hosts": hosts}},
+    }}))
+    yield path, gpu_files
+
+
+@pytest.fixture
+def agents(keeper_lab) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    path, _ = keeper_lab
+    running: dict[str, subprocess.Popen[str]] = {}
+    for host in HOSTS:
+        running[host] = subprocess.Popen(
+            [sys.executable, "-m", "hypertf.cli", "agent", "-i", str(path), "--host", host],
+            stderr=subprocess.DEVNULL, text=True)
+    yield running
+    for agent in running.values():  # by PID, whatever the test did
+        if agent.poll() is None:
+            agent.kill()
+        agent.wait()
+
+
+@pytest.fixture
+def stored(keeper_lab) -> Iterator[Callable[[], Matrix]]:
+    """Read the matrix znode as stored (a plain get: no sync, no write)."""
+    path, _ = keeper_lab
+    inventory = load_inventory(path)
+    layout = store.Layout(inventory.cluster.zk_root)
+    client = store.connect(inventory.cluster)
+
+    def read() -> Matrix:
+        if client.exists(layout.matrix) is None:
+            return Matrix()
+        return Matrix.from_json(client.get(layout.matrix)[0])
+
+    yield read
+    store.close(client)
+
+
+def test_keeper_writes_each_agents_row_and_follows_changes(keeper_lab, agents, stored):
+    _, gpu_files = keeper_lab
+    wait_for(lambda: stored().gpus == {"node1": [1, 1, 0], "node2": [1, 1, 0]}, 60,
+             "both rows in the stored matrix (GPU 2 is 95 % busy)")
+    gpu_files["node2"].write_text(json.dumps([{"memory_used": 15 * 1024**3}, {}, {}]))
+    wait_for(lambda: stored().gpus.get("node2") == [0, 1, 1], 60,
+             "node2's row to follow its agent's new reading")
+    assert stored().gpus["node1"] == [1, 1, 0]
+
+
+def test_keeper_role_moves_when_the_keeper_dies(keeper_lab, agents, stored):
+    """node1 is the keeper (lowest name). Killed outright, its record expires; only node2
+    can then mark node1's row unavailable, and only if it took over the keeper's job."""
+    wait_for(lambda: stored().gpus == {"node1": [1, 1, 0], "node2": [1, 1, 0]}, 60,
+             "both rows in the stored matrix")
+    agents["node1"].send_signal(signal.SIGKILL)
+    agents["node1"].wait()
+    wait_for(lambda: stored().gpus.get("node1") == [0, 0, 0], 60,
+             "the surviving agent to mark the dead keeper's row unavailable")
+    _, gpu_files = keeper_lab
+    gpu_files["node2"].write_text(json.dumps([{}, {}, {}]))
+    wait_for(lambda: stored().gpus.get("node2") == [1, 1, 1], 60,
+             "the new keeper to keep its own row current")
+
+
+def test_keeper_frees_the_cells_of_a_job_whose_lease_vanished(keeper_lab, agents, stored):
+    """A launcher killed outright: its ephemeral lease goes with its session, and the keeper
+    (not the launcher, not this test) must give its GPUs back."""
+    path, _ = keeper_lab
+    wait_for(lambda: stored().gpus == {"node1": [1, 1, 0], "node2": [1, 1, 0]}, 60,
+             "both rows in the stored matrix")
+    inventory = load_inventory(path)
+    layout = store.Layout(inventory.cluster.zk_root)
+    launcher = store.connect(inventory.cluster)
+    try:
+        request = Request(slots=(TaskSlot("worker", 0, 2), TaskSlot("worker", 1, 1)),
+                          hosts=HOSTS, policy="pack")
+        allocate(launcher, layout, request, "job-1")
+    finally:
+        taken = stored().gpus
+        store.close(launcher)  # the session ends: the lease is gone
+    assert sum(cell == "job-1" for row in taken.values() for cell in row) == 3
+    wait_for(lambda: stored().gpus == {"node1": [1, 1, 0], "node2": [1, 1, 0]}, 60,
+             "the keeper to free the lease-less job's GPUs")
+    assert not any(stored().ports.values())
