@@ -36,7 +36,13 @@ from hypertf.allocation import (
     release,
     update_job,
 )
-from hypertf.errors import HyperTFError, RemoteError, StoreError, UsageError
+from hypertf.errors import (
+    HyperTFError,
+    InsufficientResources,
+    RemoteError,
+    StoreError,
+    UsageError,
+)
 from hypertf.inventory import Inventory
 from hypertf.remote import Cluster, Session, command_line, quote
 from hypertf.scheduler import POLICIES, Placement
@@ -47,6 +53,7 @@ PORT_IN_USE = ("Failed to add port to server", "Could not start gRPC server",
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
 MAX_PORT_RETRIES = 3
+MAX_PLACE_ATTEMPTS = 20  # lost allocation races before giving up
 PORTS_BUSY = 75  # exit code of a start command that found a granted port in use
 
 
@@ -175,6 +182,7 @@ class Job:
         self.result = "failed"
         self.message = ""
         self.wrapper: dict[str, str] = {}
+        self.preflighted: set[str] = set()
         self.cpu_only = False
         self.lost_hosts: set[str] = set()
 
@@ -208,8 +216,13 @@ class Job:
 
     # -- preflight ----------------------------------------------------------------------
     def preflight(self, hosts: list[str]) -> None:
-        """SSH with verified host keys, venv, script, work dir: on every host, in parallel."""
-        self.cluster = Cluster([self.inventory.node(h) for h in hosts], self.inventory.cluster)
+        """SSH with verified host keys, venv, script, work dir: on every host, in parallel.
+        Hosts that passed are remembered (and their sessions kept) for the whole job."""
+        if self.cluster is None:
+            self.cluster = Cluster([], self.inventory.cluster)
+        for host in hosts:
+            self.cluster.sessions.setdefault(
+                host, Session(self.inventory.node(host), self.inventory.cluster))
         script = "" if self.request.sync_dir else self._script_path()
 
         def check(session: Session) -> dict[str, Any]:
@@ -232,13 +245,14 @@ class Job:
                 raise RemoteError("; ".join(report["problems"]))
             return report
 
-        results = self.cluster.each(check)
+        results = self.cluster.each(check, hosts)
         problems = {h: str(v) for h, v in results.items() if isinstance(v, BaseException)}
         if problems:
             lines = "\n".join(f"  {host}: {why}" for host, why in problems.items())
             raise RemoteError(f"preflight failed on {len(problems)} host(s); nothing was "
                                f"started or allocated:\n{lines}")
-        self.wrapper = {h: v["wrapper"] for h, v in results.items()}
+        self.wrapper.update({h: v["wrapper"] for h, v in results.items()})
+        self.preflighted.update(hosts)
 
     def _script_path(self) -> str:
         script = self.request.script
@@ -260,6 +274,25 @@ class Job:
         placements = plan(self.client, self.layout, self._allocation_request(hosts))
         used = {p.host for p in placements}
         return [host for host in hosts if host in used]
+
+    def place(self, live: list[str], exclude: dict[str, set[int]]) -> Grant:
+        """Plan over every live host, preflight the hosts chosen that have not passed yet,
+        then allocate on the hosts that passed. A lost race (a neighbour took the GPUs
+        between the plan and the allocation) plans again over every live host, so a
+        request is refused only when it does not fit now (and the message lists every
+        host's free GPUs)."""
+        for _ in range(MAX_PLACE_ATTEMPTS):
+            chosen = self.needed_hosts(live)  # InsufficientResources: does not fit now
+            new = [host for host in chosen if host not in self.preflighted]
+            if new:
+                self.preflight(new)
+            try:
+                return self.allocate([h for h in live if h in self.preflighted], exclude)
+            except InsufficientResources:
+                continue  # lost a race: plan again with what is free now
+        raise InsufficientResources(
+            f"other jobs took the free GPUs first {MAX_PLACE_ATTEMPTS} times in a row; "
+            f"the cluster is too busy for this request now (hypertf status)")
 
     def allocate(self, hosts: list[str], exclude: dict[str, set[int]] | None = None) -> Grant:
         request = self._allocation_request(hosts)
@@ -546,11 +579,10 @@ class Job:
         for sig in previous:
             signal.signal(sig, interrupt)
         try:
-            hosts = self.needed_hosts(self.plan())
-            self.preflight(hosts)
+            live = self.plan()
             exclude: dict[str, set[int]] = {}
             for attempt in range(MAX_PORT_RETRIES + 1):
-                self.allocate(hosts, exclude)
+                self.place(live, exclude)
                 busy = self.start()
                 outcome = "retry-ports" if busy else self.watch()
                 if outcome != "retry-ports" or attempt == MAX_PORT_RETRIES:

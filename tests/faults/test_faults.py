@@ -249,3 +249,29 @@ def test_servers_that_die_or_resist(lab, tmp_path, how):
         assert "job timeout: still running after 4 s" in out
     (summary,) = summaries(tmp_path)
     assert_clean(lab.inventory, summary["task_key"])
+
+
+def test_eight_launchers_at_once_on_an_idle_lab_all_succeed(lab, tmp_path):
+    """Inject: 8 launchers of 1 GPU each started together on the idle 3x4 lab. Each plans
+    h1 first (round robin on an idle lab); the losers of the race must plan again over every
+    live host, not be refused while GPUs are free. All 8 hold their GPU at the same time."""
+    finish = finish_file(tmp_path)
+    jobs = []
+    for i in range(8):
+        (tmp_path / str(i)).mkdir()
+        jobs.append(start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker",
+                                  "1", "--", "--until_file", str(finish), cwd=tmp_path / str(i)))
+    keys = []
+    for job in jobs:
+        lines = until_line(job, "tasks listening")
+        assert "tasks listening" in lines[-1], "".join(lines)
+        keys.append(task_key(lines))
+    held = [(h["name"], g["index"]) for h in status(lab.inventory)["hosts"] for g in h["gpus"]
+            if g["state"] == "busy"]
+    assert len(held) == 8
+    finish.touch()
+    for job in jobs:
+        out, _ = job.communicate(timeout=120)
+        assert job.returncode == 0, out
+    for key in keys:
+        assert_clean(lab.inventory, key)
