@@ -24,9 +24,10 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store, tasknode
-from hypertf.allocation import sync_matrix
+from hypertf.allocation import confirm_drained, sync_matrix
 from hypertf.errors import HyperTFError, StoreError
 from hypertf.inventory import Inventory, Node
+from hypertf.matrix import Matrix, holder
 from hypertf.probes import (
     GpuSource,
     NoGpuSource,
@@ -38,6 +39,8 @@ from hypertf.probes import (
     select_address,
 )
 from hypertf.store import AgentRecord, Layout
+
+STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +149,37 @@ class Agent:
         for task_key, result in tasknode.reap(runs, leases).items():
             log.warning("job %s has no lease any more: stopped its tasks %s", task_key, result)
 
+    def confirm_drained(self, client: KazooClient) -> None:
+        """Free this host's draining cells (and cells of jobs whose lease is gone) once no
+        process of the job is left here: stop what is left first (TERM, KILL after the
+        grace). Nothing is freed while a process lives: a GPU is free only when this node
+        says so."""
+        matrix = Matrix.from_json(client.get(self.layout.matrix)[0]) \
+            if client.exists(self.layout.matrix) else Matrix()
+        leases = store.read_leases(client, self.layout)  # after the matrix: see allocation
+        host = self.node.name
+        ended = matrix.draining_on(host) | {
+            key for cell in matrix.gpus.get(host, []) + list(matrix.ports.get(host, {}).values())
+            if (key := holder(cell)) and key not in leases
+        }
+        if not ended:
+            return
+        runs = Path(self.node.settings.workdir) / "runs"
+        dead = set()
+        for task_key in ended:
+            run_dir = runs / task_key
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / tasknode.DRAINED).touch()  # before looking: see task.sh
+            if tasknode.run_alive(run_dir):
+                result = tasknode.stop(run_dir, grace=STOP_GRACE_S)
+                log.warning("job %s ended without its launcher's stop: stopped its tasks %s",
+                            task_key, result)
+                if tasknode.run_alive(run_dir):
+                    continue
+            dead.add(task_key)
+        if dead and confirm_drained(client, self.layout, host, dead):
+            log.info("confirmed the tasks of %s dead on %s: GPUs free", sorted(dead), host)
+
     def is_keeper(self, client: KazooClient) -> bool:
         live = client.get_children(self.layout.resources)
         return bool(live) and min(live) == self.node.name
@@ -211,6 +245,7 @@ class Agent:
                     except StoreError as err:  # e.g. the matrix outgrew its znode
                         log.error("cannot sync the matrix: %s", err)
                 self.reap_orphans(client)
+                self.confirm_drained(client)
             except (KazooException, KazooTimeoutError) as err:
                 log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
                 self._wake.wait(1.0)

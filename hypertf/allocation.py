@@ -3,9 +3,14 @@
 An allocation writes, in one transaction: the matrix (checked against the version it was
 computed from), an ephemeral lease ``leases/<task_key>`` tied to the launcher's session,
 and the job record. Two allocators that read the same matrix cannot both win; the loser
-re-reads and tries again. If the launcher dies, its session expires, the lease vanishes and
-whoever next syncs the matrix (an allocator, ``status``, or the agents' matrix keeper) frees
-the job's cells.
+re-reads and tries again.
+
+A GPU is free only when its node has confirmed the job's processes dead. The launcher's
+own release frees the cells of the hosts where it stopped the tasks itself. If instead the
+lease vanishes (the launcher died, or ``hypertf kill``), whoever next syncs the matrix marks
+the job ``lost`` (unless it was killed) and its cells ``draining``; the agent of each host
+then stops the job's process groups there and frees its own host's cells
+(``confirm_drained``). A host whose agent is down keeps its draining cells.
 """
 
 from __future__ import annotations
@@ -214,14 +219,23 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
         _backoff(attempt)
 
 
+ENDED_BY_OTHERS = ("killed", "lost")  # states a launcher's own release does not overwrite
+
+
 def release(client: KazooClient, layout: Layout, task_key: str, state: str = "released",
-            extra: Mapping[str, Any] | None = None) -> bool:
-    """Give back everything ``task_key`` holds; idempotent. True if something was freed."""
+            extra: Mapping[str, Any] | None = None,
+            stopped_on: Sequence[str] | None = None) -> bool:
+    """Give back what ``task_key`` holds; idempotent. True if something was freed.
+
+    ``stopped_on``: the hosts where the caller has seen the job's processes dead (default
+    every host); the job's cells elsewhere turn draining, for their agents to confirm.
+    """
     attempt = 0
     while True:
         matrix, version = _read_matrix(client, layout)
-        records = read_records(client, layout, only=matrix.held_by(task_key))
-        freed = matrix.release({task_key}, records)
+        records = read_records(client, layout)
+        freed = matrix.release({task_key}, records, hosts=stopped_on)
+        freed = freed.drain({task_key})  # what is still held: hosts not confirmed
         changed = not same(matrix, freed)
         lease_stat = client.exists(layout.lease(task_key))
         job_stat = client.exists(layout.job(task_key))
@@ -235,7 +249,8 @@ def release(client: KazooClient, layout: Layout, task_key: str, state: str = "re
         if job_stat is not None:
             data, _ = client.get(layout.job(task_key))
             job = decode(data, "job record")
-            job.update({"state": state, "released": time.time(), **(extra or {})})
+            ended = job.get("state") if job.get("state") in ENDED_BY_OTHERS else state
+            job.update({"released": time.time(), **(extra or {}), "state": ended})
             tx.set_data(layout.job(task_key), encode(job), version=job_stat.version)
         try:
             if _commit_or_conflict(tx):
@@ -249,17 +264,52 @@ def release(client: KazooClient, layout: Layout, task_key: str, state: str = "re
 
 
 def sync_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, dict[str, AgentRecord]]:
-    """Bring the stored matrix in line with the records and leases; write only on change."""
+    """Bring the stored matrix in line with the records and leases; write only on change.
+    Jobs found without a lease are recorded as ``lost`` (unless killed) as their cells
+    turn draining."""
     attempt = 0
     while True:
         matrix, version = _read_matrix(client, layout)
         records = read_records(client, layout)
-        current = synced(matrix, records, read_leases(client, layout))
+        leases = read_leases(client, layout)
+        current = synced(matrix, records, leases)
         if same(matrix, current):
             return current, records
         try:
             client.set(layout.matrix, current.to_json(), version=version)
-            return current, records
+        except BadVersionError:
+            attempt += 1
+            _backoff(attempt)
+            continue
+        for task_key in matrix.task_keys() - leases:
+            mark_lost(client, layout, task_key)
+        return current, records
+
+
+def mark_lost(client: KazooClient, layout: Layout, task_key: str) -> None:
+    """A job whose lease vanished without a release or a kill: its launcher died."""
+    with contextlib.suppress(NoNodeError, BadVersionError, StoreError):
+        data, stat = client.get(layout.job(task_key))
+        job = decode(data, "job record")
+        if job.get("state") in ("allocated", "starting", "running"):
+            job.update(state="lost", lost=time.time())
+            client.set(layout.job(task_key), encode(job), version=stat.version)
+
+
+def confirm_drained(client: KazooClient, layout: Layout, host: str,
+                    task_keys: set[str]) -> bool:
+    """The agent of ``host`` has seen these jobs' processes dead there: free their cells
+    and ports on ``host`` (only). True if something was freed."""
+    attempt = 0
+    while True:
+        matrix, version = _read_matrix(client, layout)
+        records = read_records(client, layout, only=[host])
+        freed = matrix.release(task_keys & matrix.draining_on(host), records, hosts=[host])
+        if same(matrix, freed):
+            return False
+        try:
+            client.set(layout.matrix, freed.to_json(), version=version)
+            return True
         except BadVersionError:
             attempt += 1
             _backoff(attempt)
@@ -293,14 +343,26 @@ def list_jobs(client: KazooClient, layout: Layout) -> list[dict[str, Any]]:
 
 
 def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
-    """End a job from anywhere: drop its lease. The agents stop its tasks, its launcher sees
-    them die and exits, and the next sync frees its GPUs. False if it was not running."""
-    if read_job(client, layout, task_key) is None:
-        raise UsageError(f"no job {task_key!r}; list them with 'hypertf jobs'")
-    try:
-        client.delete(layout.lease(task_key))
-    except NoNodeError:
-        return False
-    update_job(client, layout, task_key, state="killed", killed=time.time())
+    """End a job from anywhere: record who killed it and drop its lease, in one
+    transaction. Its cells turn draining; the agents stop its tasks and free them; its
+    launcher sees the lease gone and exits. False if it was not running."""
+    attempt = 0
+    while True:
+        try:
+            data, stat = client.get(layout.job(task_key))
+        except NoNodeError:
+            raise UsageError(f"no job {task_key!r}; list them with 'hypertf jobs'") from None
+        if client.exists(layout.lease(task_key)) is None:
+            return False
+        job = decode(data, "job record")
+        job.update(state="killed", killed=time.time(), killed_by=owner_info())
+        tx = client.transaction()
+        tx.set_data(layout.job(task_key), encode(job), version=stat.version)
+        tx.delete(layout.lease(task_key))
+        with contextlib.suppress(StoreError):  # the lease went meanwhile: read again
+            if _commit_or_conflict(tx):
+                break
+        attempt += 1
+        _backoff(attempt)
     sync_matrix(client, layout)
     return True

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from kazoo.exceptions import KazooException
@@ -54,8 +55,13 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         tasks = ", ".join(f"{p['role']}:{p['index']}@{p['host']}"
                           for p in job.get("placements", []))
         state = "running" if job["alive"] else job.get("state", "?")
+        ended = ""
+        if state == "killed" and job.get("killed_by"):
+            by = job["killed_by"]
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("killed", 0)))
+            ended = f"  (killed by {by.get('user', '?')}@{by.get('host', '?')} at {when})"
         print(f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
-              f"  {job.get('script', '')}  {tasks}")
+              f"  {job.get('script', '')}  {tasks}{ended}")
     if not jobs:
         print("no jobs")
     return 0
@@ -71,8 +77,8 @@ def cmd_kill(args: argparse.Namespace) -> int:
         killed = kill(client, store.Layout(inventory.cluster.zk_root), args.task_key)
     finally:
         store.close(client)
-    print(f"job {args.task_key}: " + ("lease dropped; the agents stop its tasks and its GPUs "
-                                      "return" if killed else "was not running"))
+    print(f"job {args.task_key}: " + ("lease dropped; its GPUs drain until the agents have "
+                                      "stopped its tasks" if killed else "was not running"))
     return 0
 
 

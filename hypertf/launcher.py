@@ -531,6 +531,18 @@ class Job:
                          f"agent stops them once the job's lease is released")
         return results
 
+    def _confirmed_dead(self, stopped: dict[str, Any]) -> list[str]:
+        """Hosts where the stop saw every task of the job dead: only their GPUs go back
+        now; the others drain until their agent has confirmed."""
+        hosts = {t.placement.host for t in self.tasks.values()}
+        if not hosts:
+            return sorted({p.host for p in self.grant.placements}) if self.grant else []
+        return sorted(
+            host for host in hosts
+            if host in stopped and not isinstance(stopped[host], BaseException)
+            and "survived SIGKILL" not in stopped[host].values()
+        )
+
     # -- report -------------------------------------------------------------------------
     def collect_logs(self) -> None:
         if not self.cluster or not self.tasks:
@@ -616,7 +628,7 @@ class Job:
                     signal.signal(sig, handler)
         return self.summary()
 
-    def _release(self, state: str, wait_s: float = 15.0) -> None:
+    def _release(self, state: str, stopped_on: list[str] | None, wait_s: float = 15.0) -> None:
         """Release, or explain why the GPUs come back anyway when ZooKeeper is out of reach."""
         deadline = time.monotonic() + wait_s
         while not self.client.connected and time.monotonic() < deadline:
@@ -625,7 +637,7 @@ class Job:
             if not self.client.connected:
                 raise StoreError("not connected")
             release(self.client, self.layout, self.task_key, state=state,
-                    extra={"summary": self.summary()})
+                    extra={"summary": self.summary()}, stopped_on=stopped_on)
         except (StoreError, KazooException, KazooTimeoutError) as err:
             self.say(f"hypertf: warning: could not reach ZooKeeper to release job "
                      f"{self.task_key} ({err or type(err).__name__}); its lease ends with "
@@ -633,11 +645,12 @@ class Job:
 
     def _finish(self, state: str) -> None:
         """Stop every task, release, collect logs, write the summary."""
+        stopped: dict[str, Any] = {}
         try:
-            self.stop()
+            stopped = self.stop()
         finally:
             if self.client is not None and self.grant is not None:
-                self._release(state)  # GPUs back first; logs can wait
+                self._release(state, self._confirmed_dead(stopped))  # GPUs first; logs wait
             self.collect_logs()
             if self.tasks:
                 self.local_dir.mkdir(parents=True, exist_ok=True)

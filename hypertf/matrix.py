@@ -1,7 +1,9 @@
 """The servers x GPUs availability matrix, kept apart from the agents' records.
 
 A cell is ``1`` (free), ``0`` (unavailable: busy with someone else's work, or its node's
-agent is gone) or a task key (taken by that job). Ports a job reserved are kept beside the
+agent is gone), a task key (taken by that job) or ``draining:<task key>`` (the job ended
+without its launcher's confirmed stop: not allocatable until the node's agent has seen the
+job's processes dead). Ports a job reserved are kept beside the
 cells, so one version-checked write covers both. Everything here is pure: reading and
 writing ZooKeeper is the allocation module's job.
 """
@@ -16,7 +18,23 @@ from hypertf.store import AgentRecord, decode, encode
 
 FREE = 1
 UNAVAILABLE = 0
+DRAINING = "draining:"
 Cell = int | str
+
+
+def holder(cell: Cell) -> str | None:
+    """The task key of a job that holds the cell (None when free, unavailable or draining)."""
+    return cell if isinstance(cell, str) and not cell.startswith(DRAINING) else None
+
+
+def draining(cell: Cell | str) -> str | None:
+    """The task key of the ended job whose processes the cell waits for, if it drains."""
+    return cell[len(DRAINING):] if isinstance(cell, str) and cell.startswith(DRAINING) else None
+
+
+def job_of(cell: Cell | str) -> str | None:
+    """The job a cell or port belongs to, holding or draining."""
+    return holder(cell) or draining(cell)
 
 
 @dataclass
@@ -44,10 +62,31 @@ class Matrix:
         return [i for i, cell in enumerate(self.gpus.get(host, [])) if cell == FREE]
 
     def task_keys(self) -> set[str]:
-        """Every job that holds a GPU or a port."""
-        keys = {cell for row in self.gpus.values() for cell in row if isinstance(cell, str)}
-        keys.update(key for row in self.ports.values() for key in row.values())
+        """Every job that holds a GPU or a port (draining jobs hold nothing any more)."""
+        keys = {key for row in self.gpus.values() for cell in row if (key := holder(cell))}
+        keys.update(key for row in self.ports.values() for v in row.values() if (key := holder(v)))
         return keys
+
+    def draining_on(self, host: str) -> set[str]:
+        """Ended jobs whose cells or ports on ``host`` wait for its agent's confirmation."""
+        keys = {key for cell in self.gpus.get(host, []) if (key := draining(cell))}
+        keys.update(key for v in self.ports.get(host, {}).values() if (key := draining(v)))
+        return keys
+
+    def drain(self, task_keys: set[str], hosts: Iterable[str] | None = None) -> Matrix:
+        """A copy where the cells and ports of ``task_keys`` (on ``hosts``, default all) are
+        draining: neither free nor held, until the node confirms the processes dead."""
+        result = self.copy()
+        chosen = set(result.gpus) | set(result.ports) if hosts is None else set(hosts)
+        for host in chosen:
+            row = result.gpus.get(host, [])
+            for i, cell in enumerate(row):
+                if holder(cell) in task_keys:
+                    row[i] = DRAINING + str(cell)
+            for port, key in result.ports.get(host, {}).items():
+                if holder(key) in task_keys:
+                    result.ports[host][port] = DRAINING + key
+        return result
 
     def held_by(self, task_key: str) -> dict[str, list[int]]:
         """GPUs that ``task_key`` holds, per host."""
@@ -78,17 +117,24 @@ class Matrix:
                 row[str(port)] = task_key
         return result
 
-    def release(self, task_keys: set[str], records: Mapping[str, AgentRecord]) -> Matrix:
-        """A copy without the cells and ports of ``task_keys``; freed cells follow the agent."""
+    def release(self, task_keys: set[str], records: Mapping[str, AgentRecord],
+                hosts: Iterable[str] | None = None) -> Matrix:
+        """A copy without the cells and ports of ``task_keys``, held or draining, on
+        ``hosts`` (default all); freed cells follow the agent's record."""
         result = self.copy()
+        chosen = None if hosts is None else set(hosts)
         for host, row in result.gpus.items():
+            if chosen is not None and host not in chosen:
+                continue
             record = records.get(host)
             avail = set(record.gpu_avail_list) if record else set()
             for i, cell in enumerate(row):
-                if isinstance(cell, str) and cell in task_keys:
+                if job_of(cell) in task_keys:
                     row[i] = FREE if i in avail else UNAVAILABLE
         for host in list(result.ports):
-            row = {p: k for p, k in result.ports[host].items() if k not in task_keys}
+            if chosen is not None and host not in chosen:
+                continue
+            row = {p: k for p, k in result.ports[host].items() if job_of(k) not in task_keys}
             if row:
                 result.ports[host] = row
             else:
@@ -99,11 +145,13 @@ class Matrix:
 def synced(matrix: Matrix, records: Mapping[str, AgentRecord], leases: set[str]) -> Matrix:
     """The matrix as the agents' records and the live leases say it should be.
 
-    Rows of hosts whose agent is gone turn unavailable (their cells held by live jobs
-    stay held); cells and ports of jobs without a lease (their launcher died) are freed.
+    Rows of hosts whose agent is gone turn unavailable (their cells held by live jobs, and
+    draining cells, stay as they are); cells and ports of jobs without a lease (their
+    launcher died, or the job was killed) turn draining: only the node's agent frees them,
+    once it has seen the job's processes dead there.
     """
     dead = matrix.task_keys() - leases
-    result = matrix.release(dead, records) if dead else matrix.copy()
+    result = matrix.drain(dead) if dead else matrix.copy()
     hosts = list(result.gpus) + sorted(set(records) - set(result.gpus))
     for host in hosts:
         old = result.gpus.get(host, [])

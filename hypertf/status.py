@@ -3,7 +3,8 @@
 ``collect`` returns one JSON-ready dict that scripts can rely on::
 
     {"zookeeper": {...}, "hosts": [{"name": ..., "agent": "up"|"down",
-      "gpus": [{"index": 0, "state": "free"|"busy"|"unavailable", "task_key": null}]}]}
+      "gpus": [{"index": 0, "state": "free"|"busy"|"draining"|"unavailable",
+                "task_key": null}]}]}
 
 ``render`` prints it as a table with rich.
 """
@@ -20,6 +21,7 @@ from rich.table import Table
 from hypertf import zkserver
 from hypertf.allocation import sync_matrix
 from hypertf.inventory import Inventory
+from hypertf.matrix import FREE, draining, holder, job_of
 from hypertf.store import Layout, read_leases
 
 GIB = 1024**3
@@ -51,12 +53,13 @@ def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
         gpus = []
         for index, cell in enumerate(row):
             gpu = details.get(index)
-            state = "busy" if isinstance(cell, str) else ("free" if cell == 1 else "unavailable")
-            entry: dict[str, Any] = {
-                "index": index,
-                "state": state,
-                "task_key": cell if isinstance(cell, str) else None,
-            }
+            if holder(cell):
+                state = "busy"
+            elif draining(cell):
+                state = "draining"  # the job ended; its processes not yet confirmed dead
+            else:
+                state = "free" if cell == FREE else "unavailable"
+            entry: dict[str, Any] = {"index": index, "state": state, "task_key": job_of(cell)}
             if gpu:
                 entry.update(name=gpu.name, uuid=gpu.uuid, utilization=gpu.utilization,
                              memory_used=gpu.memory_used, memory_total=gpu.memory_total)
@@ -86,6 +89,8 @@ def _gpu_cell(gpu: dict[str, Any]) -> str:
         return "[green]free[/]"
     if gpu["state"] == "busy":
         return f"[yellow]busy[/] {gpu['task_key']}"
+    if gpu["state"] == "draining":
+        return f"[magenta]draining[/] {gpu['task_key']}"
     if "utilization" in gpu:
         return (f"[red]unavailable[/] {gpu['utilization']:.0f}% "
                 f"{gpu['memory_used'] / GIB:.1f}/{gpu['memory_total'] / GIB:.1f} GiB")

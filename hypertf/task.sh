@@ -7,6 +7,10 @@ set -u
 run_dir=$1 name=$2 venv=$3 cwd=$4
 shift 5
 echo $$ > "$run_dir/$name.pid"
+# The node's agent marks a run 'drained' before it frees the GPUs of a job whose lease is
+# gone; checked after the PID is on disk, so either the agent sees this task and stops it,
+# or this task sees the mark and never runs.
+if [ -e "$run_dir/drained" ]; then echo 75 > "$run_dir/$name.exit"; exit 75; fi
 # shellcheck disable=SC1091
 source "$venv/bin/activate" || { echo 127 > "$run_dir/$name.exit"; exit 127; }
 cd "$cwd" || { echo "cannot enter $cwd" > "$run_dir/$name.log"; echo 1 > "$run_dir/$name.exit"; exit 1; }

@@ -24,17 +24,41 @@ from pathlib import Path
 from hypertf.procs import alive
 
 WRAPPER = "task.sh"
+DRAINED = "drained"  # the agent's mark on a run whose GPUs it frees (see task.sh)
 
 
 def wrapper_path() -> str:
     return str(Path(__file__).with_name(WRAPPER))
 
 
-def _ours(pid: int) -> bool:
+def _ours(pid: int, task_key: str = "") -> bool:
+    """The group led by ``pid`` is one of our tasks: its leader is our wrapper, or (the
+    wrapper already gone) a member still carries the job's HYPERTF_TASK_KEY. A process
+    group id is not reused while any member lives, so a live group found this way is ours."""
     try:
-        return WRAPPER in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        if WRAPPER in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+            return True
     except OSError:
+        pass
+    if not task_key:
         return False
+    marker = f"HYPERTF_TASK_KEY={task_key}".encode()
+    for member in _group_members(pid):
+        with contextlib.suppress(OSError):
+            if marker in Path(f"/proc/{member}/environ").read_bytes().split(b"\0"):
+                return True
+    return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(stat.parent.name))
+    return members
 
 
 def _pid(run_dir: Path, name: str) -> int | None:
@@ -120,7 +144,7 @@ def stop(run_dir: Path, names: Iterable[str] | None = None, grace: float = 5.0) 
     result = {}
     for name in chosen:
         pid = _pid(run_dir, name)
-        if pid and alive(pid) and _ours(pid):
+        if pid and _group_alive(pid) and _ours(pid, run_dir.name):
             groups[name] = pid
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)
@@ -140,8 +164,21 @@ def stop(run_dir: Path, names: Iterable[str] | None = None, grace: float = 5.0) 
     deadline = time.monotonic() + 5
     while any(_group_alive(pid) for pid in groups.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    (run_dir / "stopped").touch()
+    survivors = [name for name, pid in groups.items() if _group_alive(pid)]
+    for name in survivors:  # e.g. stuck in uninterruptible sleep: not dead, not confirmed
+        result[name] = "survived SIGKILL"
+    if not survivors and run_dir.is_dir():
+        (run_dir / "stopped").touch()
     return result
+
+
+def run_alive(run_dir: Path) -> bool:
+    """Is any process of this run still alive on this node (by its tasks' groups)?"""
+    for pidfile in run_dir.glob("*.pid"):
+        pid = _pid(run_dir, pidfile.stem)
+        if pid and _group_alive(pid) and _ours(pid, run_dir.name):
+            return True
+    return False
 
 
 def _group_alive(pgid: int) -> bool:
@@ -152,12 +189,7 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+    return bool(_group_members(pgid))
 
 
 def unstopped_runs(workdir: Path) -> list[Path]:
@@ -179,8 +211,7 @@ def reap(run_dirs: Iterable[Path], leases: set[str], grace: float = 5.0,
     for run_dir in run_dirs:
         if run_dir.name in leases:
             continue
-        pids = [pid for p in run_dir.glob("*.pid") if (pid := _pid(run_dir, p.stem))]
-        if any(alive(pid) for pid in pids):
+        if run_alive(run_dir):
             reaped[run_dir.name] = stop(run_dir, grace=grace)
         else:
             (run_dir / "stopped").touch()

@@ -6,6 +6,7 @@ the launcher's exit code and message say what happened.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -21,6 +22,7 @@ from tests.launcher.helpers import (
     FAKE,
     all_free,
     finish_file,
+    hypertf,
     processes_of,
     start_hypertf,
     status,
@@ -275,3 +277,41 @@ def test_eight_launchers_at_once_on_an_idle_lab_all_succeed(lab, tmp_path):
         assert job.returncode == 0, out
     for key in keys:
         assert_clean(lab.inventory, key)
+
+
+@pytest.mark.parametrize("how", ["launcher SIGKILLed", "hypertf kill"])
+def test_gpus_of_a_term_ignoring_job_come_back_only_after_its_tasks_die(lab, tmp_path, how):
+    """Inject: a job on every GPU whose tasks ignore SIGTERM ends without its launcher's own
+    stop (launcher SIGKILLed, or killed from another terminal); at once a second job wants
+    every GPU. Holds: the GPUs drain (shown by status) until the agents have seen the old
+    tasks dead; no task of the new job ever starts beside a live task of the old one."""
+    old_dir, new_dir = tmp_path / "old", tmp_path / "new"
+    old_dir.mkdir()
+    new_dir.mkdir()
+    old = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "12",
+                        "--", "--work_s", "600", "--ignore_term", cwd=old_dir)
+    key = task_key(until_line(old, "tasks listening"))
+    if how == "launcher SIGKILLed":
+        old.send_signal(signal.SIGKILL)
+        old.communicate()
+    else:
+        killed = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
+        assert killed.returncode == 0, killed.stderr
+    states: set[str] = set()
+    deadline = time.monotonic() + 180
+    while True:  # the new job is refused (exit 4) while the GPUs drain, then runs
+        states.update(g["state"] for h in status(lab.inventory)["hosts"] for g in h["gpus"])
+        new = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "12", "--",
+                      "--work_s", "0", "--report_foreign", cwd=new_dir)
+        if new.returncode != 4 or time.monotonic() > deadline:
+            break
+    assert new.returncode == 0, new.stdout + new.stderr
+    assert "draining" in states or how == "hypertf kill"  # a kill may drain very fast
+    (summary,) = [s for s in summaries(new_dir) if s["result"] == "succeeded"]
+    logs = [p.read_text() for p in (new_dir / "runs" / summary["task_key"]).glob("worker*.log")]
+    assert len(logs) == 12
+    assert all("foreign task processes: 0" in log for log in logs), logs
+    assert_clean(lab.inventory, key)
+    jobs = {j["task_key"]: j for j in json.loads(hypertf("jobs", "-i", lab.inventory, "--json",
+                                                         cwd=tmp_path).stdout)}
+    assert jobs[key]["state"] == ("lost" if how == "launcher SIGKILLed" else "killed")

@@ -19,6 +19,26 @@ import sys
 import time
 
 
+def foreign_task_processes() -> list[int]:
+    """PIDs on this host (a lab host has its own PID namespace) of another job's tasks."""
+    mine = os.environ.get("HYPERTF_TASK_KEY", "")
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                env = handle.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        keys = [v.split(b"=", 1)[1].decode() for v in env if v.startswith(b"HYPERTF_TASK_KEY=")]
+        if keys and keys[0] != mine and state != "Z":
+            found.append(int(entry))
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--work_s", type=float, default=1.0)
@@ -27,6 +47,8 @@ def main() -> int:
     parser.add_argument("--never_listen_on", default="")
     parser.add_argument("--ignore_term", action="store_true")
     parser.add_argument("--until_file", help="work until this file exists (not --work_s)")
+    parser.add_argument("--report_foreign", action="store_true",
+                        help="print how many processes of other jobs live on this host")
     args, _ = parser.parse_known_args()
     config = json.loads(os.environ["TF_CONFIG"])
     role, index = config["task"]["type"], config["task"]["index"]
@@ -34,6 +56,8 @@ def main() -> int:
     print("argv=" + json.dumps(sys.argv[1:]), flush=True)
     cuda, fail_fast = os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("GRPC_FAIL_FAST")
     print(f"cuda={cuda!r} fail_fast={fail_fast}", flush=True)
+    if args.report_foreign:
+        print(f"foreign task processes: {len(foreign_task_processes())}", flush=True)
     if args.ignore_term:
         signal.signal(signal.SIGTERM, lambda *_: print("SIGTERM caught", flush=True))
     if me != args.never_listen_on:

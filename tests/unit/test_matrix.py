@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hypertf.errors import StoreError
-from hypertf.matrix import FREE, UNAVAILABLE, Matrix, same, synced
+from hypertf.matrix import DRAINING, FREE, UNAVAILABLE, Matrix, same, synced
 from hypertf.store import FORMAT, AgentRecord
 
 
@@ -170,23 +170,48 @@ def test_synced_host_without_agent_turns_unavailable_except_live_cells():
     assert result.ports == {"h1": {"20000": "live"}}
 
 
-def test_synced_frees_cells_and_ports_of_a_task_without_lease():
+def test_synced_drains_cells_and_ports_of_a_task_without_lease():
+    """A lease gone is not a process dead: the cells wait for the node's confirmation."""
     matrix = Matrix(
         gpus={"h1": ["dead", "live", "dead", 1], "h2": ["dead"]},
         ports={"h1": {"20000": "dead", "20001": "live"}, "h2": {"20002": "dead"}},
     )
     records = {"h1": record("h1", 4, avail=[0, 1, 3]), "h2": record("h2", 1)}
     result = synced(matrix, records, leases={"live"})
-    # cell 2 of h1 is busy with someone else's work now: freed to unavailable, not to free
-    assert result.gpus == {"h1": [FREE, "live", UNAVAILABLE, FREE], "h2": [FREE]}
-    assert result.ports == {"h1": {"20001": "live"}}
+    drained = DRAINING + "dead"
+    assert result.gpus == {"h1": [drained, "live", drained, FREE], "h2": [drained]}
+    assert result.ports == {"h1": {"20000": drained, "20001": "live"}, "h2": {"20002": drained}}
     assert result.task_keys() == {"live"}
+    assert result.free("h1") == [3]
+    assert result.draining_on("h1") == {"dead"} == result.draining_on("h2")
+    # draining cells survive a second sync and the host's agent going away
+    assert synced(result, {"h1": records["h1"]}, leases={"live"}).gpus["h2"] == [drained]
 
 
-def test_synced_reclaims_a_dead_task_that_holds_only_ports():
+def test_the_node_confirmation_frees_only_its_own_host():
+    matrix = Matrix(gpus={"h1": [DRAINING + "k", "live"], "h2": [DRAINING + "k"]},
+                    ports={"h1": {"20000": DRAINING + "k"}, "h2": {"20001": DRAINING + "k"}})
+    records = {"h1": record("h1", 2, avail=[0]), "h2": record("h2", 1, avail=[])}
+    freed = matrix.release({"k"}, records, hosts=["h1"])
+    assert freed.gpus == {"h1": [FREE, "live"], "h2": [DRAINING + "k"]}
+    assert freed.ports == {"h2": {"20001": DRAINING + "k"}}
+    # busy with someone else's work now: freed to unavailable, not to free
+    assert matrix.release({"k"}, records, hosts=["h2"]).gpus["h2"] == [UNAVAILABLE]
+
+
+def test_drain_only_on_the_hosts_not_confirmed():
+    matrix = Matrix(gpus={"h1": ["k", 1], "h2": ["k"]}, ports={"h1": {"20000": "k"}})
+    released = matrix.release({"k"}, {"h1": record("h1", 2)}, hosts=["h1"]).drain({"k"})
+    assert released.gpus == {"h1": [FREE, FREE], "h2": [DRAINING + "k"]}
+    assert released.ports == {}
+    assert released.task_keys() == set()
+
+
+def test_synced_drains_a_dead_task_that_holds_only_ports():
     matrix = Matrix(gpus={"h1": [1]}, ports={"h1": {"20000": "dead"}})
     result = synced(matrix, {"h1": record("h1", 1)}, leases=set())
-    assert result.ports == {}
+    assert result.ports == {"h1": {"20000": DRAINING + "dead"}}
+    assert result.release({"dead"}, {}, hosts=["h1"]).ports == {}
 
 
 def test_synced_follows_the_agents_availability_for_unheld_cells():

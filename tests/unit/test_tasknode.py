@@ -128,7 +128,7 @@ class Node:
     def start(self, run_dir: Path, name: str, argv: list[str], cwd: Path | None = None,
               ) -> int:
         """Start a task as the launcher does; its wrapper's PID once the pidfile says it."""
-        env = {"PYTHONUNBUFFERED": "1", "HYPERTF_TASK": name}
+        env = {"PYTHONUNBUFFERED": "1", "HYPERTF_TASK": name, "HYPERTF_TASK_KEY": run_dir.name}
         proc = subprocess.Popen(
             ["setsid", "nohup", "env", *(f"{k}={v}" for k, v in env.items()),
              "bash", tasknode.wrapper_path(), str(run_dir), name, str(self.venv),
@@ -341,7 +341,8 @@ def test_stop_never_signals_a_pid_that_is_not_our_wrapper(node: Node) -> None:
     try:
         (run / "worker0.pid").write_text(str(stranger.pid))
         assert tasknode.stop(run, grace=0.5) == {"worker0": "not running"}
-        assert tasknode.reap([run], set(), grace=0.5) == {run.name: {"worker0": "not running"}}
+        assert tasknode.reap([run], set(), grace=0.5) == {}  # nothing of ours to stop
+        assert (run / "stopped").exists()
         assert stranger.poll() is None and alive(stranger.pid)
     finally:
         stranger.kill()
@@ -412,3 +413,18 @@ def test_preflight_names_a_missing_script_and_an_unwritable_run_dir(tmp_path: Pa
     )
     assert json.loads(out.stdout)["problems"] == [
         f"script nope.py not found (relative paths start in {tmp_path})"]
+
+
+def test_stop_finds_a_group_whose_wrapper_is_already_dead(node: Node) -> None:
+    """The wrapper killed alone (by hand, or by the OOM killer): its TERM-ignoring child still
+    holds the GPU. stop and run_alive judge by the group and the job's key, not the wrapper."""
+    run = node.run_dir()
+    wrapper = node.python_task(run, "worker0", SLEEPER)
+    wait_for(lambda: len(group_members(wrapper)) >= 2, 10, "the task to start under its wrapper")
+    os.kill(wrapper, signal.SIGKILL)
+    wait_for(lambda: wrapper not in group_members(wrapper), 10, "the wrapper to die alone")
+    assert group_members(wrapper), "the child lives on in the group"
+    assert tasknode.run_alive(run)
+    assert tasknode.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
+    assert group_members(wrapper) == []
+    assert not tasknode.run_alive(run)
