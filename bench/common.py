@@ -254,14 +254,18 @@ def remote_processes(inventory: str, needle: str) -> dict[str, list[str]]:
     return found
 
 
-def job_cells(client: Any, root: str, task_key: str) -> int:
-    """GPU cells plus ports the matrix still gives to ``task_key``."""
+def job_cells(client: Any, root: str, task_key: str, draining_only: bool = False) -> int:
+    """GPU cells plus ports the matrix still gives to ``task_key``, held or draining (only
+    draining with ``draining_only``): a draining cell is not free either."""
+    from hypertf.matrix import draining, job_of
     from hypertf.store import Layout
 
     data, _ = client.get(Layout(root).matrix)
     payload = json.loads(data)
-    cells = sum(cell == task_key for row in payload["gpus"].values() for cell in row)
-    ports = sum(key == task_key for row in payload["ports"].values() for key in row.values())
+    owner = draining if draining_only else job_of
+    cells = sum(owner(cell) == task_key for row in payload["gpus"].values() for cell in row)
+    ports = sum(owner(key) == task_key for row in payload["ports"].values()
+                for key in row.values())
     return cells + ports
 
 

@@ -8,8 +8,13 @@ the workers and the ps serve until stopped) is run through ``hypertf train``:
   processes are gone to every other task's processes gone, to the job's GPUs and ports
   gone from the matrix, and to the launcher's exit (code 1 expected);
 * SIGKILL: the launcher is killed once every task listens; from the kill to the job's
-  lease gone (session expiry), to its GPUs and ports gone from the matrix (the keeper agent
-  syncs on the lease watch), and to every task's processes gone (the agents reap the run).
+  lease gone (session expiry), to its cells draining (the first sync after that), to every
+  task's processes gone (the agents reap the run), and to its GPUs and ports free (each
+  host's agent confirms its own host's draining cells once it has seen the tasks dead);
+* kill: ``hypertf kill KEY`` from another process while the launcher runs; the same times.
+
+A GPU is free only when its node has seen the job's tasks dead: every run checks that the
+job's last process was gone before its last cell was freed ("order ok"), and fails if not.
 
 Each case also runs with ``--ignore_term`` (tasks ignore SIGTERM, as MultiWorkerMirrored
 workers do), where stopping waits for the grace period (5 s) before SIGKILL. Observed from
@@ -74,11 +79,17 @@ def observe(client, root: str, key: str, tasks: set[str], proc, timeout: float,
                 seen["stopped"] = now
         if "released" not in seen and common.job_cells(client, root, key) == 0:
             seen["released"] = now
+            if "stopped" not in seen and common.job_tasks(key):
+                live = {n: p for n, p in common.job_tasks(key).items() if p and n in tasks}
+                if live:
+                    raise RuntimeError(f"GPUs of {key} freed while its tasks live: {live}")
+        if "draining" not in seen and common.job_cells(client, root, key, draining_only=True):
+            seen["draining"] = now
         if "lease gone" not in seen and client.exists(layout.lease(key)) is None:
             seen["lease gone"] = now
         if "launcher exit" not in seen and proc.poll() is not None:
             seen["launcher exit"] = now
-        if len(seen) == 4:
+        if {"stopped", "released", "lease gone", "launcher exit"} <= set(seen):
             return seen
         time.sleep(0.002)
     raise TimeoutError(f"after {timeout:.0f} s only {sorted(seen)} happened")
@@ -96,7 +107,8 @@ def crash(kids, lab, client, root: str, cwd: Path, ignore_term: bool) -> dict[st
         raise RuntimeError(f"expected exit 1 naming chief:0, got {proc.returncode}:\n"
                            + "".join(output[-15:]))
     check_clean(lab, client, root, key)
-    return {f"crash to {k}": v - crashed for k, v in seen.items() if k != "lease gone"}
+    return {f"crash to {k}": v - crashed for k, v in seen.items()
+            if k not in ("lease gone", "draining")}
 
 
 def sigkill(kids, lab, client, root: str, cwd: Path, ignore_term: bool) -> dict[str, float]:
@@ -108,6 +120,20 @@ def sigkill(kids, lab, client, root: str, cwd: Path, ignore_term: bool) -> dict[
     seen = observe(client, root, key, set(endpoints), proc, SESSION_TIMEOUT * 3 + GRACE + 30)
     check_clean(lab, client, root, key)
     return {f"kill to {k}": v - killed for k, v in seen.items() if k != "launcher exit"}
+
+
+def killed(kids, lab, client, root: str, cwd: Path, ignore_term: bool) -> dict[str, float]:
+    extra = ["--work_s", "600", *(["--ignore_term"] if ignore_term else [])]
+    proc, key, endpoints, _ = start_job(kids, lab, cwd, extra)
+    started = time.monotonic()
+    done = subprocess.run([common.PYTHON, "-m", "hypertf.cli", "kill", "-i", lab.inventory, key],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"hypertf kill failed: {done.stderr}")
+    seen = observe(client, root, key, set(endpoints), proc, SESSION_TIMEOUT * 3 + GRACE + 30)
+    proc.wait(timeout=30)
+    check_clean(lab, client, root, key)
+    return {f"kill command to {k}": v - started for k, v in seen.items()}
 
 
 def check_clean(lab, client, root: str, key: str) -> None:
@@ -122,8 +148,9 @@ def check_clean(lab, client, root: str, key: str) -> None:
 def main() -> int:
     args = common.parser(__doc__.splitlines()[0]).parse_args()
     reps = 1 if args.quick else 3
-    cases = [("crash", False), ("sigkill", False)] if args.quick else [
-        ("crash", False), ("crash", True), ("sigkill", False), ("sigkill", True)]
+    cases = [("crash", False), ("sigkill", False), ("kill", True)] if args.quick else [
+        ("crash", False), ("crash", True), ("sigkill", False), ("sigkill", True),
+        ("kill", False), ("kill", True)]
     report = common.Report("failure_detection", args)
     report.start()
     results: dict[tuple[str, bool], list[dict[str, float]]] = {}
@@ -136,7 +163,7 @@ def main() -> int:
                 for case, ignore_term in cases:
                     cwd = home / f"{case}-{ignore_term}-{rep}"
                     cwd.mkdir()
-                    run = crash if case == "crash" else sigkill
+                    run = {"crash": crash, "sigkill": sigkill, "kill": killed}[case]
                     result = run(kids, lab, client, inventory.cluster.zk_root, cwd, ignore_term)
                     results.setdefault((case, ignore_term), []).append(result)
                     print(f"  rep {rep + 1} {case}{' ignore_term' if ignore_term else ''}: "

@@ -24,7 +24,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store, tasknode
-from hypertf.allocation import confirm_drained, sync_matrix
+from hypertf.allocation import confirm_drained, prune_jobs, sync_matrix
 from hypertf.errors import HyperTFError, StoreError
 from hypertf.inventory import Inventory, Node
 from hypertf.matrix import Matrix, holder
@@ -41,6 +41,7 @@ from hypertf.probes import (
 from hypertf.store import AgentRecord, Layout
 
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
+PRUNE_INTERVAL_S = 60.0  # how often the keeper looks for job records past their retention
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class Agent:
         self._stop = threading.Event()
         self._disconnected_since: float | None = None
         self._republish = True
+        self._next_prune = 0.0
 
     def _on_state(self, state: str) -> None:
         """Listeners must not block: note what happened and wake the loop."""
@@ -180,6 +182,17 @@ class Agent:
         if dead and confirm_drained(client, self.layout, host, dead):
             log.info("confirmed the tasks of %s dead on %s: GPUs free", sorted(dead), host)
 
+    def prune(self, client: KazooClient) -> None:
+        """The keeper drops finished job records past their retention, once a minute."""
+        if time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
+        cluster = self.inventory.cluster
+        pruned = prune_jobs(client, self.layout, cluster.job_retention_days * 86400,
+                            cluster.job_records_max)
+        if pruned:
+            log.info("pruned %d finished job records", pruned)
+
     def is_keeper(self, client: KazooClient) -> bool:
         live = client.get_children(self.layout.resources)
         return bool(live) and min(live) == self.node.name
@@ -244,6 +257,7 @@ class Agent:
                         sync_matrix(client, self.layout)
                     except StoreError as err:  # e.g. the matrix outgrew its znode
                         log.error("cannot sync the matrix: %s", err)
+                    self.prune(client)
                 self.reap_orphans(client)
                 self.confirm_drained(client)
             except (KazooException, KazooTimeoutError) as err:

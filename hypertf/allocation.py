@@ -342,6 +342,37 @@ def list_jobs(client: KazooClient, layout: Layout) -> list[dict[str, Any]]:
     return jobs
 
 
+def _ended_at(job: Mapping[str, Any]) -> float:
+    return max(float(job.get(k) or 0) for k in ("created", "released", "killed", "lost"))
+
+
+def prune_jobs(client: KazooClient, layout: Layout, max_age_s: float, max_records: int,
+               now: float | None = None) -> int:
+    """Delete the records of finished jobs (no lease) that ended more than ``max_age_s`` ago,
+    and the oldest finished ones beyond ``max_records``; running jobs are never pruned.
+    Returns how many were deleted."""
+    now = time.time() if now is None else now
+    leases = read_leases(client, layout)
+    finished = []
+    for key in client.get_children(layout.jobs):
+        if key in leases:
+            continue
+        try:
+            job = read_job(client, layout, key)
+        except StoreError:
+            job = {}  # unreadable: prune by age of the key alone
+        if job is not None:
+            finished.append((_ended_at(job), key))
+    finished.sort()
+    excess = max(0, len(finished) + len(leases) - max_records)
+    doomed = [key for i, (ended, key) in enumerate(finished)
+              if i < excess or now - ended > max_age_s]
+    for key in doomed:
+        with contextlib.suppress(NoNodeError):
+            client.delete(layout.job(key))
+    return len(doomed)
+
+
 def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
     """End a job from anywhere: record who killed it and drop its lease, in one
     transaction. Its cells turn draining; the agents stop its tasks and free them; its

@@ -131,11 +131,15 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_agent_interval": Setting(_positive(float), 5.0),
     "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts"),
     "hypertf_ssh_timeout": Setting(_positive(float), 10.0),
+    # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
+    "hypertf_job_retention_days": Setting(_positive(float), 30.0),
+    "hypertf_job_records_max": Setting(_positive(int), 10000),
 }
 # Settings that describe the whole cluster: every host must agree on them.
 CLUSTER_KEYS = (
     "hypertf_gpu_group", "hypertf_zookeeper_hosts", "hypertf_zk_root",
     "hypertf_zk_session_timeout", "hypertf_known_hosts", "hypertf_ssh_timeout",
+    "hypertf_job_retention_days", "hypertf_job_records_max",
 )
 
 
@@ -165,6 +169,8 @@ class ClusterSettings:
     zk_session_timeout: float
     known_hosts: str
     ssh_timeout: float
+    job_retention_days: float = 30.0
+    job_records_max: int = 10000
 
 
 @dataclass(frozen=True)
@@ -475,6 +481,8 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
             zk_session_timeout=first["hypertf_zk_session_timeout"],
             known_hosts=known_hosts,
             ssh_timeout=first["hypertf_ssh_timeout"],
+            job_retention_days=first["hypertf_job_retention_days"],
+            job_records_max=first["hypertf_job_records_max"],
         ),
         zookeeper_nodes=zk_members,
     )

@@ -15,9 +15,16 @@ from pathlib import Path
 import pytest
 
 from hypertf import store
-from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
+from hypertf.allocation import (
+    Request,
+    allocate,
+    confirm_drained,
+    new_task_key,
+    release,
+    sync_matrix,
+)
 from hypertf.errors import InsufficientResources
-from hypertf.matrix import FREE
+from hypertf.matrix import DRAINING, FREE
 from hypertf.scheduler import TaskSlot
 from tests.conftest import wait_for
 
@@ -122,7 +129,13 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
         for proc in processes:
             proc.kill()
             proc.wait()
-    wait_for(lambda: all_free(zk, layout), 15, "every GPU back after the allocators ended")
+    # Their sessions closed: the cells drain (no agent here has seen processes die) until
+    # each host's agent confirms; these hosts' agents are fakes, so the test confirms.
+    wait_for(lambda: not sync_matrix(zk, layout)[0].task_keys(), 60,
+             "every lease-less grant to turn draining")
+    assert not all_free(zk, layout)
+    confirm_all(zk, layout)
+    assert all_free(zk, layout)
 
     # Second round: 32 processes-or-threads churning allocate/release; intervals must not overlap.
     churners = [
@@ -158,5 +171,39 @@ def test_sigkilled_allocator_gpus_return(zk, layout, fake_agents, cluster_settin
     assert matrix.gpus["n1"][grant["gpu"]] == grant["key"]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    # Session timeout is 2 s: the lease expires, the next sync reclaims the cell.
-    wait_for(lambda: all_free(zk, layout), 2.0 * 3 + 2, "the killed allocator's GPU to return")
+    # Session timeout is 2 s: the lease expires, the next sync drains the cell; it is free
+    # only once the host's agent confirms (here a fake agent: the test confirms).
+    drained = f"{DRAINING}{grant['key']}"
+    wait_for(lambda: sync_matrix(zk, layout)[0].gpus["n1"][grant["gpu"]] == drained, 60,
+             "the killed allocator's GPU to drain")
+    assert not confirm_drained(zk, layout, "n1", {"someone-else"})
+    assert confirm_drained(zk, layout, "n1", {grant["key"]})
+    assert all_free(zk, layout)
+
+
+def confirm_all(zk, layout) -> None:
+    """What every host's agent does once it has seen the ended jobs' processes dead."""
+    matrix, _ = sync_matrix(zk, layout)
+    for host in matrix.gpus:
+        confirm_drained(zk, layout, host, matrix.draining_on(host))
+
+
+def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layout):
+    from hypertf.allocation import prune_jobs
+    from hypertf.store import encode
+
+    now = 1_800_000_000.0
+    day = 86400.0
+    records = {"a-old": {"created": now - 40 * day, "released": now - 40 * day},
+               "b-old-running": {"created": now - 40 * day},
+               "c-recent": {"created": now - 2 * day, "released": now - 2 * day},
+               "d-killed-long-ago": {"created": now - 50 * day, "killed": now - 31 * day},
+               "e-new": {"created": now - 60, "released": now - 30}}
+    for key, job in records.items():
+        zk.create(layout.job(key), encode({"task_key": key, **job}), makepath=True)
+    zk.create(layout.lease("b-old-running"), b"{}", ephemeral=True, makepath=True)
+    assert prune_jobs(zk, layout, max_age_s=30 * day, max_records=100, now=now) == 2
+    assert sorted(zk.get_children(layout.jobs)) == ["b-old-running", "c-recent", "e-new"]
+    # over the cap: the oldest finished go first; the running job stays whatever its age
+    assert prune_jobs(zk, layout, max_age_s=30 * day, max_records=2, now=now) == 1
+    assert sorted(zk.get_children(layout.jobs)) == ["b-old-running", "e-new"]

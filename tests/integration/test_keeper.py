@@ -44,7 +44,7 @@ def keeper_lab(zk_server, tmp_path) -> Iterator[tuple[Path, dict[str, Path]]]:
         "vars": {"hypertf_zookeeper_hosts": zk_server.hosts,
                  "hypertf_zk_root": f"/keeper-{tmp_path.name}", "hypertf_agent_interval": 0.3,
                  "hypertf_zk_session_timeout": 2, "hypertf_gpu_source": "static",
-                 "hypertf_venv": sys.prefix},
+                 "hypertf_venv": sys.prefix, "hypertf_job_retention_days": 1 / 86400},
         "children": {"gpu_nodes": {"hosts": hosts}},
     }}))
     yield path, gpu_files
@@ -108,8 +108,9 @@ def test_keeper_role_moves_when_the_keeper_dies(keeper_lab, agents, stored):
 
 
 def test_keeper_frees_the_cells_of_a_job_whose_lease_vanished(keeper_lab, agents, stored):
-    """A launcher killed outright: its ephemeral lease goes with its session, and the keeper
-    (not the launcher, not this test) must give its GPUs back."""
+    """A launcher killed outright: its ephemeral lease goes with its session; the agents (not
+    the launcher, not this test) must mark the job lost and give its GPUs back, and the
+    keeper prunes the record once it is past its retention (1 s here)."""
     path, _ = keeper_lab
     wait_for(lambda: stored().gpus == {"node1": [1, 1, 0], "node2": [1, 1, 0]}, 60,
              "both rows in the stored matrix")
@@ -125,5 +126,11 @@ def test_keeper_frees_the_cells_of_a_job_whose_lease_vanished(keeper_lab, agents
         store.close(launcher)  # the session ends: the lease is gone
     assert sum(cell == "job-1" for row in taken.values() for cell in row) == 3
     wait_for(lambda: stored().gpus == {"node1": [1, 1, 0], "node2": [1, 1, 0]}, 60,
-             "the keeper to free the lease-less job's GPUs")
+             "the agents to free the lease-less job's GPUs")
     assert not any(stored().ports.values())
+    client = store.connect(inventory.cluster)
+    try:
+        wait_for(lambda: client.exists(layout.job("job-1")) is None, 150,
+                 "the keeper to prune the finished job's record (once a minute)")
+    finally:
+        store.close(client)
