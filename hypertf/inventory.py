@@ -10,6 +10,7 @@ keys); Ansible's own messages for such mistakes are warnings that are easy to mi
 from __future__ import annotations
 
 import difflib
+import errno
 import ipaddress
 import os
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from hypertf import yamlguard
 from hypertf.errors import InventoryError
 
 DEFAULT_INVENTORY = "inventory/local.yml"
@@ -234,12 +236,67 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _read_yaml(path: Path) -> Any:
-    if not path.is_file():
+YAML_SUFFIXES = (".yml", ".yaml", ".json")
+
+
+def _source_files(path: Path) -> list[Path]:
+    """The inventory's files (the file, or every file of an inventory directory), each
+    checked for size, NUL bytes and YAML expansion limits before anything parses it."""
+    try:
+        path.stat()
+    except FileNotFoundError:
         raise InventoryError(
-            f"inventory {path} not found: pass an existing file with -i/--inventory "
-            f"(the default is {DEFAULT_INVENTORY})"
-        )
+            f"inventory {path} not found: pass an existing file or directory with "
+            f"-i/--inventory (the default is {DEFAULT_INVENTORY})"
+        ) from None
+    except OSError as err:
+        why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
+        raise InventoryError(f"inventory {path} cannot be read: {why}") from None
+    if path.is_dir():
+        files = []
+        for folder, dirs, names in os.walk(path):  # symlinked folders are not followed
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            files += [Path(folder) / n for n in sorted(names) if not n.startswith(".")]
+            if len(files) > yamlguard.MAX_FILES:
+                raise InventoryError(
+                    f"inventory directory {path} has more than {yamlguard.MAX_FILES} files"
+                )
+    elif path.is_file():
+        files = [path]
+    else:
+        raise InventoryError(f"inventory {path} is neither a file nor a directory")
+    for file in files:
+        try:
+            if not file.is_file():
+                continue
+            yamlguard.check_size(str(file), file.stat().st_size)
+            yamlguard.check_text(str(file), file.read_bytes().decode("utf-8", "replace"))
+        except OSError as err:
+            why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
+            raise InventoryError(f"inventory file {file} cannot be read: {why}") from None
+    return files
+
+
+def _yaml_inventories(path: Path, files: list[Path]) -> list[tuple[Path, Any]]:
+    """The YAML inventories among the files, read strictly (line and column, duplicate
+    keys). Other files (INI inventories, files of unknown type) are left to Ansible."""
+    if path.is_file():
+        candidates = [path]
+    else:  # Ansible reads the directory's own files; group_vars/host_vars are variables
+        candidates = [f for f in files if f.parent == path and f.suffix in YAML_SUFFIXES]
+    found = []
+    for file in candidates:
+        if file.suffix in YAML_SUFFIXES:
+            found.append((file, _read_yaml(file)))
+            continue
+        try:  # no YAML suffix: YAML if it reads as a mapping, else (INI) Ansible's
+            found.append((file, _read_yaml(file)))
+        except InventoryError:
+            continue
+    return found
+
+
+def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
@@ -327,10 +384,58 @@ def _parse_settings(path: Path, host: str, variables: Mapping[str, Any]) -> dict
     return values
 
 
-def _resolve_local_path(path: Path, value: str, local: bool) -> str:
-    """Relative venv/workdir paths of a local host are relative to the inventory file."""
-    if local and not os.path.isabs(value) and not value.startswith("~"):
-        return str((path.parent / value).resolve())
+def _check_host_name(path: Path, host: str) -> None:
+    """Ansible's rules for a host name (a network host name or an address): anything else
+    (``h1;x``, spaces) would be a different host to ssh, to Ansible and to HyperTF."""
+    from ansible.errors import AnsibleError
+    from ansible.parsing.utils.addresses import parse_address
+
+    try:
+        name, port = parse_address(host)
+    except AnsibleError:
+        name, port = None, None
+    if name != host or port is not None or len(host) > 253:
+        raise InventoryError(
+            f"{path}: {host[:80]!r} is not a valid host name (letters, digits, '-', '_' and "
+            f"'.', or an IP address); name the host plainly and put its address in "
+            f"ansible_host"
+        )
+
+
+def _check_no_nul(path: Path, host: str, variables: Mapping[str, Any]) -> None:
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, str) and "\0" in value:
+            raise InventoryError(f"{path}: host {host!r}: {where} holds a NUL byte; remove it")
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(key, where)
+                walk(item, f"{where}.{key}" if where else str(key))
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item, where)
+
+    walk(dict(variables), "")
+
+
+def _resolve_local_path(path: Path, key: str, host: str, value: str, local: bool) -> str:
+    """venv and work dir as absolute paths: a local host's relative paths are relative to
+    the inventory file; a remote host's must be absolute (no shell or template expands
+    them on the node)."""
+    if "{{" in value or "{%" in value:
+        raise InventoryError(
+            f"{path}: host {host!r}: {key} {value!r} is a template; HyperTF reads the "
+            f"inventory without Ansible's templating: write the path out"
+        )
+    if local:
+        expanded = os.path.expanduser(value)
+        base = path if path.is_dir() else path.parent
+        return str((base / expanded).resolve()) if not os.path.isabs(expanded) \
+            else expanded
+    if not os.path.isabs(value):
+        raise InventoryError(
+            f"{path}: host {host!r}: {key} must be an absolute path on the node, not "
+            f"{value!r}"
+        )
     return value
 
 
@@ -371,13 +476,16 @@ def _ansible_hosts(path: Path) -> dict[str, tuple[dict[str, Any], tuple[str, ...
 def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventory:
     """Read and validate an inventory; every mistake raises one InventoryError naming it."""
     path = Path(path).expanduser()
-    raw = _read_yaml(path)
-    for name, group in raw.items():
-        _check_group(path, str(name), group)
+    files = _source_files(path)
+    for source, raw in _yaml_inventories(path, files):
+        for name, group in raw.items():
+            _check_group(source, str(name), group)
     hosts = _ansible_hosts(path.resolve())
 
     per_host: dict[str, dict[str, Any]] = {}
     for host, (variables, _) in hosts.items():
+        _check_host_name(path, host)
+        _check_no_nul(path, host, variables)
         _check_keys(path, host, variables)
         per_host[host] = _parse_settings(path, host, variables)
 
@@ -424,8 +532,10 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
             local=local,
             groups=groups,
             settings=NodeSettings(
-                venv=_resolve_local_path(path, values["hypertf_venv"], local),
-                workdir=_resolve_local_path(path, values["hypertf_workdir"], local),
+                venv=_resolve_local_path(path, "hypertf_venv", host, values["hypertf_venv"],
+                                         local),
+                workdir=_resolve_local_path(path, "hypertf_workdir", host,
+                                            values["hypertf_workdir"], local),
                 data_network=values["hypertf_data_network"],
                 mgmt_network=values["hypertf_mgmt_network"],
                 gpu_source=values["hypertf_gpu_source"],

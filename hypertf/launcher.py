@@ -8,7 +8,6 @@ its ZooKeeper lease expires and the agents stop the job's tasks and free its GPU
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import queue
@@ -53,6 +52,9 @@ PORT_IN_USE = ("Failed to add port to server", "Could not start gRPC server",
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
 MAX_PORT_RETRIES = 3
+MAX_PATH_BYTES = 4096  # PATH_MAX
+MAX_ARG_BYTES = 131072 - 1  # MAX_ARG_STRLEN: one argument the kernel passes to a program
+MAX_ARGS_BYTES = 1024 * 1024  # all of them, well under ARG_MAX with TF_CONFIG beside
 MAX_PLACE_ATTEMPTS = 20  # lost allocation races before giving up
 PORTS_BUSY = 75  # exit code of a start command that found a granted port in use
 
@@ -107,6 +109,21 @@ class TrainRequest:
             raise UsageError("--start-timeout and --timeout must be positive seconds")
         if not self.grace >= 0:
             raise UsageError(f"--grace must be zero or more seconds, not {self.grace}")
+        if "\0" in self.script or any("\0" in arg for arg in self.args):
+            raise UsageError("the script path and its arguments cannot hold NUL bytes")
+        if len(self.script.encode()) > MAX_PATH_BYTES:
+            raise UsageError(f"--script is {len(self.script.encode())} bytes long; a path "
+                             f"has at most {MAX_PATH_BYTES}")
+        longest = max((len(arg.encode()) for arg in self.args), default=0)
+        if longest > MAX_ARG_BYTES:
+            raise UsageError(f"a script argument of {longest} bytes is longer than the "
+                             f"{MAX_ARG_BYTES} bytes Linux passes to a program; put such "
+                             f"values in a file and pass its path")
+        total = sum(len(arg.encode()) + 1 for arg in self.args)
+        if total > MAX_ARGS_BYTES:
+            raise UsageError(f"the script's arguments total {total} bytes, more than the "
+                             f"{MAX_ARGS_BYTES} a task's command line may have; put them in "
+                             f"a file and pass its path")
         if self.sync_dir:
             if not Path(self.sync_dir).is_dir():
                 raise UsageError(f"--sync {self.sync_dir}: no such directory")
@@ -321,11 +338,12 @@ class Job:
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
             archive.add(self.request.sync_dir, arcname="code")
-        # Invoke streams stdin as text: send the archive base64-encoded.
-        payload = base64.b64encode(buffer.getvalue()).decode() + "\n"
         target = self.run_dir(session.node.name)
-        command = f"mkdir -p {quote(target)} && base64 -d | tar -xzf - -C {quote(target)}"
-        result = session.run(command, in_stream=io.StringIO(payload), timeout=120)
+        archive_file = f"{session.node.settings.workdir}/runs/{self.task_key}.code.tar.gz"
+        session.put(buffer.getvalue(), archive_file)
+        command = (f"mkdir -p {quote(target)} && tar -xzf {quote(archive_file)} -C "
+                   f"{quote(target)}; code=$?; rm -f {quote(archive_file)}; exit $code")
+        result = session.run(command, timeout=120)
         if not result.ok:
             raise RemoteError(f"--sync upload failed: {result.stderr.strip()}")
 
@@ -375,7 +393,12 @@ class Job:
                      cwd, "--", *argv]
                 )
                 parts.append(f"{{ {command} > /dev/null 2>&1 < /dev/null & }}")
-            result = session.run(" && ".join(parts), timeout=60)
+            # The start script goes to the node as a file, not on the command line: a
+            # command line is limited (128 KiB per argument on Linux), the tasks' are not.
+            start_file = f"{node.settings.workdir}/runs/{self.task_key}.start.sh"
+            session.put((" && ".join(parts) + "\n").encode(), start_file)
+            result = session.run(f"bash {quote(start_file)}; code=$?; rm -f {quote(start_file)};"
+                                 f" exit $code", timeout=60)
             if result.exited == PORTS_BUSY:
                 raise PortsBusy({int(p) for p in result.stdout.split()})
             if not result.ok:

@@ -127,8 +127,23 @@ class Session:
             result = err.result
         except (OSError, EOFError, paramiko.SSHException) as err:
             self.close()
-            raise RemoteError(f"{self.node.name}: connection lost: {err}") from None
+            raise RemoteError(f"{self.node.name}: connection lost: "
+                              f"{err or type(err).__name__}") from None
         return Result(self.node.name, command, result.exited, result.stdout, result.stderr)
+
+    def put(self, data: bytes, path: str) -> None:
+        """Write ``data`` to ``path`` on the node (SFTP; a plain write for a local node).
+        Large payloads go this way: a command line is limited, and Invoke's stdin feeding
+        is slow and breaks on large inputs."""
+        runner = self._open()
+        try:
+            if isinstance(runner, Connection):
+                runner.put(io.BytesIO(data), path)
+            else:
+                Path(path).write_bytes(data)
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise RemoteError(f"{self.node.name}: cannot write {path}: "
+                              f"{err or type(err).__name__}") from None
 
     def stream(self, command: str, sink: io.TextIOBase) -> Result:
         """Run a long command whose stdout goes to ``sink`` as it arrives."""

@@ -202,3 +202,13 @@ def test_cli_maps_zookeeper_outages_and_ctrl_c(capsys: pytest.CaptureFixture[str
     assert "ZooKeeper failed (ConnectionLoss" in capsys.readouterr().err
     assert cli.run(interrupted) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_an_argument_longer_than_the_kernel_passes_is_refused() -> None:
+    """Only reachable through the Python API or a sweep: the shell cannot pass one either."""
+    from hypertf.launcher import TrainRequest
+
+    with pytest.raises(UsageError, match="a script argument of 200000 bytes is longer than"):
+        TrainRequest(script="train.py", args=("--big", "z" * 200_000)).validate()
+    with pytest.raises(UsageError, match="cannot hold NUL bytes"):
+        TrainRequest(script="train.py", args=("a\0b",)).validate()
