@@ -140,8 +140,8 @@ def repair(lab: lab_module.Lab, health: Health) -> None:
         for key in store.read_leases(client, layout):
             with contextlib.suppress(KazooException, KazooTimeoutError):
                 client.delete(layout.lease(key))
-        if health.missing_agents:
-            lab_module.start_lab_agents(lab, wait_s=60)
+        # Always: an agent killed a moment ago still has its record until its session ends.
+        lab_module.start_lab_agents(lab, wait_s=60)
         sync_matrix(client, layout)
     finally:
         store.close(client)
@@ -153,13 +153,15 @@ def ensure_healthy(lab: lab_module.Lab, gpus: int) -> tuple[lab_module.Lab, list
     if health.ok:
         return lab, []
     found = list(health.problems)
-    with contextlib.suppress(HyperTFError, KazooException, KazooTimeoutError, OSError):
-        repair(lab, health)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if check(lab).ok:
-                return lab, found
-            time.sleep(1)
+    for _ in range(3):  # a repair can race with what is still settling (sessions ending)
+        with contextlib.suppress(HyperTFError, KazooException, KazooTimeoutError, OSError):
+            repair(lab, health)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                health = check(lab)
+                if health.ok:
+                    return lab, found
+                time.sleep(1)
     lab_module.down(lab)
     rebuilt = lab_module.up(hosts=len(lab.hosts), gpus=gpus)
     return rebuilt, [*found, "repair failed: lab rebuilt"]
