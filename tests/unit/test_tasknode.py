@@ -27,6 +27,7 @@ import pytest
 
 from hypertf import tasknode
 from hypertf.procs import alive
+from tests.conftest import wait_for as shared_wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,15 +79,8 @@ STUBBORN = """
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll with a deadline; the failure says what did not happen."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+    """The suite's poll-with-a-deadline, at a finer interval for local processes."""
+    return shared_wait_for(predicate, timeout, what, interval=0.05)
 
 
 def free_port() -> int:
@@ -97,13 +91,7 @@ def free_port() -> int:
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(stat.parent.name))
-    return members
+    return tasknode._group_members(pgid)
 
 
 @dataclass
