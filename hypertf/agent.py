@@ -170,8 +170,11 @@ class Agent:
         dead = set()
         for task_key in ended:
             run_dir = runs / task_key
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / tasknode.DRAINED).touch()  # before looking: see task.sh
+            try:
+                tasknode.mark_drained(run_dir)  # before looking: see task.sh
+            except OSError as err:  # a full or read-only disk: cannot be sure, keep draining
+                log.error("cannot mark %s drained (%s): its GPUs stay draining", run_dir, err)
+                continue
             if tasknode.run_alive(run_dir):
                 result = tasknode.stop(run_dir, grace=STOP_GRACE_S)
                 log.warning("job %s ended without its launcher's stop: stopped its tasks %s",
@@ -263,6 +266,14 @@ class Agent:
             except (KazooException, KazooTimeoutError) as err:
                 log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
                 self._wake.wait(1.0)
+                continue
+            except (StoreError, OSError) as err:  # unreadable data, a full disk: keep serving
+                log.error("agent pass failed: %s; retrying", err)
+                self._wake.wait(1.0)
+                continue
+            except Exception:  # a bug must not take every agent down in turn: log, go on
+                log.exception("agent pass failed unexpectedly; retrying")
+                self._wake.wait(5.0)
                 continue
             if once:
                 return record

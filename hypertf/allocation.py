@@ -35,6 +35,13 @@ from hypertf.scheduler import NoFit, Placement, TaskSlot, schedule
 from hypertf.store import AgentRecord, Layout, decode, encode, read_leases, read_records
 
 
+class PortsExhausted(InsufficientResources):
+    """A host's port range is used up: planning again elsewhere does not help."""
+
+
+LIVE_STATES = ("allocated", "starting", "running")
+
+
 def new_task_key(now: float | None = None) -> str:
     """Time-based (sortable, readable) plus random (unique across launchers)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
@@ -122,7 +129,7 @@ def _pick_ports(matrix: Matrix, placements: Sequence[Placement],
         low, high = ranges.get(host, (20000, 20999))
         port = next((p for p in range(low, high + 1) if p not in taken), None)
         if port is None:
-            raise InsufficientResources(
+            raise PortsExhausted(
                 f"no free port left on {host} in {low}-{high}: widen hypertf_port_range"
             )
         taken.add(port)
@@ -147,8 +154,9 @@ def _backoff(attempt: int) -> None:
 
 
 def _place(client: KazooClient, layout: Layout, request: Request,
-           ) -> tuple[Matrix, int, list[Placement]]:
-    """Read the matrix as it should be now and schedule on it (writes nothing)."""
+           ) -> tuple[Matrix, Matrix, int, list[Placement]]:
+    """Read the matrix (as stored, and as it should be now) and schedule on it (writes
+    nothing)."""
     matrix, version = _read_matrix(client, layout)
     records = read_records(client, layout, only=request.hosts)
     current = synced(matrix, records, read_leases(client, layout))
@@ -165,7 +173,7 @@ def _place(client: KazooClient, layout: Layout, request: Request,
             f"free now: {describe_free(current, records, request.hosts)}. "
             f"Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status)."
         ) from None
-    return current, version, placements
+    return matrix, current, version, placements
 
 
 def plan(client: KazooClient, layout: Layout, request: Request) -> list[Placement]:
@@ -173,7 +181,7 @@ def plan(client: KazooClient, layout: Layout, request: Request) -> list[Placemen
     if not request.slots:
         raise UsageError("a job needs at least one task")
     layout.ensure(client)
-    return _place(client, layout, request)[2]
+    return _place(client, layout, request)[3]
 
 
 def allocate(client: KazooClient, layout: Layout, request: Request, task_key: str,
@@ -186,7 +194,7 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
     deadline = time.monotonic() + deadline_s
     attempt = 0
     while True:
-        current, version, placements = _place(client, layout, request)
+        before, current, version, placements = _place(client, layout, request)
         ports = _pick_ports(current, placements, request.port_ranges, exclude_ports or {})
         gpus: dict[str, list[int]] = {}
         host_ports: dict[str, list[int]] = {}
@@ -212,6 +220,8 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
         tx.create(layout.lease(task_key), encode(owner_info()), ephemeral=True)
         tx.create(layout.job(task_key), encode(record))
         if _commit_or_conflict(tx):
+            for dead in current.draining_keys() - before.draining_keys():
+                mark_lost(client, layout, dead)  # this write drained them: record why
             return Grant(task_key, tuple(placements), ports, retries=attempt)
         attempt += 1
         if time.monotonic() > deadline:
@@ -291,7 +301,7 @@ def mark_lost(client: KazooClient, layout: Layout, task_key: str) -> None:
     with contextlib.suppress(NoNodeError, BadVersionError, StoreError):
         data, stat = client.get(layout.job(task_key))
         job = decode(data, "job record")
-        if job.get("state") in ("allocated", "starting", "running"):
+        if job.get("state") in LIVE_STATES:
             job.update(state="lost", lost=time.time())
             client.set(layout.job(task_key), encode(job), version=stat.version)
 
@@ -324,10 +334,21 @@ def read_job(client: KazooClient, layout: Layout, task_key: str) -> dict[str, An
 
 
 def update_job(client: KazooClient, layout: Layout, task_key: str, **changes: Any) -> None:
-    """Merge ``changes`` into the job record (last writer wins; one launcher per job)."""
-    job = read_job(client, layout, task_key) or {"task_key": task_key}
-    job.update(changes)
-    client.set(layout.job(task_key), encode(job))
+    """Merge ``changes`` into the job record, version-checked; a state recorded by someone
+    else (``killed``, ``lost``) is never overwritten."""
+    attempt = 0
+    while True:
+        data, stat = client.get(layout.job(task_key))
+        job = decode(data, "job record")
+        if job.get("state") in ENDED_BY_OTHERS:
+            changes = {k: v for k, v in changes.items() if k != "state"}
+        job.update(changes)
+        try:
+            client.set(layout.job(task_key), encode(job), version=stat.version)
+            return
+        except BadVersionError:
+            attempt += 1
+            _backoff(attempt)
 
 
 def list_jobs(client: KazooClient, layout: Layout) -> list[dict[str, Any]]:
@@ -343,7 +364,8 @@ def list_jobs(client: KazooClient, layout: Layout) -> list[dict[str, Any]]:
 
 
 def _ended_at(job: Mapping[str, Any]) -> float:
-    return max(float(job.get(k) or 0) for k in ("created", "released", "killed", "lost"))
+    times = [job.get(k) for k in ("created", "released", "killed", "lost")]
+    return max((float(t) for t in times if isinstance(t, (int, float))), default=0.0)
 
 
 def prune_jobs(client: KazooClient, layout: Layout, max_age_s: float, max_records: int,
@@ -352,17 +374,21 @@ def prune_jobs(client: KazooClient, layout: Layout, max_age_s: float, max_record
     and the oldest finished ones beyond ``max_records``; running jobs are never pruned.
     Returns how many were deleted."""
     now = time.time() if now is None else now
-    leases = read_leases(client, layout)
+    keys = client.get_children(layout.jobs)
+    leases = read_leases(client, layout)  # after the list: a listed job without one is over
     finished = []
-    for key in client.get_children(layout.jobs):
+    for key in keys:
         if key in leases:
             continue
         try:
             job = read_job(client, layout, key)
         except StoreError:
-            job = {}  # unreadable: prune by age of the key alone
-        if job is not None:
-            finished.append((_ended_at(job), key))
+            job = None  # another format or damaged: left for a person to look at
+        if job is None:
+            continue
+        if job.get("state") in LIVE_STATES:
+            mark_lost(client, layout, key)  # missed when its cells drained
+        finished.append((_ended_at(job), key))
     finished.sort()
     excess = max(0, len(finished) + len(leases) - max_records)
     doomed = [key for i, (ended, key) in enumerate(finished)

@@ -262,7 +262,13 @@ def _source_files(path: Path) -> list[Path]:
                     f"inventory directory {path} has more than {yamlguard.MAX_FILES} files"
                 )
     elif path.is_file():
-        files = [path]
+        files = [path]  # and the group_vars/host_vars Ansible reads beside it
+        for folder in (path.parent / "group_vars", path.parent / "host_vars"):
+            if folder.is_dir():
+                files += [f for f in sorted(folder.rglob("*")) if not f.name.startswith(".")]
+        if len(files) > yamlguard.MAX_FILES:
+            raise InventoryError(f"inventory {path}: more than {yamlguard.MAX_FILES} files "
+                                 f"in its group_vars and host_vars")
     else:
         raise InventoryError(f"inventory {path} is neither a file nor a directory")
     for file in files:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import queue
+import random
 import signal
 import tarfile
 import threading
@@ -28,6 +29,7 @@ from hypertf import spec as specs
 from hypertf import store
 from hypertf.allocation import (
     Grant,
+    PortsExhausted,
     Request,
     allocate,
     new_task_key,
@@ -305,8 +307,10 @@ class Job:
                 self.preflight(new)
             try:
                 return self.allocate([h for h in live if h in self.preflighted], exclude)
+            except PortsExhausted:
+                raise
             except InsufficientResources:
-                continue  # lost a race: plan again with what is free now
+                time.sleep(random.uniform(0.01, 0.1))  # lost a race: plan again, staggered
         raise InsufficientResources(
             f"other jobs took the free GPUs first {MAX_PLACE_ATTEMPTS} times in a row; "
             f"the cluster is too busy for this request now (hypertf status)")

@@ -67,6 +67,11 @@ class Matrix:
         keys.update(key for row in self.ports.values() for v in row.values() if (key := holder(v)))
         return keys
 
+    def draining_keys(self) -> set[str]:
+        """Every ended job with a draining cell or port anywhere."""
+        return {key for host in set(self.gpus) | set(self.ports)
+                for key in self.draining_on(host)}
+
     def draining_on(self, host: str) -> set[str]:
         """Ended jobs whose cells or ports on ``host`` wait for its agent's confirmation."""
         keys = {key for cell in self.gpus.get(host, []) if (key := draining(cell))}

@@ -32,11 +32,14 @@ def wrapper_path() -> str:
 
 
 def _ours(pid: int, task_key: str = "") -> bool:
-    """The group led by ``pid`` is one of our tasks: its leader is our wrapper, or (the
-    wrapper already gone) a member still carries the job's HYPERTF_TASK_KEY. A process
-    group id is not reused while any member lives, so a live group found this way is ours."""
+    """The group led by ``pid`` is this job's task: its leader is our wrapper started for
+    this job's run directory, or (the wrapper already gone) a member still carries the
+    job's HYPERTF_TASK_KEY. A process group id is not reused while any member lives, so a
+    live group found this way is ours; a reused PID of another job's wrapper is not."""
     try:
-        if WRAPPER in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        if any(arg.endswith(WRAPPER) for arg in args) and (
+                not task_key or any(Path(arg).name == task_key for arg in args)):
             return True
     except OSError:
         pass
@@ -137,8 +140,18 @@ def watch(run_dir: Path, tasks: dict[str, int], interval: float = 0.2) -> None:
         time.sleep(interval)
 
 
+def mark_drained(run_dir: Path) -> None:
+    """Mark the run so that a task starting from now on does not run (task.sh checks the
+    mark after writing its PID file): whoever then looks at the PID files sees every task."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / DRAINED).touch()
+
+
 def stop(run_dir: Path, names: Iterable[str] | None = None, grace: float = 5.0) -> dict[str, str]:
-    """TERM each task's process group, KILL what is left after ``grace``; report per task."""
+    """TERM each task's process group, KILL what is left after ``grace``; report per task.
+    The run is marked drained first, so a task still starting is either seen or never runs."""
+    with contextlib.suppress(OSError):
+        mark_drained(run_dir)
     chosen = list(names) if names else [p.stem for p in run_dir.glob("*.pid")]
     groups = {}
     result = {}

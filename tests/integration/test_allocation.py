@@ -207,3 +207,20 @@ def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layo
     # over the cap: the oldest finished go first; the running job stays whatever its age
     assert prune_jobs(zk, layout, max_age_s=30 * day, max_records=2, now=now) == 1
     assert sorted(zk.get_children(layout.jobs)) == ["b-old-running", "e-new"]
+
+
+def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents):
+    """'hypertf kill' during a launcher's start: the launcher's later state updates and its
+    release keep 'killed' (who killed it, and when)."""
+    from hypertf.allocation import kill, read_job, update_job
+
+    fake_agents({"n1": 1})
+    key = new_task_key()
+    allocate(zk, layout, one_gpu(), key)
+    assert kill(zk, layout, key) is True
+    update_job(zk, layout, key, state="starting", note="still here")
+    release(zk, layout, key, state="failed")
+    job = read_job(zk, layout, key)
+    assert job["state"] == "killed" and job["note"] == "still here"
+    assert job["killed_by"]["pid"] > 0 and job["killed"] > 0
+    assert kill(zk, layout, key) is False

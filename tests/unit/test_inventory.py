@@ -443,3 +443,20 @@ def test_cli_reports_a_bad_inventory_in_one_line(cli_results, case):
     assert lines[0].startswith("hypertf: error: ")
     assert str(path) in lines[0]
     assert "Traceback" not in out + err
+
+
+def test_an_alias_bomb_in_group_vars_beside_the_file_is_refused(tmp_path):
+    """Ansible reads group_vars/ beside a file inventory: it is checked before, too."""
+    from hypertf.errors import InventoryError
+    from hypertf.inventory import load_inventory
+
+    (tmp_path / "group_vars").mkdir()
+    levels = ["a: &a [" + ", ".join(["lol"] * 9) + "]"]
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    (tmp_path / "group_vars" / "all.yml").write_text("\n".join(levels) + "\n")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("all:\n  vars: {hypertf_zookeeper_hosts: '127.0.0.1:1'}\n  children:\n"
+                         "    gpu_nodes:\n      hosts: {a: {ansible_host: 10.0.0.1}}\n")
+    with pytest.raises(InventoryError, match="alias bomb"):
+        load_inventory(inventory)
