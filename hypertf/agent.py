@@ -271,6 +271,8 @@ class Agent:
                 log.error("agent pass failed: %s; retrying", err)
                 self._wake.wait(1.0)
                 continue
+            except HyperTFError:
+                raise  # a setting to fix (a network that is not there...): say it and stop
             except Exception:  # a bug must not take every agent down in turn: log, go on
                 log.exception("agent pass failed unexpectedly; retrying")
                 self._wake.wait(5.0)
