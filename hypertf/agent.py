@@ -24,10 +24,9 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store, tasknode
-from hypertf.allocation import confirm_drained, prune_jobs, sync_matrix
+from hypertf.allocation import confirm_drained, prune_jobs, read_matrix, sync_matrix
 from hypertf.errors import HyperTFError, StoreError
 from hypertf.inventory import Inventory, Node
-from hypertf.matrix import Matrix, holder
 from hypertf.probes import (
     GpuSource,
     NoGpuSource,
@@ -156,14 +155,10 @@ class Agent:
         process of the job is left here: stop what is left first (TERM, KILL after the
         grace). Nothing is freed while a process lives: a GPU is free only when this node
         says so."""
-        matrix = Matrix.from_json(client.get(self.layout.matrix)[0]) \
-            if client.exists(self.layout.matrix) else Matrix()
+        matrix, _ = read_matrix(client, self.layout)
         leases = store.read_leases(client, self.layout)  # after the matrix: see allocation
         host = self.node.name
-        ended = matrix.draining_on(host) | {
-            key for cell in matrix.gpus.get(host, []) + list(matrix.ports.get(host, {}).values())
-            if (key := holder(cell)) and key not in leases
-        }
+        ended = matrix.ended_on(host, leases)
         if not ended:
             return
         runs = Path(self.node.settings.workdir) / "runs"

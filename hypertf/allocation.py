@@ -102,7 +102,8 @@ def describe_free(matrix: Matrix, records: Mapping[str, AgentRecord], hosts: Seq
     return "; ".join(parts) or "no hosts"
 
 
-def _read_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, int]:
+def read_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, int]:
+    """The stored matrix and its version (created empty if missing)."""
     while True:
         try:
             data, stat = client.get(layout.matrix)
@@ -157,7 +158,7 @@ def _place(client: KazooClient, layout: Layout, request: Request,
            ) -> tuple[Matrix, Matrix, int, list[Placement]]:
     """Read the matrix (as stored, and as it should be now) and schedule on it (writes
     nothing)."""
-    matrix, version = _read_matrix(client, layout)
+    matrix, version = read_matrix(client, layout)
     records = read_records(client, layout, only=request.hosts)
     current = synced(matrix, records, read_leases(client, layout))
     live = [host for host in request.hosts if host in records]
@@ -242,8 +243,8 @@ def release(client: KazooClient, layout: Layout, task_key: str, state: str = "re
     """
     attempt = 0
     while True:
-        matrix, version = _read_matrix(client, layout)
-        records = read_records(client, layout)
+        matrix, version = read_matrix(client, layout)
+        records = read_records(client, layout, only=matrix.hosts_of(task_key))
         freed = matrix.release({task_key}, records, hosts=stopped_on)
         freed = freed.drain({task_key})  # what is still held: hosts not confirmed
         changed = not same(matrix, freed)
@@ -279,7 +280,7 @@ def sync_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, dict[str, 
     turn draining."""
     attempt = 0
     while True:
-        matrix, version = _read_matrix(client, layout)
+        matrix, version = read_matrix(client, layout)
         records = read_records(client, layout)
         leases = read_leases(client, layout)
         current = synced(matrix, records, leases)
@@ -312,7 +313,7 @@ def confirm_drained(client: KazooClient, layout: Layout, host: str,
     and ports on ``host`` (only). True if something was freed."""
     attempt = 0
     while True:
-        matrix, version = _read_matrix(client, layout)
+        matrix, version = read_matrix(client, layout)
         records = read_records(client, layout, only=[host])
         freed = matrix.release(task_keys & matrix.draining_on(host), records, hosts=[host])
         if same(matrix, freed):

@@ -67,6 +67,19 @@ class Matrix:
         keys.update(key for row in self.ports.values() for v in row.values() if (key := holder(v)))
         return keys
 
+    def hosts_of(self, task_key: str) -> set[str]:
+        """Hosts where ``task_key`` has a cell or a port, held or draining."""
+        return {host for host, row in self.gpus.items() if any(job_of(c) == task_key for c in row)
+                } | {host for host, row in self.ports.items()
+                     if any(job_of(k) == task_key for k in row.values())}
+
+    def ended_on(self, host: str, leases: set[str]) -> set[str]:
+        """Jobs whose cells or ports on ``host`` wait for its agent: draining, or still
+        held by a job whose lease is gone (not yet drained by a sync)."""
+        cells = [*self.gpus.get(host, []), *self.ports.get(host, {}).values()]
+        return self.draining_on(host) | {
+            key for cell in cells if (key := holder(cell)) and key not in leases}
+
     def draining_keys(self) -> set[str]:
         """Every ended job with a draining cell or port anywhere."""
         return {key for host in set(self.gpus) | set(self.ports)

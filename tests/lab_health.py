@@ -20,7 +20,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import lab as lab_module
 from hypertf import store
-from hypertf.allocation import _read_matrix, sync_matrix
+from hypertf.allocation import read_matrix, sync_matrix
 from hypertf.errors import HyperTFError
 from hypertf.inventory import load_inventory
 from hypertf.matrix import FREE
@@ -95,7 +95,7 @@ def check(lab: lab_module.Lab) -> Health:
         records = store.read_records(client, layout)
         health.missing_agents = set(inventory.nodes) - set(records)
         health.leases = store.read_leases(client, layout)
-        matrix, _ = _read_matrix(client, layout)
+        matrix, _ = read_matrix(client, layout)
     finally:
         store.close(client)
     if health.missing_agents:

@@ -258,3 +258,11 @@ def test_same_ignores_key_order_but_not_content():
     b = Matrix(gpus={"h2": [0], "h1": [1]})
     assert same(a, b)
     assert not same(a, Matrix(gpus={"h1": [0], "h2": [0]}))
+
+
+def test_ended_on_and_hosts_of_find_a_job_held_or_draining():
+    matrix = Matrix(gpus={"h1": ["gone", "live", DRAINING + "old"], "h2": [1]},
+                    ports={"h2": {"20000": "gone"}})
+    assert matrix.ended_on("h1", leases={"live"}) == {"gone", "old"}
+    assert matrix.ended_on("h2", leases={"live", "gone"}) == set()
+    assert matrix.hosts_of("gone") == {"h1", "h2"} and matrix.hosts_of("old") == {"h1"}
