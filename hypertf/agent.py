@@ -9,7 +9,6 @@ launcher's GPUs return to the pool without anyone running a command.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store, tasknode
@@ -99,7 +98,8 @@ class Agent:
         self.node = inventory.node(host)
         self.layout = Layout(inventory.cluster.zk_root)
         self.prober = prober or Prober(self.node, gpu_source(self.node))
-        self._client_factory = client_factory or (lambda: store.connect(inventory.cluster, 30))
+        self._client_factory = client_factory or (lambda: store.connect(
+            inventory.cluster, 30, identity=f"agent.{host}"))
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._disconnected_since: float | None = None
@@ -122,20 +122,24 @@ class Agent:
         self._wake.set()
 
     def publish(self, client: KazooClient, record: AgentRecord) -> None:
-        """Write the record; (re)create it if missing or left by an older session."""
+        """Write the record; create it if missing. A record left by this agent's older
+        session (a restart within the session timeout) cannot be deleted by an agent
+        (no DELETE on ``resources``): it expires with that session, then we create ours."""
         path = self.layout.resource(self.node.name)
         data = record.to_json()
         stat = client.exists(path)
         if stat is not None and stat.ephemeralOwner != client.client_id[0]:
-            with contextlib.suppress(NoNodeError):
-                client.delete(path, version=stat.version)
-            stat = None
+            log.info("the record of an older session of this agent is still there: "
+                     "waiting for it to expire")
+            self._republish = True
+            return
         if stat is None:
-            self.layout.ensure(client)
             try:
-                client.create(path, data, ephemeral=True)
+                client.create(path, data, acl=store.acls(client).agent_record(),
+                              ephemeral=True)
             except NodeExistsError:
-                client.set(path, data)
+                self._republish = True  # another session's record: look again next pass
+                return
             log.info("registered %s: %d GPUs, %s available", self.node.name, record.gpu,
                      record.gpu_avail_list)
         else:
@@ -231,6 +235,7 @@ class Agent:
         matrix and reap, so job starts and ends cost no write per node."""
         record = None
         watching = False
+        watched_users: set[str] = set()
         next_beat = 0.0
         while not self._stop.is_set():
             self._wake.clear()
@@ -241,10 +246,13 @@ class Agent:
                 continue
             try:
                 if not watching:
-                    self.layout.ensure(client)
                     client.ChildrenWatch(self.layout.resources, self._on_children)
                     client.ChildrenWatch(self.layout.leases, self._on_children)
+                    watched_users = set()
                     watching = True
+                for user in set(store.users(client, self.layout.leases)) - watched_users:
+                    client.ChildrenWatch(self.layout.user_leases(user), self._on_children)
+                    watched_users.add(user)
                 if self._republish or time.monotonic() >= next_beat:
                     self._republish = False
                     record = self.prober.probe()
@@ -278,10 +286,8 @@ class Agent:
         return record
 
     def _stop_requested_cleanup(self, client: KazooClient) -> None:
-        """Delete the record (if ZooKeeper answers) and close the session."""
-        if self._stop.is_set() or client.connected:
-            with contextlib.suppress(NoNodeError, KazooException, KazooTimeoutError):
-                client.delete(self.layout.resource(self.node.name))
+        """Close the session: its ephemeral record goes at once (an agent may not delete
+        records, not even its own; closing needs no permission)."""
         try:
             client.stop()
             client.close()

@@ -27,12 +27,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 
-from hypertf.errors import InsufficientResources, StoreError, UsageError
+from hypertf import store
+from hypertf.errors import InsufficientResources, NotAllowed, StoreError, UsageError
 from hypertf.matrix import Matrix, same, synced
 from hypertf.scheduler import NoFit, Placement, TaskSlot, schedule
-from hypertf.store import AgentRecord, Layout, decode, encode, read_leases, read_records
+from hypertf.store import (
+    AgentRecord,
+    Layout,
+    decode,
+    encode,
+    job_keys,
+    owner_of,
+    read_leases,
+    read_records,
+)
+
+
+class RootMissing(StoreError):
+    """The root is gone (ZooKeeper lost its data) until the admin secures it again."""
 
 
 class PortsExhausted(InsufficientResources):
@@ -42,10 +56,17 @@ class PortsExhausted(InsufficientResources):
 LIVE_STATES = ("allocated", "starting", "running")
 
 
-def new_task_key(now: float | None = None) -> str:
-    """Time-based (sortable, readable) plus random (unique across launchers)."""
+def new_task_key(user: str, now: float | None = None) -> str:
+    """Time-based (sortable, readable), random (unique across launchers), then the owner
+    (whose ``leases/<user>`` and ``jobs/<user>`` hold the job)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
-    return f"{stamp}-{secrets.token_hex(3)}"
+    return f"{stamp}-{secrets.token_hex(3)}.{user}"
+
+
+def _check_registered(client: KazooClient, layout: Layout, user: str) -> None:
+    if client.exists(layout.user_leases(user)) is None:
+        raise StoreError(f"user {user!r} is not registered in ZooKeeper root {layout.root}: "
+                         f"the cluster admin runs 'hypertf auth add-user {user}'")
 
 
 def owner_info() -> dict[str, Any]:
@@ -103,15 +124,13 @@ def describe_free(matrix: Matrix, records: Mapping[str, AgentRecord], hosts: Seq
 
 
 def read_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, int]:
-    """The stored matrix and its version (created empty if missing)."""
-    while True:
-        try:
-            data, stat = client.get(layout.matrix)
-            return Matrix.from_json(data), stat.version
-        except NoNodeError:
-            layout.ensure(client)
-            with contextlib.suppress(NodeExistsError):
-                client.create(layout.matrix, Matrix().to_json())
+    """The stored matrix and its version (the admin's ``auth init`` creates it)."""
+    try:
+        data, stat = client.get(layout.matrix)
+    except NoNodeError:
+        raise RootMissing(f"ZooKeeper has no matrix under {layout.root}: run 'hypertf auth "
+                         f"init -i INVENTORY' as the admin") from None
+    return Matrix.from_json(data), stat.version
 
 
 def _pick_ports(matrix: Matrix, placements: Sequence[Placement],
@@ -147,6 +166,8 @@ def _commit_or_conflict(transaction: Any) -> bool:
     if any(isinstance(e, BadVersionError) for e in errors):
         return False
     real = [e for e in errors if type(e).__name__ != "RolledBackError"]
+    if any(isinstance(e, NoAuthError) for e in real):
+        raise NotAllowed(f"ZooKeeper refused the transaction to this identity: {real}")
     raise StoreError(f"ZooKeeper refused the transaction: {real or errors}")
 
 
@@ -181,7 +202,6 @@ def plan(client: KazooClient, layout: Layout, request: Request) -> list[Placemen
     """Where the request would go now: used to preflight only the hosts a job needs."""
     if not request.slots:
         raise UsageError("a job needs at least one task")
-    layout.ensure(client)
     return _place(client, layout, request)[3]
 
 
@@ -191,7 +211,8 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
     """Take GPUs and ports for ``request`` atomically, or raise InsufficientResources."""
     if not request.slots:
         raise UsageError("a job needs at least one task")
-    layout.ensure(client)
+    _check_registered(client, layout, owner_of(task_key))
+    acls = store.acls(client)
     deadline = time.monotonic() + deadline_s
     attempt = 0
     while True:
@@ -203,11 +224,12 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
             gpus.setdefault(p.host, []).extend(p.gpus)
             host_ports.setdefault(p.host, []).append(ports[p.name])
         taken = current.take(task_key, gpus, host_ports)
+        owner = {**owner_info(), "user": owner_of(task_key)}
         record = {
             "task_key": task_key,
             "state": "allocated",
             "created": time.time(),
-            "owner": owner_info(),
+            "owner": owner,
             "policy": request.policy,
             "placements": [
                 {"role": p.role, "index": p.index, "host": p.host, "gpus": list(p.gpus),
@@ -218,8 +240,9 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
         }
         tx = client.transaction()
         tx.set_data(layout.matrix, taken.to_json(), version=version)
-        tx.create(layout.lease(task_key), encode(owner_info()), ephemeral=True)
-        tx.create(layout.job(task_key), encode(record))
+        tx.create(layout.lease(task_key), encode(owner), acl=acls.lease(),
+                  ephemeral=True)
+        tx.create(layout.job(task_key), encode(record), acl=acls.job())
         if _commit_or_conflict(tx):
             for dead in current.draining_keys() - before.draining_keys():
                 mark_lost(client, layout, dead)  # this write drained them: record why
@@ -243,7 +266,10 @@ def release(client: KazooClient, layout: Layout, task_key: str, state: str = "re
     """
     attempt = 0
     while True:
-        matrix, version = read_matrix(client, layout)
+        try:
+            matrix, version = read_matrix(client, layout)
+        except RootMissing:
+            return False  # ZooKeeper lost everything, this job's cells with it
         records = read_records(client, layout, only=matrix.hosts_of(task_key))
         freed = matrix.release({task_key}, records, hosts=stopped_on)
         freed = freed.drain({task_key})  # what is still held: hosts not confirmed
@@ -299,7 +325,7 @@ def sync_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, dict[str, 
 
 def mark_lost(client: KazooClient, layout: Layout, task_key: str) -> None:
     """A job whose lease vanished without a release or a kill: its launcher died."""
-    with contextlib.suppress(NoNodeError, BadVersionError, StoreError):
+    with contextlib.suppress(NoNodeError, BadVersionError, StoreError, NoAuthError):
         data, stat = client.get(layout.job(task_key))
         job = decode(data, "job record")
         if job.get("state") in LIVE_STATES:
@@ -356,7 +382,7 @@ def list_jobs(client: KazooClient, layout: Layout) -> list[dict[str, Any]]:
     """Every job record, newest first, with ``alive`` telling whether its lease exists."""
     leases = read_leases(client, layout)
     jobs = []
-    for key in sorted(client.get_children(layout.jobs), reverse=True):
+    for key in sorted(job_keys(client, layout), reverse=True):
         job = read_job(client, layout, key)
         if job is not None:
             job["alive"] = key in leases
@@ -375,7 +401,7 @@ def prune_jobs(client: KazooClient, layout: Layout, max_age_s: float, max_record
     and the oldest finished ones beyond ``max_records``; running jobs are never pruned.
     Returns how many were deleted."""
     now = time.time() if now is None else now
-    keys = client.get_children(layout.jobs)
+    keys = job_keys(client, layout)
     leases = read_leases(client, layout)  # after the list: a listed job without one is over
     finished = []
     for key in keys:
@@ -395,7 +421,7 @@ def prune_jobs(client: KazooClient, layout: Layout, max_age_s: float, max_record
     doomed = [key for i, (ended, key) in enumerate(finished)
               if i < excess or now - ended > max_age_s]
     for key in doomed:
-        with contextlib.suppress(NoNodeError):
+        with contextlib.suppress(NoNodeError, NoAuthError):
             client.delete(layout.job(key))
     return len(doomed)
 
@@ -403,7 +429,16 @@ def prune_jobs(client: KazooClient, layout: Layout, max_age_s: float, max_record
 def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
     """End a job from anywhere: record who killed it and drop its lease, in one
     transaction. Its cells turn draining; the agents stop its tasks and free them; its
-    launcher sees the lease gone and exits. False if it was not running."""
+    launcher sees the lease gone and exits. False if it was not running.
+
+    Only the job's owner and the admin may: ZooKeeper enforces it (DELETE on
+    ``leases/<owner>``); the check here only makes the message clear."""
+    identity = store.credential_of(client).identity
+    owner = owner_of(task_key)
+    if identity not in ("admin", f"user.{owner}"):
+        raise NotAllowed(
+            f"job {task_key} belongs to {owner}: only {owner} or the cluster admin may end "
+            f"it (the admin: HYPERTF_ZK_IDENTITY=admin hypertf kill {task_key})")
     attempt = 0
     while True:
         try:
@@ -413,13 +448,19 @@ def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
         if client.exists(layout.lease(task_key)) is None:
             return False
         job = decode(data, "job record")
-        job.update(state="killed", killed=time.time(), killed_by=owner_info())
+        job.update(state="killed", killed=time.time(),
+                   killed_by={**owner_info(), "identity": identity})
         tx = client.transaction()
         tx.set_data(layout.job(task_key), encode(job), version=stat.version)
         tx.delete(layout.lease(task_key))
-        with contextlib.suppress(StoreError):  # the lease went meanwhile: read again
+        try:
             if _commit_or_conflict(tx):
                 break
+        except NotAllowed:
+            raise NotAllowed(f"ZooKeeper refused to let {identity} end job {task_key} of "
+                             f"{owner}") from None
+        except StoreError:
+            pass  # the lease went meanwhile: read again
         attempt += 1
         _backoff(attempt)
     sync_matrix(client, layout)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from hypertf.errors import HyperTFError
+from hypertf.errors import HyperTFError, UsageError
 from hypertf.inventory import DEFAULT_INVENTORY, load_inventory
 
 
@@ -138,14 +138,38 @@ def _local_zk(args: argparse.Namespace):  # -> ZooKeeperServer
 def cmd_zk(args: argparse.Namespace) -> int:
     server = _local_zk(args)
     if args.action == "start":
+        from hypertf import auth
+
         pid = server.start()
-        print(f"ZooKeeper {server.mode()} on {server.hosts} (pid {pid}, data {server.directory})")
+        inventory = load_inventory(args.inventory)
+        directory = auth.initialize(inventory.cluster, list(inventory.nodes))
+        print(f"ZooKeeper {server.mode()} on {server.hosts} (pid {pid}, data {server.directory}); "
+              f"root {inventory.cluster.zk_root} secured, credentials in {directory}")
     elif args.action == "stop":
         print(f"ZooKeeper on {server.hosts} {'stopped' if server.stop() else 'was not running'}")
     else:
         mode = server.mode()
         print(f"ZooKeeper on {server.hosts}: {mode or 'not serving'}")
         return 0 if mode else 1
+    return 0
+
+
+def cmd_auth(args: argparse.Namespace) -> int:
+    from hypertf import auth
+
+    inventory = load_inventory(args.inventory)
+    if args.action == "add-user" and not args.user:
+        raise UsageError("hypertf auth add-user NAME: name the user")
+    users = [auth.check_name("user", args.user)] if args.action == "add-user" else []
+    directory = auth.initialize(inventory.cluster, list(inventory.nodes), users,
+                                reset=args.reset)
+    if args.action == "add-user":
+        path = directory / f"user.{args.user}.yml"
+        print(f"{path}: give this file to {args.user} (mode 0600, in their "
+              f"hypertf_zk_credentials directory, by default "
+              f"~/.hypertf/credentials/{directory.name}/)")
+    else:
+        print(f"ZooKeeper root {inventory.cluster.zk_root} secured; credentials in {directory}")
     return 0
 
 
@@ -271,6 +295,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("start", "stop", "status"))
     _inventory_option(p)
     p.set_defaults(func=cmd_zk)
+
+    p = sub.add_parser("auth", help="credentials and the secured ZooKeeper root (the admin)")
+    p.add_argument("action", choices=("init", "add-user"))
+    p.add_argument("user", nargs="?", help="the user to register (add-user)")
+    _inventory_option(p)
+    p.add_argument("--reset", action="store_true",
+                   help="delete a root made without credentials, then secure it (init)")
+    p.set_defaults(func=cmd_auth)
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
                    add_help=False)

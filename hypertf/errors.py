@@ -46,3 +46,9 @@ class RemoteError(HyperTFError):
     """A node could not be reached or a remote command failed."""
 
     exit_code = 6
+
+
+class NotAllowed(HyperTFError):
+    """This identity may not do that (another user's job, an agent's write)."""
+
+    exit_code = 7

@@ -136,12 +136,18 @@ SETTINGS: dict[str, Setting] = {
     # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
     "hypertf_job_retention_days": Setting(_positive(float), 30.0),
     "hypertf_job_records_max": Setting(_positive(int), 10000),
+    # The directory of ZooKeeper credential files on the machine that runs the command
+    # (default $HYPERTF_HOME/credentials/<zookeeper>_<root>); relative to the inventory.
+    "hypertf_zk_credentials": Setting(_optional_text, None),
+    # A CA certificate (PEM): talk TLS to ZooKeeper's secure client port and verify it.
+    "hypertf_zk_tls_ca": Setting(_optional_text, None),
 }
 # Settings that describe the whole cluster: every host must agree on them.
 CLUSTER_KEYS = (
     "hypertf_gpu_group", "hypertf_zookeeper_hosts", "hypertf_zk_root",
     "hypertf_zk_session_timeout", "hypertf_known_hosts", "hypertf_ssh_timeout",
-    "hypertf_job_retention_days", "hypertf_job_records_max",
+    "hypertf_job_retention_days", "hypertf_job_records_max", "hypertf_zk_credentials",
+    "hypertf_zk_tls_ca",
 )
 
 
@@ -173,6 +179,8 @@ class ClusterSettings:
     ssh_timeout: float
     job_retention_days: float = 30.0
     job_records_max: int = 10000
+    zk_credentials: str | None = None  # directory of credential files; None: the default
+    zk_tls_ca: str | None = None  # CA certificate: TLS to ZooKeeper
 
 
 @dataclass(frozen=True)
@@ -445,6 +453,14 @@ def _resolve_local_path(path: Path, key: str, host: str, value: str, local: bool
     return value
 
 
+def _beside(path: Path, value: str | None) -> str | None:
+    """A local path setting: ``~`` expanded, relative to the inventory file."""
+    if value is None:
+        return None
+    base = path if path.is_dir() else path.parent
+    return str((base / os.path.expanduser(value)).resolve())
+
+
 def _is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
@@ -599,6 +615,8 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
             ssh_timeout=first["hypertf_ssh_timeout"],
             job_retention_days=first["hypertf_job_retention_days"],
             job_records_max=first["hypertf_job_records_max"],
+            zk_credentials=_beside(path, first["hypertf_zk_credentials"]),
+            zk_tls_ca=_beside(path, first["hypertf_zk_tls_ca"]),
         ),
         zookeeper_nodes=zk_members,
     )

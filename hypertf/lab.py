@@ -218,6 +218,8 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
                 "hypertf_gpu_source": "static",
                 "hypertf_static_gpus": gpus,
                 "hypertf_ssh_timeout": 5.0,
+                # Shared by the lab's hosts (only /srv is private to each).
+                "hypertf_zk_credentials": str(lab.dir / "credentials"),
             },
             "children": {
                 "gpu_nodes": {"hosts": {h.name: {"ansible_host": h.address} for h in lab.hosts}},
@@ -305,12 +307,23 @@ def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = Tru
             server.start(heap="192m", tick_ms=500)
         lab.inventory = str(_write_inventory(lab, gpus, session_timeout))
         lab.save()
+        if zookeeper:
+            secure_lab_root(lab)
         if agents:
             start_lab_agents(lab)
     except BaseException:
         down(lab)
         raise
     return lab
+
+
+def secure_lab_root(lab: Lab) -> None:
+    """Credentials for the lab's admin, agents and this user, and the secured root."""
+    from hypertf import auth
+    from hypertf.inventory import load_inventory
+
+    inventory = load_inventory(lab.inventory)
+    auth.initialize(inventory.cluster, list(inventory.nodes))
 
 
 def start_lab_agents(lab: Lab, wait_s: float = 30.0) -> None:

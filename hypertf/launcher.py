@@ -25,8 +25,8 @@ from kazoo.client import KazooState
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from hypertf import auth, store
 from hypertf import spec as specs
-from hypertf import store
 from hypertf.allocation import (
     Grant,
     PortsExhausted,
@@ -188,7 +188,7 @@ class Job:
         self.request = request
         self.say = say
         self.layout = Layout(inventory.cluster.zk_root)
-        self.task_key = new_task_key()
+        self.task_key = new_task_key(auth.job_owner())
         self.client: Any = None
         self.grant: Grant | None = None
         self.tasks: dict[str, TaskState] = {}
@@ -215,7 +215,6 @@ class Job:
         """Connect, and find the candidate hosts (inventory GPU nodes with a live agent)."""
         self.client = store.connect(self.inventory.cluster)
         self.client.add_listener(self._on_state)
-        self.layout.ensure(self.client)
         records = store.read_records(self.client, self.layout)
         hosts = [name for name in self.inventory.nodes if name in records]
         if not hosts:
@@ -634,7 +633,7 @@ class Job:
                         exclude.setdefault(task.placement.host, set()).add(task.port)
                 self.result = "retried"
                 self._finish("retried")
-                self.task_key = new_task_key()
+                self.task_key = new_task_key(auth.job_owner())
                 self.events = queue.Queue()
             if outcome == "retry-ports":
                 raise JobFailed("tasks could not bind their ports after "

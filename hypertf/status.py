@@ -41,7 +41,6 @@ def _zookeeper_health(hosts: str) -> list[dict[str, Any]]:
 def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
     """Sync the matrix (reclaiming dead jobs' GPUs) and describe every inventory host."""
     layout = Layout(inventory.cluster.zk_root)
-    layout.ensure(client)
     matrix, records = sync_matrix(client, layout)
     leases = read_leases(client, layout)
     now = time.time()

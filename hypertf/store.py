@@ -4,8 +4,11 @@
 
     <root>/resources/<host>    ephemeral  AgentRecord: one node's addresses, port and GPUs
     <root>/matrix              persistent Matrix: servers x GPUs (free / unavailable / task key)
-    <root>/jobs/<task_key>     persistent JobRecord: request, placement, ports, state
-    <root>/leases/<task_key>   ephemeral  held by the launcher's session while the job lives
+    <root>/jobs/<user>/<task_key>    persistent JobRecord: request, placement, ports, state
+    <root>/leases/<user>/<task_key>  ephemeral  held by the launcher's session while the job lives
+
+A task key ends with its owner (``20261122-085000-a1b2c3.alice``), so the owner's parents
+are found from the key alone; every znode carries an ACL (hypertf.auth).
 
 Every payload is JSON with a ``format`` number so that a newer HyperTF can refuse (or
 upgrade) what an older one wrote instead of misreading it.
@@ -13,17 +16,21 @@ upgrade) what an older one wrote instead of misreading it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import weakref
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from hypertf.errors import StoreError
+from hypertf import auth
+from hypertf.errors import StoreError, UsageError
 from hypertf.inventory import ClusterSettings
 
 FORMAT = 1
@@ -57,16 +64,26 @@ class Layout:
     def resource(self, host: str) -> str:
         return f"{self.resources}/{host}"
 
+    def user_jobs(self, user: str) -> str:
+        return f"{self.jobs}/{user}"
+
+    def user_leases(self, user: str) -> str:
+        return f"{self.leases}/{user}"
+
     def job(self, task_key: str) -> str:
-        return f"{self.jobs}/{task_key}"
+        return f"{self.jobs}/{owner_of(task_key)}/{task_key}"
 
     def lease(self, task_key: str) -> str:
-        return f"{self.leases}/{task_key}"
+        return f"{self.leases}/{owner_of(task_key)}/{task_key}"
 
-    def ensure(self, client: KazooClient) -> None:
-        """Create the persistent parents; idempotent, safe to race."""
-        for path in (self.resources, self.jobs, self.leases):
-            client.ensure_path(path)
+
+def owner_of(task_key: str) -> str:
+    """The user a task key belongs to (the part after its first dot)."""
+    stamp, _, user = task_key.partition(".")
+    if not stamp or not user or "/" in task_key:
+        raise UsageError(f"{task_key[:80]!r} is not a task key (they look like "
+                         f"20261122-085000-a1b2c3.alice; list them with 'hypertf jobs')")
+    return user
 
 
 @dataclass(frozen=True)
@@ -150,14 +167,31 @@ def decode(data: bytes, what: str) -> dict[str, Any]:
     return payload
 
 
-def connect(cluster: ClusterSettings, timeout: float = 10.0) -> KazooClient:
-    """A started client for the inventory's ZooKeeper, or a message saying how to start one."""
+_credentials: weakref.WeakKeyDictionary[KazooClient, auth.Credential] = \
+    weakref.WeakKeyDictionary()
+
+
+def credentials_dir(cluster: ClusterSettings) -> Path:
+    return auth.credentials_dir(cluster.zk_credentials, cluster.zookeeper_hosts, cluster.zk_root)
+
+
+def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | None = None,
+            check: bool = True) -> KazooClient:
+    """A started client for the inventory's ZooKeeper, authenticated as ``identity``
+    (default ``$HYPERTF_ZK_IDENTITY`` or ``user.<login>``), or a message saying how to
+    start ZooKeeper or which credential file to fix. ``check``: the root must exist, be
+    secured and accept the credential."""
+    credential = auth.load(credentials_dir(cluster), identity or auth.default_identity())
+    tls = {"use_ssl": True, "ca": cluster.zk_tls_ca, "verify_certs": True} \
+        if cluster.zk_tls_ca else {}
     client = KazooClient(
         hosts=cluster.zookeeper_hosts,
         timeout=cluster.zk_session_timeout,
         connection_retry={"max_tries": -1, "delay": 0.2, "max_delay": 2.0},
         command_retry={"max_tries": 5, "delay": 0.2, "max_delay": 2.0},
         logger=logging.getLogger("hypertf.kazoo"),
+        auth_data=credential.auth_data(),
+        **tls,
     )
     try:
         client.start(timeout=timeout)
@@ -168,7 +202,24 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0) -> KazooClient:
             f"cannot reach ZooKeeper at {cluster.zookeeper_hosts} ({err or 'timed out'}): "
             f"start it with 'invoke zk.start' or fix hypertf_zookeeper_hosts in the inventory"
         ) from None
+    _credentials[client] = credential
+    if check:
+        try:
+            auth.check_access(client, cluster.zk_root, credential)
+        except BaseException:
+            close(client)
+            raise
     return client
+
+
+def credential_of(client: KazooClient) -> auth.Credential:
+    """The credential a client from ``connect`` authenticated with."""
+    return _credentials[client]
+
+
+def acls(client: KazooClient) -> auth.Acls:
+    """The ACLs this client writes on the znodes it creates."""
+    return auth.Acls(_credentials[client])
 
 
 def close(client: KazooClient) -> None:
@@ -198,9 +249,27 @@ def read_records(client: KazooClient, layout: Layout,
     return records
 
 
+def users(client: KazooClient, parent: str) -> list[str]:
+    """The registered users (children of ``leases`` or ``jobs``)."""
+    try:
+        return sorted(client.get_children(parent))
+    except NoNodeError:
+        return []
+
+
 def read_leases(client: KazooClient, layout: Layout) -> set[str]:
     """Task keys whose launcher is still alive."""
-    try:
-        return set(client.get_children(layout.leases))
-    except NoNodeError:
-        return set()
+    keys: set[str] = set()
+    for user in users(client, layout.leases):
+        with contextlib.suppress(NoNodeError):
+            keys.update(client.get_children(layout.user_leases(user)))
+    return keys
+
+
+def job_keys(client: KazooClient, layout: Layout) -> list[str]:
+    """Every job record's task key, of every user."""
+    keys: list[str] = []
+    for user in users(client, layout.jobs):
+        with contextlib.suppress(NoNodeError):
+            keys.extend(client.get_children(layout.user_jobs(user)))
+    return keys

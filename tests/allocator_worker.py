@@ -27,7 +27,7 @@ def main() -> None:
     layout = store.Layout(root)
     request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=tuple(hosts.split(",")))
     for _ in range(cycles):
-        key = new_task_key()
+        key = new_task_key("root")
         while True:
             try:
                 grant = allocate(client, layout, request, key)

@@ -17,7 +17,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from hypertf import lab as lab_module
-from hypertf import store
+from hypertf import auth, store
 from hypertf.inventory import ClusterSettings, Inventory, load_inventory
 from hypertf.remote import Session
 from hypertf.store import AgentRecord, Layout
@@ -99,23 +99,30 @@ def layout(cluster_settings: ClusterSettings) -> Layout:
 
 
 @pytest.fixture
-def zk(cluster_settings: ClusterSettings, layout: Layout) -> Iterator[KazooClient]:
-    client = store.connect(cluster_settings)
-    layout.ensure(client)
+def secured(cluster_settings: ClusterSettings) -> ClusterSettings:
+    """The test's root, secured: credentials for the admin and this user (hypertf.auth)."""
+    auth.initialize(cluster_settings, [])
+    return cluster_settings
+
+
+@pytest.fixture
+def zk(secured: ClusterSettings, layout: Layout) -> Iterator[KazooClient]:
+    """The admin's client (it may do anything) on the test's secured root."""
+    client = store.connect(secured, identity="admin")
     yield client
     store.close(client)
 
 
 @pytest.fixture
-def fake_agents(cluster_settings: ClusterSettings, layout: Layout,
+def fake_agents(secured: ClusterSettings, layout: Layout,
                 ) -> Iterator[Callable[[dict[str, int]], KazooClient]]:
-    """Publish agent records (the real format) from a separate session, like agents would."""
+    """Publish agent records (the real format) from a separate (admin) session, like agents
+    would."""
     clients: list[KazooClient] = []
 
     def publish(gpus_per_host: dict[str, int]) -> KazooClient:
-        client = store.connect(cluster_settings)
+        client = store.connect(secured, identity="admin")
         clients.append(client)
-        layout.ensure(client)
         for i, (host, gpus) in enumerate(gpus_per_host.items()):
             record = AgentRecord(host=host, mgmt_addr=f"127.0.0.{i + 2}",
                                  data_addr=f"127.0.0.{i + 2}", port=20000 + i, gpu=gpus,

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from hypertf import store
+from hypertf import auth, store
 from hypertf.allocation import sync_matrix
 from hypertf.inventory import load_inventory
 from tests.conftest import wait_for
@@ -30,6 +30,7 @@ def agent_inventory(zk_server, tmp_path):
                  "hypertf_venv": sys.prefix},
         "children": {"gpu_nodes": {"hosts": {"node1": {"ansible_connection": "local"}}}},
     }}))
+    auth.initialize(load_inventory(path).cluster, ["node1"])
     return path, gpus
 
 

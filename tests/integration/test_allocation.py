@@ -49,7 +49,7 @@ def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents):
         hosts=("n1", "n2"),
         port_ranges={"n1": (21000, 21010), "n2": (21000, 21010)},
     )
-    key = new_task_key()
+    key = new_task_key("root")
     grant = allocate(zk, layout, request, key)
     assert [(p.name, p.host, p.gpus) for p in grant.placements] == [
         ("chief:0", "n1", (0,)), ("worker:0", "n2", (0,)), ("worker:1", "n1", (1,)),
@@ -68,10 +68,10 @@ def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents):
 
 def test_impossible_request_says_what_is_free_where(zk, layout, fake_agents):
     fake_agents({"n1": 2, "n2": 1})
-    allocate(zk, layout, Request((TaskSlot("worker", 0, 1),), ("n1", "n2")), new_task_key())
+    allocate(zk, layout, Request((TaskSlot("worker", 0, 1),), ("n1", "n2")), new_task_key("root"))
     request = Request(tuple(TaskSlot("worker", i, 1) for i in range(3)), ("n1", "n2", "n3"))
     with pytest.raises(InsufficientResources) as err:
-        allocate(zk, layout, request, new_task_key())
+        allocate(zk, layout, request, new_task_key("root"))
     assert str(err.value) == (
         "cannot place worker:2 (1 GPU on one host): asked for 3 worker (1 GPU each): "
         "3 GPUs in all; free now: n1: 1 of 2 free (GPU 1); n2: 1 of 1 free (GPU 0); "
@@ -96,7 +96,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
     def thread_allocator() -> None:
         client = store.connect(cluster_settings)
         try:
-            key = new_task_key()
+            key = new_task_key("root")
             grant = allocate(client, layout, one_gpu(), key)
             with lock:
                 held.extend((p.host, g) for p in grant.placements for g in p.gpus)
@@ -120,7 +120,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
         wait_for(lambda: len(held) == 32, 60, "32 grants")
         assert len(set(held)) == 32, "a GPU was granted twice"
         with pytest.raises(InsufficientResources):
-            allocate(zk, layout, one_gpu(), new_task_key())
+            allocate(zk, layout, one_gpu(), new_task_key("root"))
         everyone_holds.set()
         for thread in threads:
             thread.join(60)
@@ -194,19 +194,19 @@ def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layo
 
     now = 1_800_000_000.0
     day = 86400.0
-    records = {"a-old": {"created": now - 40 * day, "released": now - 40 * day},
-               "b-old-running": {"created": now - 40 * day},
-               "c-recent": {"created": now - 2 * day, "released": now - 2 * day},
-               "d-killed-long-ago": {"created": now - 50 * day, "killed": now - 31 * day},
-               "e-new": {"created": now - 60, "released": now - 30}}
+    records = {"a-old.root": {"created": now - 40 * day, "released": now - 40 * day},
+               "b-old-running.root": {"created": now - 40 * day},
+               "c-recent.root": {"created": now - 2 * day, "released": now - 2 * day},
+               "d-killed-long-ago.root": {"created": now - 50 * day, "killed": now - 31 * day},
+               "e-new.root": {"created": now - 60, "released": now - 30}}
     for key, job in records.items():
-        zk.create(layout.job(key), encode({"task_key": key, **job}), makepath=True)
-    zk.create(layout.lease("b-old-running"), b"{}", ephemeral=True, makepath=True)
+        zk.create(layout.job(key), encode({"task_key": key, **job}))
+    zk.create(layout.lease("b-old-running.root"), b"{}", ephemeral=True, makepath=True)
     assert prune_jobs(zk, layout, max_age_s=30 * day, max_records=100, now=now) == 2
-    assert sorted(zk.get_children(layout.jobs)) == ["b-old-running", "c-recent", "e-new"]
+    assert sorted(zk.get_children(layout.user_jobs("root"))) == ["b-old-running.root", "c-recent.root", "e-new.root"]
     # over the cap: the oldest finished go first; the running job stays whatever its age
     assert prune_jobs(zk, layout, max_age_s=30 * day, max_records=2, now=now) == 1
-    assert sorted(zk.get_children(layout.jobs)) == ["b-old-running", "e-new"]
+    assert sorted(zk.get_children(layout.user_jobs("root"))) == ["b-old-running.root", "e-new.root"]
 
 
 def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents):
@@ -215,7 +215,7 @@ def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents):
     from hypertf.allocation import kill, read_job, update_job
 
     fake_agents({"n1": 1})
-    key = new_task_key()
+    key = new_task_key("root")
     allocate(zk, layout, one_gpu(), key)
     assert kill(zk, layout, key) is True
     update_job(zk, layout, key, state="starting", note="still here")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hypertf import store
+from hypertf import auth, store
 from hypertf.allocation import Request, allocate
 from hypertf.inventory import load_inventory
 from hypertf.matrix import Matrix
@@ -47,6 +47,7 @@ def keeper_lab(zk_server, tmp_path) -> Iterator[tuple[Path, dict[str, Path]]]:
                  "hypertf_venv": sys.prefix, "hypertf_job_retention_days": 1 / 86400},
         "children": {"gpu_nodes": {"hosts": hosts}},
     }}))
+    auth.initialize(load_inventory(path).cluster, list(HOSTS))
     yield path, gpu_files
 
 
@@ -120,17 +121,17 @@ def test_keeper_frees_the_cells_of_a_job_whose_lease_vanished(keeper_lab, agents
     try:
         request = Request(slots=(TaskSlot("worker", 0, 2), TaskSlot("worker", 1, 1)),
                           hosts=HOSTS, policy="pack")
-        allocate(launcher, layout, request, "job-1")
+        allocate(launcher, layout, request, "job-1.root")
     finally:
         taken = stored().gpus
         store.close(launcher)  # the session ends: the lease is gone
-    assert sum(cell == "job-1" for row in taken.values() for cell in row) == 3
+    assert sum(cell == "job-1.root" for row in taken.values() for cell in row) == 3
     wait_for(lambda: stored().gpus == {"node1": [1, 1, 0], "node2": [1, 1, 0]}, 60,
              "the agents to free the lease-less job's GPUs")
     assert not any(stored().ports.values())
     client = store.connect(inventory.cluster)
     try:
-        wait_for(lambda: client.exists(layout.job("job-1")) is None, 150,
+        wait_for(lambda: client.exists(layout.job("job-1.root")) is None, 150,
                  "the keeper to prune the finished job's record (once a minute)")
     finally:
         store.close(client)

@@ -31,6 +31,7 @@ def local_inventory(zk_server, tmp_path):
     path.write_text(yaml.safe_dump(data))
     inventory = str(path)
     hypertf = [sys.executable, "-m", "hypertf.cli"]
+    subprocess.run([*hypertf, "auth", "init", "-i", inventory], check=True, capture_output=True)
     subprocess.run([*hypertf, "agent-ctl", "start", "-i", inventory, "--host", "localhost"],
                    check=True, capture_output=True)
     inv = load_inventory(inventory)

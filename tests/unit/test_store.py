@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from hypertf.errors import HyperTFError, StoreError
+from hypertf.errors import HyperTFError, StoreError, UsageError
 from hypertf.store import FORMAT, MAX_ZNODE_BYTES, AgentRecord, GpuInfo, Layout, decode, encode
 
 # --- Layout ---------------------------------------------------------------------------------
@@ -21,7 +21,7 @@ ROOTS = ["/hypertf", "/team", "/a/b/c", "/test-1a2b3c4d"]
 def all_paths(layout: Layout) -> list[str]:
     return [
         layout.resources, layout.matrix, layout.jobs, layout.leases,
-        layout.resource("node1"), layout.job("20240101-abc"), layout.lease("20240101-abc"),
+        layout.resource("node1"), layout.job("20240101-abc.u"), layout.lease("20240101-abc.u"),
     ]
 
 
@@ -33,8 +33,16 @@ def test_default_root_and_paths_match_the_documented_layout():
     assert layout.jobs == "/hypertf/jobs"
     assert layout.leases == "/hypertf/leases"
     assert layout.resource("node1") == "/hypertf/resources/node1"
-    assert layout.job("k1") == "/hypertf/jobs/k1"
-    assert layout.lease("k1") == "/hypertf/leases/k1"
+    key = "20261122-085000-a1b2c3.alice"
+    assert layout.job(key) == f"/hypertf/jobs/alice/{key}"
+    assert layout.lease(key) == f"/hypertf/leases/alice/{key}"
+    assert layout.user_leases("alice") == "/hypertf/leases/alice"
+
+
+@pytest.mark.parametrize("key", ["k1", ".alice", "x/y.alice", ""])
+def test_a_task_key_without_an_owner_is_refused_with_the_expected_form(key):
+    with pytest.raises(UsageError, match="is not a task key"):
+        Layout().job(key)
 
 
 @pytest.mark.parametrize("root", ROOTS)
@@ -50,8 +58,8 @@ def test_every_path_lies_under_the_root_without_double_slashes(root):
 def test_children_lie_under_their_parents(root):
     layout = Layout(root)
     assert layout.resource("h1") == f"{layout.resources}/h1"
-    assert layout.job("k") == f"{layout.jobs}/k"
-    assert layout.lease("k") == f"{layout.leases}/k"
+    assert layout.job("k.u") == f"{layout.jobs}/u/k.u"
+    assert layout.lease("k.u") == f"{layout.leases}/u/k.u"
     assert layout.matrix == f"{root}/matrix"
 
 
@@ -71,23 +79,6 @@ def test_layout_is_a_frozen_value():
     assert hash(Layout("/a")) == hash(Layout("/a"))
     with pytest.raises(AttributeError):
         Layout("/a").root = "/b"  # type: ignore[misc]
-
-
-class RecordingClient:
-    """Only what Layout.ensure touches of a KazooClient."""
-
-    def __init__(self) -> None:
-        self.ensured: list[str] = []
-
-    def ensure_path(self, path: str) -> None:
-        self.ensured.append(path)
-
-
-def test_ensure_creates_the_persistent_parents_but_not_the_matrix():
-    """The matrix is written with data by the first allocator; ensure only makes folders."""
-    client = RecordingClient()
-    Layout("/r").ensure(client)  # type: ignore[arg-type]
-    assert client.ensured == ["/r/resources", "/r/jobs", "/r/leases"]
 
 
 # --- AgentRecord ----------------------------------------------------------------------------
