@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store, tasknode
@@ -266,6 +266,11 @@ class Agent:
                     self.prune(client)
                 self.reap_orphans(client)
                 self.confirm_drained(client)
+            except NoNodeError:
+                log.error("ZooKeeper has no HyperTF root %s (did it lose its data?): the admin "
+                          "runs 'hypertf auth init'; retrying", self.layout.root)
+                self._wake.wait(2.0)
+                continue
             except (KazooException, KazooTimeoutError) as err:
                 log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
                 self._wake.wait(1.0)

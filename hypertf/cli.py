@@ -170,6 +170,8 @@ def cmd_auth(args: argparse.Namespace) -> int:
               f"~/.hypertf/credentials/{directory.name}/)")
     else:
         print(f"ZooKeeper root {inventory.cluster.zk_root} secured; credentials in {directory}")
+    if args.print_dir:
+        print(directory)
     return 0
 
 
@@ -302,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     _inventory_option(p)
     p.add_argument("--reset", action="store_true",
                    help="delete a root made without credentials, then secure it (init)")
+    p.add_argument("--print-dir", action="store_true",
+                   help="end with the credentials directory alone on a line (for Ansible)")
     p.set_defaults(func=cmd_auth)
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",

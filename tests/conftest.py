@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from hypertf import lab as lab_module
 from hypertf import auth, store
+from hypertf import lab as lab_module
 from hypertf.inventory import ClusterSettings, Inventory, load_inventory
 from hypertf.remote import Session
 from hypertf.store import AgentRecord, Layout

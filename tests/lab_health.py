@@ -122,6 +122,8 @@ def repair(lab: lab_module.Lab, health: Health) -> None:
                 with contextlib.suppress(HyperTFError):
                     server.stop(grace_s=2)
                 server.start(heap="192m", tick_ms=500)
+        with contextlib.suppress(HyperTFError):
+            lab_module.secure_lab_root(lab)  # idempotent; needed if its data was lost
         health = check(lab)
         if health.zookeeper_down:
             return

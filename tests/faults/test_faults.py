@@ -124,6 +124,7 @@ def test_zookeeper_loses_its_data_mid_job(lab, tmp_path):
         shutil.rmtree(server.directory / "data")
     finally:
         restarted(server)
+        lab_module.secure_lab_root(lab)  # the admin secures the new, empty root
     out, _ = job.communicate(timeout=180)
     assert job.returncode == 1, out
     assert re.search(r"task worker:\d@h\d failed: killed", out), out

@@ -203,7 +203,8 @@ def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layo
         zk.create(layout.job(key), encode({"task_key": key, **job}))
     zk.create(layout.lease("b-old-running.root"), b"{}", ephemeral=True, makepath=True)
     assert prune_jobs(zk, layout, max_age_s=30 * day, max_records=100, now=now) == 2
-    assert sorted(zk.get_children(layout.user_jobs("root"))) == ["b-old-running.root", "c-recent.root", "e-new.root"]
+    assert sorted(zk.get_children(layout.user_jobs("root"))) == [
+        "b-old-running.root", "c-recent.root", "e-new.root"]
     # over the cap: the oldest finished go first; the running job stays whatever its age
     assert prune_jobs(zk, layout, max_age_s=30 * day, max_records=2, now=now) == 1
     assert sorted(zk.get_children(layout.user_jobs("root"))) == ["b-old-running.root", "e-new.root"]

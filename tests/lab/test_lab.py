@@ -69,6 +69,7 @@ def test_agents_reregister_after_zookeeper_restart_with_empty_data(lab):
         shutil.rmtree(server.directory / "data")  # a new server: every session is unknown
     finally:
         server.start(heap="192m", tick_ms=500)
+        lab_module.secure_lab_root(lab)  # the admin secures the new, empty root
     wait_for(lambda: all(h["agent"] == "up" and row_states(status(lab), h["name"]) == ["free"] * 4
                          for h in status(lab)["hosts"]), 90, "agents to re-register")
 
