@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 from hypertf.errors import StoreError, UsageError
@@ -146,14 +146,17 @@ class Acls:
         return [self._base[0], _acl(self.credential.member_id, self.R | self.W)]
 
     def resources(self, agent_ids: list[str]) -> list[ACL]:
-        return self._with(*(_acl(i, self.R | self.C) for i in agent_ids))
+        # W only so that an agent can prove its credential (auth.check_access); the
+        # parent's data is never read.
+        return self._with(*(_acl(i, self.R | self.W | self.C) for i in agent_ids))
 
     def agent_record(self) -> list[ACL]:
         """Made by the agent itself: only it (and the admin) may change it."""
         return self._with(_acl(self.credential.digest_id, self.R | self.W))
 
     def user_leases(self, user_id: str) -> list[ACL]:
-        return self._with(_acl(user_id, self.R | self.C | self.D))
+        # W: see resources()
+        return self._with(_acl(user_id, self.R | self.W | self.C | self.D))
 
     def user_jobs(self, user_id: str) -> list[ACL]:
         return self._with(_acl(user_id, self.R | self.C | self.D),
@@ -263,7 +266,7 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
     try:
         if client.exists(root) is not None and root_is_open(client, root):
             if not reset:
-                raise StoreError(open_root_message(root, client))
+                raise StoreError(open_root_message(root))
             client.delete(root, recursive=True)
     except NoAuthError:
         raise StoreError(f"ZooKeeper refused the admin credential {admin.path} for {root}: "
@@ -290,28 +293,43 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
         client.set_acls(layout.matrix, acls.matrix())
 
 
-def open_root_message(root: str, client: KazooClient | None = None) -> str:
-    where = f" at {client.hosts.hosts[0][0]}" if client is not None and client.hosts else ""
-    return (f"ZooKeeper root {root}{where} was made without credentials (anyone can change "
+def open_root_message(root: str) -> str:
+    return (f"ZooKeeper root {root} was made without credentials (anyone can change "
             f"it): stop its jobs and agents, then secure it with 'hypertf auth init --reset "
             f"-i INVENTORY' as the cluster admin (it deletes the old records)")
 
 
 def check_access(client: KazooClient, root: str, credential: Credential) -> None:
-    """After connecting: the root exists, is secured, and accepts this credential."""
+    """After connecting: the root exists, is secured, and knows this credential (its digest
+    id is in the ACL where the admin registered it: ZooKeeper accepts any secret at login
+    and only refuses operations later, so a stale file is caught here, not mid-job)."""
+    from hypertf.store import Layout
+
+    layout = Layout(root)
+    registered_at = {"user": layout.user_leases(credential.name),
+                     "agent": layout.resources}.get(credential.kind, root)
     try:
         if root_is_open(client, root):
             raise StoreError(open_root_message(root))
         client.get(root)
+        # A write no version can match: ZooKeeper checks the ACL first, so BadVersion means
+        # "this identity may write here" and nothing changes. (Digest hashes in ACLs are
+        # hidden from readers without ADMIN, so they cannot be compared instead.)
+        client.set(registered_at, b"", version=2**31 - 1)
+    except BadVersionError:
+        return
     except NoNodeError:
+        if registered_at != root and client.exists(root) is not None:
+            raise StoreError(f"{credential.identity} is not registered in ZooKeeper root "
+                             f"{root}: the cluster admin runs 'hypertf auth add-user "
+                             f"{credential.name}'") from None
         raise StoreError(f"ZooKeeper has no HyperTF root {root} yet: run 'hypertf auth init "
                          f"-i INVENTORY' as the admin ('invoke zk.start' does it for the "
                          f"local cluster)") from None
     except NoAuthError:
-        raise StoreError(f"ZooKeeper refused the credential {credential.path} for {root}: it is "
-                         f"stale or for another cluster; ask the admin for a new one") from None
-
-
+        pass
+    raise StoreError(f"ZooKeeper refused the credential {credential.path} for {root}: it is "
+                     f"stale or for another cluster; ask the admin for a new one")
 
 
 def initialize(cluster: ClusterSettings, hosts: list[str], users: list[str] | None = None,

@@ -1,0 +1,236 @@
+"""The authenticated store against a real ZooKeeper: strangers can do nothing, a user ends
+only their own jobs, an agent can neither take GPUs nor end a job, and every credential
+mistake is one line naming the file (exit 3)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NotEmptyError
+from kazoo.security import OPEN_ACL_UNSAFE
+
+from hypertf import auth, store
+from hypertf.allocation import Request, allocate, new_task_key
+from hypertf.inventory import Inventory, load_inventory
+from hypertf.scheduler import TaskSlot
+from hypertf.store import AgentRecord, Layout
+
+
+@pytest.fixture
+def cluster(zk_server, tmp_path) -> Iterator[tuple[Path, Inventory, Layout]]:
+    """A secured root with one registered user (this login), a second user bob, and a job
+    of this user holding a GPU on n1 (whose record the admin publishes)."""
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump({"all": {
+        "vars": {"hypertf_zookeeper_hosts": zk_server.hosts,
+                 "hypertf_zk_root": f"/auth-{tmp_path.name}",
+                 "hypertf_zk_credentials": str(tmp_path / "credentials"),
+                 "hypertf_venv": sys.prefix, "hypertf_workdir": str(tmp_path / "work")},
+        "children": {"gpu_nodes": {"hosts": {"n1": {"ansible_connection": "local"},
+                                             "n2": {"ansible_connection": "local",
+                                                    "ansible_host": "127.0.0.2"}}}},
+    }}))
+    inventory = load_inventory(path)
+    auth.initialize(inventory.cluster, list(inventory.nodes), ["bob"])
+    yield path, inventory, Layout(inventory.cluster.zk_root)
+
+
+def hypertf(*argv: str, identity: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop(auth.IDENTITY_ENV, None)
+    if identity:
+        env[auth.IDENTITY_ENV] = identity
+    return subprocess.run([sys.executable, "-m", "hypertf.cli", *argv], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+@pytest.fixture
+def job(cluster) -> Iterator[str]:
+    """A running job of this login user (its launcher's session holds the lease)."""
+    _, inventory, layout = cluster
+    admin = store.connect(inventory.cluster, identity="admin")
+    record = AgentRecord(host="n1", mgmt_addr="127.0.0.1", data_addr="127.0.0.1", port=1,
+                         gpu=2, gpu_avail_list=[0, 1], heartbeat=time.time())
+    admin.create(layout.resource("n1"), record.to_json(),
+                 acl=store.acls(admin).agent_record(), ephemeral=True)
+    launcher = store.connect(inventory.cluster)
+    key = new_task_key(auth.login_user())
+    allocate(launcher, layout, Request((TaskSlot("worker", 0, 1),), ("n1",)), key)
+    yield key
+    store.close(launcher)
+    store.close(admin)
+
+
+def every_path(layout: Layout, key: str) -> list[str]:
+    user = store.owner_of(key)
+    return [layout.root, layout.matrix, layout.resources, layout.resource("n1"),
+            layout.leases, layout.user_leases(user), layout.lease(key),
+            layout.jobs, layout.user_jobs(user), layout.job(key)]
+
+
+@pytest.mark.parametrize("who", ["anonymous", "wrong secret"])
+def test_a_client_without_the_credentials_can_read_change_create_and_delete_nothing(
+        cluster, job, zk_server, who):
+    _, inventory, layout = cluster
+    auth_data = [] if who == "anonymous" else [("digest", f"user.{auth.login_user()}:guess"),
+                                                ("digest", "member:guess")]
+    stranger = KazooClient(hosts=zk_server.hosts, auth_data=auth_data)
+    stranger.start(timeout=10)
+    try:
+        for path in every_path(layout, job):
+            for attempt in (lambda p: stranger.get(p), lambda p: stranger.set(p, b"{}"),
+                            lambda p: stranger.create(f"{p}/x", b"", acl=OPEN_ACL_UNSAFE),
+                            lambda p: stranger.delete(p),
+                            lambda p: stranger.set_acls(p, OPEN_ACL_UNSAFE)):
+                # the root's parent is ZooKeeper's own "/": it refuses to delete a root that
+                # has children, which nobody without credentials can remove
+                refusal = (NoAuthError, NotEmptyError) if path == layout.root else NoAuthError
+                with pytest.raises(refusal):
+                    attempt(path)
+        # forging a host record (64 GPUs) is refused too
+        with pytest.raises(NoAuthError):
+            stranger.create(layout.resource("n9"), b"{}", ephemeral=True)
+    finally:
+        stranger.stop()
+        stranger.close()
+    admin = store.connect(inventory.cluster, identity="admin")
+    try:
+        assert admin.exists(layout.lease(job)) is not None  # the job lives on
+    finally:
+        store.close(admin)
+
+
+def test_another_user_cannot_end_a_job_and_the_admin_can(cluster, job):
+    path, inventory, layout = cluster
+    refused = hypertf("kill", "-i", str(path), job, identity="user.bob")
+    assert refused.returncode == 7, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    owner = auth.login_user()
+    assert f"belongs to {owner}: only {owner} or the cluster admin" in refused.stderr
+    # ZooKeeper itself refuses, whatever the client: bob's own kazoo session
+    bob = store.connect(inventory.cluster, identity="user.bob")
+    try:
+        for attempt in (lambda: bob.delete(layout.lease(job)),
+                        lambda: bob.set(layout.job(job), b"{}"),
+                        lambda: bob.delete(layout.job(job)),
+                        lambda: bob.create(f"{layout.user_leases(owner)}/x.{owner}", b"")):
+            with pytest.raises(NoAuthError):
+                attempt()
+        assert bob.exists(layout.lease(job)) is not None
+        # bob can run his own jobs: his parents exist and are his
+        allocate(bob, layout, Request((TaskSlot("worker", 0, 1),), ("n1",)),
+                 new_task_key("bob"))
+    finally:
+        store.close(bob)
+    killed = hypertf("kill", "-i", str(path), job, identity="admin")
+    assert killed.returncode == 0, killed.stderr
+    jobs = hypertf("jobs", "-i", str(path), "--json")
+    record = next(j for j in yaml.safe_load(jobs.stdout) if j["task_key"] == job)
+    assert record["state"] == "killed" and record["killed_by"]["identity"] == "admin"
+
+
+def test_an_agent_can_neither_take_gpus_nor_end_a_job_nor_touch_another_host(cluster, job):
+    _, inventory, layout = cluster
+    agent = store.connect(inventory.cluster, identity="agent.n2")
+    try:
+        acls = store.acls(agent)
+        user = store.owner_of(job)
+        for attempt in (
+                lambda: agent.create(layout.lease(f"x.{user}"), b"", acl=acls.lease()),
+                lambda: agent.create(layout.job(f"x.{user}"), b"", acl=acls.job()),
+                lambda: agent.delete(layout.lease(job)),
+                lambda: agent.set(layout.resource("n1"), b"{}"),
+                lambda: agent.delete(layout.resource("n1")),
+                lambda: agent.create(layout.user_leases("mallory"), b"")):
+            with pytest.raises(NoAuthError):
+                attempt()
+        # what it needs: its own record, and reading everything
+        agent.create(layout.resource("n2"), b"{}", acl=acls.agent_record(), ephemeral=True)
+        agent.set(layout.resource("n2"), b"{}")
+        assert agent.get(layout.job(job))[0]
+    finally:
+        store.close(agent)
+
+
+def test_credentials_are_private_files_in_a_private_directory(cluster):
+    _, inventory, _ = cluster
+    directory = store.credentials_dir(inventory.cluster)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    names = sorted(p.name for p in directory.iterdir())
+    assert names == sorted(["admin.yml", "agent.n1.yml", "agent.n2.yml",
+                            f"user.{auth.login_user()}.yml", "user.bob.yml"])
+    for path in directory.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # a user's file holds no group secret of the agents and no admin secret
+    bob = yaml.safe_load((directory / "user.bob.yml").read_text())
+    assert "agents_secret" not in bob
+    assert bob["secret"] not in (directory / "admin.yml").read_text()
+
+
+def test_credential_mistakes_are_one_line_naming_the_file_and_exit_3(cluster):
+    path, inventory, _ = cluster
+    directory = store.credentials_dir(inventory.cluster)
+    mine = directory / f"user.{auth.login_user()}.yml"
+    original = mine.read_text()
+
+    def status_error() -> str:
+        done = hypertf("status", "-i", str(path))
+        assert done.returncode == 3, (done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+        return done.stderr
+
+    mine.chmod(0o644)
+    assert f"{mine} is open to other users (mode 0644): chmod 600 {mine}" in status_error()
+    mine.chmod(0o600)
+    mine.write_text(original.replace("secret: ", "secret: stale", 1))
+    assert f"ZooKeeper refused the credential {mine}" in status_error()
+    mine.unlink()
+    assert f"no ZooKeeper credential {mine}" in status_error()
+    assert "no ZooKeeper credential" in hypertf("status", "-i", str(path),
+                                                identity="user.nobody").stderr
+
+
+def test_a_root_made_without_credentials_is_refused_until_the_admin_resets_it(
+        zk_server, tmp_path):
+    root = f"/open-{tmp_path.name}"
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump({"all": {
+        "vars": {"hypertf_zookeeper_hosts": zk_server.hosts, "hypertf_zk_root": root,
+                 "hypertf_zk_credentials": str(tmp_path / "credentials")},
+        "children": {"gpu_nodes": {"hosts": {"n1": {"ansible_connection": "local"}}}},
+    }}))
+    old = KazooClient(hosts=zk_server.hosts)  # what HyperTF before credentials made
+    old.start(timeout=10)
+    try:
+        old.ensure_path(f"{root}/jobs")
+        old.create(f"{root}/matrix", b"{}")
+    finally:
+        old.stop()
+        old.close()
+    refused = hypertf("auth", "init", "-i", str(path))
+    assert refused.returncode == 3
+    assert f"ZooKeeper root {root}" in refused.stderr and "--reset" in refused.stderr
+    # credentials were made, but the old root is still refused to every command
+    status = hypertf("status", "-i", str(path))
+    assert status.returncode == 3 and "made without credentials" in status.stderr
+    assert "hypertf auth init --reset" in status.stderr
+    reset = hypertf("auth", "init", "--reset", "-i", str(path))
+    assert reset.returncode == 0, reset.stderr
+    assert hypertf("status", "-i", str(path)).returncode == 0
+    anonymous = KazooClient(hosts=zk_server.hosts)
+    anonymous.start(timeout=10)
+    try:
+        with pytest.raises(NoAuthError):
+            anonymous.set(f"{root}/matrix", b"{}")
+    finally:
+        anonymous.stop()
+        anonymous.close()
