@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
-SYSTEM_PACKAGES=(zookeeper openssh-server openssh-client iproute2 pdsh)
+SYSTEM_PACKAGES=(zookeeper openssh-server openssh-client iproute2 pdsh openssl)
 
 install_system() {
     local missing=()

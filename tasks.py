@@ -206,6 +206,18 @@ def bench(c: Context, quick: bool = False, only: str | None = None, out: str | N
         raise Exit(f"benchmarks failed: {', '.join(failed)}", code=1)
 
 
+@task(help={**INVENTORY_HELP, "reset": "delete a root made without credentials first"})
+def auth_init(c: Context, inventory: str | None = None, reset: bool = False) -> None:
+    """As the admin: make the cluster's ZooKeeper credentials and secure its root."""
+    _hypertf(["auth", "init", *_inv(inventory), *(["--reset"] if reset else [])])
+
+
+@task(help={**INVENTORY_HELP, "user": "the user's name (their login on the machine they use)"})
+def auth_add_user(c: Context, user: str, inventory: str | None = None) -> None:
+    """As the admin: register a user and write the credential file to hand them."""
+    _hypertf(["auth", "add-user", user, *_inv(inventory)])
+
+
 zk = Collection("zk")
 zk.add_task(zk_start, "start")
 zk.add_task(zk_stop, "stop")
@@ -220,9 +232,13 @@ cluster.add_task(status, "status")
 cluster.add_task(cluster_setup, "setup")
 cluster.add_task(cluster_teardown, "teardown")
 
+auth = Collection("auth")
+auth.add_task(auth_init, "init")
+auth.add_task(auth_add_user, "add-user")
+
 lab = Collection("lab")
 lab.add_task(lab_up, "up")
 lab.add_task(lab_down, "down")
 lab.add_task(lab_list, "list")
 
-ns = Collection(zk, agent, cluster, lab, train, jobs, kill, test, bench)
+ns = Collection(zk, auth, agent, cluster, lab, train, jobs, kill, test, bench)

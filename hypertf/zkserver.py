@@ -16,6 +16,10 @@ from hypertf import procs
 from hypertf.errors import HyperTFError
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
+# TLS needs netty; Debian's netty-all.jar is empty, the split jars are not.
+NETTY_JARS = tuple(f"/usr/share/java/netty-{part}.jar" for part in (
+    "buffer", "codec", "common", "handler", "resolver", "transport",
+    "transport-native-epoll", "transport-native-unix-common"))
 INSTALL_HINT = "apt-get install zookeeper (Debian package; brings Java)"
 
 
@@ -55,6 +59,11 @@ class ZooKeeperServer:
     directory: Path
     myid: int = 0
     peers: tuple[str, ...] = ()  # "address:peer_port:election_port" of every member, by myid
+    # TLS: a secure client port with this PEM (private key + certificate chain) and the CA
+    # that clients verify it with; the plain port stays for the four-letter words.
+    secure_port: int = 0
+    tls_pem: str = ""
+    tls_ca: str = ""
 
     @property
     def hosts(self) -> str:
@@ -100,6 +109,7 @@ class ZooKeeperServer:
                     f"minSessionTimeout={2 * tick_ms}",
                     "maxClientCnxns=0",
                     *(f"server.{i}={peer}" for i, peer in enumerate(self.peers, start=1)),
+                    *self._tls_config(),
                     "",
                 ]
             )
@@ -108,13 +118,28 @@ class ZooKeeperServer:
             (data / "myid").write_text(f"{self.myid}\n")
         return config
 
+    def _tls_config(self) -> list[str]:
+        if not self.secure_port:
+            return []
+        return [
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"secureClientPort={self.secure_port}",
+            f"secureClientPortAddress={self.address}",
+            f"ssl.keyStore.location={self.tls_pem}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={self.tls_ca}",
+            "ssl.trustStore.type=PEM",
+            "ssl.clientAuth=none",
+        ]
+
     def start(self, heap: str = "256m", wait_s: float = 30.0, tick_ms: int = 2000,
               wait: bool = True) -> int:
         """Start (or find running) and wait until it serves; returns the PID."""
         running = self.pid()
         if running and self.mode():
             return running
-        missing = [jar for jar in ZOOKEEPER_JARS if not Path(jar).exists()]
+        jars = ZOOKEEPER_JARS + (NETTY_JARS if self.secure_port else ())
+        missing = [jar for jar in jars if not Path(jar).exists()]
         if missing:
             raise HyperTFError(f"ZooKeeper is not installed ({missing[0]} missing): {INSTALL_HINT}")
         if mode(self.address, self.port):
@@ -127,7 +152,7 @@ class ZooKeeperServer:
         with open(self.logfile, "ab") as log:
             proc = subprocess.Popen(
                 ["java", f"-Xmx{heap}", "-Dzookeeper.admin.enableServer=false",
-                 "-cp", ":".join(ZOOKEEPER_JARS),
+                 "-cp", ":".join(jars),
                  "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(config)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -234,3 +234,51 @@ def test_a_root_made_without_credentials_is_refused_until_the_admin_resets_it(
     finally:
         anonymous.stop()
         anonymous.close()
+
+
+def make_certificates(directory: Path) -> tuple[Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1: (server PEM, CA PEM)."""
+    def openssl(*argv: str) -> None:
+        subprocess.run(["openssl", *argv], check=True, capture_output=True, cwd=directory)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+            "ca.pem", "-subj", "/CN=hypertf-test-ca", "-days", "1")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+            "server.csr", "-subj", "/CN=127.0.0.1")
+    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "san.cnf")
+    pem = directory / "server.pem"
+    pem.write_text((directory / "server.key").read_text() + (directory / "server.crt").read_text())
+    pem.chmod(0o600)
+    return pem, directory / "ca.pem"
+
+
+def test_tls_to_zookeeper_when_the_inventory_names_a_ca(state_home, tmp_path):
+    """hypertf_zk_tls_ca: every client talks TLS to the secure port and verifies it; a
+    client without TLS gets nothing from that port."""
+    from hypertf.zkserver import ZooKeeperServer, free_port
+
+    pem, ca = make_certificates(tmp_path)
+    server = ZooKeeperServer("127.0.0.1", free_port(), state_home / f"tls-{tmp_path.name}",
+                             secure_port=free_port(), tls_pem=str(pem), tls_ca=str(ca))
+    server.start(tick_ms=500)
+    try:
+        path = tmp_path / "inventory.yml"
+        path.write_text(yaml.safe_dump({"all": {
+            "vars": {"hypertf_zookeeper_hosts": f"127.0.0.1:{server.secure_port}",
+                     "hypertf_zk_tls_ca": str(ca),
+                     "hypertf_zk_credentials": str(tmp_path / "credentials")},
+            "children": {"gpu_nodes": {"hosts": {"n1": {"ansible_connection": "local"}}}},
+        }}))
+        init = hypertf("auth", "init", "-i", str(path))
+        assert init.returncode == 0, init.stderr
+        status = hypertf("status", "-i", str(path), "--json")
+        assert status.returncode == 0, status.stderr
+        plain = KazooClient(hosts=f"127.0.0.1:{server.secure_port}")
+        with pytest.raises(Exception):  # noqa: B017 - kazoo's timeout type varies
+            plain.start(timeout=3)
+        plain.stop()
+        plain.close()
+    finally:
+        server.stop()
