@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hypertf import store
 from tests.conftest import wait_for
 from tests.launcher.helpers import (
     EXAMPLES,
@@ -170,4 +171,7 @@ def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
     again = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
     assert "was not running" in again.stdout
     unknown = hypertf("kill", "-i", lab.inventory, "nope", cwd=tmp_path)
-    assert unknown.returncode == 2 and "no job 'nope'" in unknown.stderr
+    assert unknown.returncode == 2 and "'nope' is not a task key" in unknown.stderr
+    missing = f"20200101-000000-abcdef.{store.owner_of(key)}"
+    unknown = hypertf("kill", "-i", lab.inventory, missing, cwd=tmp_path)
+    assert unknown.returncode == 2 and f"no job {missing!r}" in unknown.stderr
