@@ -75,10 +75,12 @@ class Matrix:
 
     def ended_on(self, host: str, leases: set[str]) -> set[str]:
         """Jobs whose cells or ports on ``host`` wait for its agent: draining, or still
-        held by a job whose lease is gone (not yet drained by a sync)."""
+        held by a job whose lease is gone (not yet drained by a sync). A job whose lease
+        lives is never among them, whatever the matrix says: every member may write the
+        matrix, only the owner and the admin may end a job (drop its lease)."""
         cells = [*self.gpus.get(host, []), *self.ports.get(host, {}).values()]
-        return self.draining_on(host) | {
-            key for cell in cells if (key := holder(cell)) and key not in leases}
+        return {key for cell in cells
+                if (key := job_of(cell)) and key not in leases}
 
     def draining_keys(self) -> set[str]:
         """Every ended job with a draining cell or port anywhere."""

@@ -266,3 +266,10 @@ def test_ended_on_and_hosts_of_find_a_job_held_or_draining():
     assert matrix.ended_on("h1", leases={"live"}) == {"gone", "old"}
     assert matrix.ended_on("h2", leases={"live", "gone"}) == set()
     assert matrix.hosts_of("gone") == {"h1", "h2"} and matrix.hosts_of("old") == {"h1"}
+
+
+def test_a_draining_cell_of_a_job_whose_lease_lives_is_not_ended():
+    """Every member may write the matrix; a forged 'draining' cell must not make an agent
+    stop a live job (only the owner or the admin can end one, by dropping its lease)."""
+    matrix = Matrix(gpus={"h1": [DRAINING + "live", DRAINING + "old"]})
+    assert matrix.ended_on("h1", leases={"live"}) == {"old"}
