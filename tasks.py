@@ -141,14 +141,16 @@ def lab_list(c: Context) -> None:
         "sync": "upload this directory into the job's run directory",
         "start_timeout": "seconds for every task to listen (default 120)",
         "timeout": "seconds for the whole job", "grace": "seconds from SIGTERM to SIGKILL",
-        "no_legacy_flags": "do not pass --ps_hosts/--worker_hosts/--job_name/--task_index",
+        "legacy_flags": "auto (default: pass --ps_hosts/--worker_hosts/--job_name/--task_index "
+                        "only if the script reads them), on or off",
+        "no_legacy_flags": "the same as --legacy-flags off",
     }
 )
 def train(c: Context, script: str, worker: int = 1, ps: int = 0, chief: bool = False,
           inventory: str | None = None, policy: str = "round_robin", gpus_per_worker: int = 1,
           gpus_per_ps: int = 0, sync: str | None = None, start_timeout: float = 120.0,
-          timeout: float | None = None, grace: float = 5.0, no_legacy_flags: bool = False,
-          ) -> None:
+          timeout: float | None = None, grace: float = 5.0, legacy_flags: str = "auto",
+          no_legacy_flags: bool = False) -> None:
     """Run a distributed TensorFlow job; hyperparameters go after '--'."""
     argv = ["train", "--script", script, "--worker", str(worker), "--ps", str(ps),
             "--policy", policy, "--gpus-per-worker", str(gpus_per_worker),
@@ -157,7 +159,10 @@ def train(c: Context, script: str, worker: int = 1, ps: int = 0, chief: bool = F
     argv += ["--chief"] if chief else []
     argv += ["--sync", sync] if sync else []
     argv += ["--timeout", str(timeout)] if timeout else []
-    argv += ["--no-legacy-flags"] if no_legacy_flags else []
+    mode = "off" if no_legacy_flags else legacy_flags
+    if mode not in ("auto", "on", "off"):
+        raise Exit(f"--legacy-flags must be auto, on or off, not {mode!r}", code=2)
+    argv += {"on": ["--legacy-flags"], "off": ["--no-legacy-flags"]}.get(mode, [])
     # Invoke joins what follows '--' into one string; take it from argv to keep quoting.
     hyperparameters = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
     _hypertf([*argv, "--", *hyperparameters])

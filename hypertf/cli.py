@@ -206,7 +206,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         script=args.script, workers=args.worker, ps=args.ps, chief=args.chief,
         policy=args.policy, gpus_per_worker=args.gpus_per_worker, gpus_per_ps=args.gpus_per_ps,
         sync_dir=args.sync, start_timeout=args.start_timeout, timeout=args.timeout,
-        legacy_flags=not args.no_legacy_flags, grace=args.grace, args=tuple(args.hyperparameters),
+        legacy_flags=args.legacy_flags, grace=args.grace, args=tuple(args.hyperparameters),
     )
     train(inventory, request, say=lambda line: print(line, flush=True))
     return 0
@@ -229,8 +229,12 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, help="seconds for the whole job (default none)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds between SIGTERM and SIGKILL when stopping tasks")
-    p.add_argument("--no-legacy-flags", action="store_true",
-                   help="do not pass --ps_hosts/--worker_hosts/--job_name/--task_index")
+    legacy = p.add_mutually_exclusive_group()
+    legacy.add_argument("--legacy-flags", dest="legacy_flags", action="store_const", const="on",
+                        default="auto", help="always pass --ps_hosts/--worker_hosts/--job_name/"
+                        "--task_index (default: only if the script reads them)")
+    legacy.add_argument("--no-legacy-flags", dest="legacy_flags", action="store_const",
+                        const="off", help="never pass the legacy flags")
 
 
 def parse_train(argv: Sequence[str]) -> argparse.Namespace:

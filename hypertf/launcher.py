@@ -9,6 +9,7 @@ its ZooKeeper lease expires and the agents stop the job's tasks and free its GPU
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import queue
 import random
@@ -25,7 +26,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from hypertf import auth, store
+from hypertf import auth, diagnose, store
 from hypertf import spec as specs
 from hypertf.allocation import (
     Grant,
@@ -79,6 +80,11 @@ class Interrupted(HyperTFError):
     exit_code = 130
 
 
+LEGACY_FLAG_MODES = ("auto", "on", "off")
+TAIL_LINES = 200  # kept per task: a Keras error is often followed by a long tensor dump
+MAX_SYNC_SOURCES = 2000  # Python files of --sync DIR scanned for the legacy flags
+
+
 @dataclass(frozen=True)
 class TrainRequest:
     """What the user asked for on the command line."""
@@ -93,7 +99,7 @@ class TrainRequest:
     sync_dir: str | None = None
     start_timeout: float = 120.0
     timeout: float | None = None
-    legacy_flags: bool = True
+    legacy_flags: str = "auto"  # auto: only if the script reads them; on; off
     grace: float = 5.0
     args: tuple[str, ...] = ()
 
@@ -105,6 +111,9 @@ class TrainRequest:
         if self.workers + self.ps + self.chief > 1024:
             raise UsageError(f"{self.workers + self.ps + self.chief} tasks is more than the "
                              f"1024 a job may have")
+        if self.legacy_flags not in LEGACY_FLAG_MODES:
+            raise UsageError(f"legacy flags must be one of {', '.join(LEGACY_FLAG_MODES)}, "
+                             f"not {self.legacy_flags!r}")
         if self.policy not in POLICIES:
             raise UsageError(f"unknown policy {self.policy!r}; choose {' or '.join(POLICIES)}")
         if not self.start_timeout > 0 or (self.timeout is not None and not self.timeout > 0):
@@ -142,6 +151,23 @@ class TaskState:
     killed: bool = False
     ended: float | None = None
     tail: list[str] = field(default_factory=list)
+    stop_result: str | None = None  # what HyperTF's stop did to it (tasknode.stop)
+
+    def end(self, lost: bool) -> str:
+        """How the task ended, in words: exit code, stopped by HyperTF, died of a signal,
+        or lost with its host."""
+        code = self.exit_code
+        if self.stop_result == "survived SIGKILL":
+            return "survived SIGKILL (its GPUs stay draining)"
+        if self.stop_result == "killed" and (code is None or code == 128 + signal.SIGKILL):
+            return "stopped by HyperTF (SIGKILL after the grace)"
+        if self.stop_result == "stopped" and code in (None, 128 + signal.SIGTERM):
+            return "stopped by HyperTF (SIGTERM)"
+        if code is None:
+            return "lost with its host" if lost else "killed (no exit code recorded)"
+        if code > 128 and code - 128 in signal.valid_signals():
+            return f"died of signal {code - 128} ({signal.Signals(code - 128).name})"
+        return f"exit {code}"
 
     @property
     def name(self) -> str:
@@ -202,6 +228,8 @@ class Job:
         self.message = ""
         self.wrapper: dict[str, str] = {}
         self.preflighted: set[str] = set()
+        self.script_reads_flags = False
+        self.legacy_flags_said = False
         self.cpu_only = False
         self.lost_hosts: set[str] = set()
 
@@ -270,7 +298,30 @@ class Job:
             raise RemoteError(f"preflight failed on {len(problems)} host(s); nothing was "
                                f"started or allocated:\n{lines}")
         self.wrapper.update({h: v["wrapper"] for h, v in results.items()})
+        self.script_reads_flags |= any(v.get("legacy_flags") for v in results.values())
         self.preflighted.update(hosts)
+
+    @property
+    def legacy_flags(self) -> bool:
+        """Pass --ps_hosts/--worker_hosts/--job_name/--task_index? In ``auto`` only when the
+        script reads them: absl and strict argparse scripts die of flags they do not know."""
+        mode = self.request.legacy_flags
+        if mode != "auto":
+            return mode == "on"
+        if self.request.sync_dir:
+            sources = itertools.islice(Path(self.request.sync_dir).rglob("*.py"),
+                                       MAX_SYNC_SOURCES)
+            return diagnose.files_read_legacy_flags(sources)
+        return self.script_reads_flags
+
+    def _say_legacy_flags(self) -> None:
+        passed = self.legacy_flags
+        why = {"on": "--legacy-flags", "off": "--no-legacy-flags"}.get(
+            self.request.legacy_flags,
+            "the script reads them" if passed else
+            "the script does not read them; --legacy-flags forces them")
+        self.say(f"hypertf: legacy flags (--ps_hosts, --worker_hosts, --job_name, --task_index) "
+                 f"{'passed' if passed else 'not passed'}: {why}")
 
     def _script_path(self) -> str:
         script = self.request.script
@@ -369,6 +420,11 @@ class Job:
             if failed:
                 raise HyperTFError("; ".join(f"{h}: {v}" for h, v in failed.items()))
 
+        legacy_flags = self.legacy_flags
+        if not self.legacy_flags_said:
+            self._say_legacy_flags()
+            self.legacy_flags_said = True
+
         def launch(session: Session) -> None:
             host = session.node.name
             node = session.node
@@ -388,7 +444,7 @@ class Job:
                        "CUDA_VISIBLE_DEVICES": ",".join(map(str, task_spec.placement.gpus)),
                        "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name}
                 argv = ["python", script,
-                        *(task_spec.flags if self.request.legacy_flags else ()),
+                        *(task_spec.flags if legacy_flags else ()),
                         *self.request.args]
                 command = command_line(
                     ["setsid", "nohup", "env", *(f"{k}={v}" for k, v in env.items()),
@@ -469,7 +525,7 @@ class Job:
             kind = event["e"]
             if kind == "log":
                 task = self._task_by_file(host, event["task"])
-                task.tail = ([*task.tail, event["line"]])[-20:]
+                task.tail = ([*task.tail, event["line"]])[-TAIL_LINES:]
                 self.say(f"[{task.label}] {event['line']}")
             elif kind == "listening":
                 task = self._task_by_file(host, event["task"])
@@ -526,9 +582,20 @@ class Job:
                             f"(hypertf kill); its tasks are stopped and its GPUs returned")
 
     def _failure(self, task: TaskState, what: str) -> str:
-        tail = "\n".join(f"    {line}" for line in task.tail[-10:]) or "    (no output)"
-        return (f"task {task.label} failed: {what}. Last lines of its log:\n{tail}\n"
-                f"  full logs: {self.local_dir}/")
+        """What died and why: a refused legacy flag named with its fix, the exception (the
+        last traceback's final line and frame, FATAL and error lines), the last lines."""
+        lines = list(task.tail)
+        refused = diagnose.unknown_legacy_flag(lines)
+        if refused:
+            what = (f"{what}: the script does not accept --{refused} (a legacy flag HyperTF "
+                    f"passed); run it with --no-legacy-flags (it reads TF_CONFIG then)")
+        causes = diagnose.cause_lines(lines)
+        cause = "".join(f"\n    {line}" for line in causes)
+        last = [line for line in lines[-10:] if line.strip() not in causes]
+        tail = "\n".join(f"    {line}" for line in last) or "    (no output)"
+        return (f"task {task.label} failed: {what}."
+                + (f" Cause:{cause}" if cause else "")
+                + f"\n  last lines of its log:\n{tail}\n  full logs: {self.local_dir}/")
 
     # -- stop ---------------------------------------------------------------------------
     def stop(self, only_running_servers: bool = False) -> dict[str, Any]:
@@ -552,6 +619,10 @@ class Job:
 
         results = self.cluster.each(halt, hosts)
         for host, value in results.items():
+            if not isinstance(value, BaseException):
+                for task in self.tasks.values():
+                    if task.placement.host == host and task.file_name in value:
+                        task.stop_result = task.stop_result or value[task.file_name]
             if isinstance(value, BaseException):
                 self.say(f"hypertf: warning: could not stop tasks on {host} ({value}); its "
                          f"agent stops them once the job's lease is released")
@@ -600,6 +671,7 @@ class Job:
             "tasks": [
                 {"task": t.name, "host": t.placement.host, "gpus": list(t.placement.gpus),
                  "port": t.port, "exit_code": t.exit_code, "killed": t.killed,
+                 "end": t.end(t.placement.host in self.lost_hosts),
                  "duration_s": round(t.ended - t.started, 2) if t.ended and t.started else None}
                 for t in self.tasks.values()
             ],
@@ -697,7 +769,7 @@ def train(inventory: Inventory, request: TrainRequest, say: Callable[[str], None
     summary = job.run()
     say(f"hypertf: job {summary['task_key']} {summary['result']} in {summary['wall_s']:.1f} s")
     for task in summary["tasks"]:
-        say(f"  {task['task']:<10} {task['host']:<12} exit {task['exit_code']}")
+        say(f"  {task['task']:<10} {task['host']:<12} {task['end']}")
     say(f"  logs and summary.json: {job.local_dir}/")
     return summary
 

@@ -14,6 +14,10 @@ if [ -e "$run_dir/drained" ]; then echo 75 > "$run_dir/$name.exit"; exit 75; fi
 # shellcheck disable=SC1091
 source "$venv/bin/activate" || { echo 127 > "$run_dir/$name.exit"; exit 127; }
 cd "$cwd" || { echo "cannot enter $cwd" > "$run_dir/$name.log"; echo 1 > "$run_dir/$name.exit"; exit 1; }
+# A stop TERMs the whole group: without a trap this shell would die with the task before
+# writing its exit code. With one, bash runs the trap only after the command ends, so the
+# code (143 for a task killed by the TERM) is recorded. The command gets default handlers.
+trap 'true' TERM
 "$@" >> "$run_dir/$name.log" 2>&1 < /dev/null
 code=$?
 echo "$code" > "$run_dir/$name.exit.tmp" && mv "$run_dir/$name.exit.tmp" "$run_dir/$name.exit"

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from hypertf import diagnose
 from hypertf.procs import alive
 
 WRAPPER = "task.sh"
@@ -129,7 +130,9 @@ def watch(run_dir: Path, tasks: dict[str, int], interval: float = 0.2) -> None:
                         if line:
                             emit({"e": "log", "task": name, "line": line.decode(errors="replace")})
                 finished.add(name)
-                emit({"e": "exit", "task": name, "code": code, "killed": code is None})
+                # killed: no code (the wrapper died too) or the wrapper saw TERM/KILL end it
+                killed = code is None or code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+                emit({"e": "exit", "task": name, "code": code, "killed": killed})
         if len(finished) == len(tasks):
             emit({"e": "done"})
             return
@@ -244,8 +247,9 @@ def preflight(workdir: str, script: str, run_dir: str) -> dict:
         problems.append(f"work dir {workdir} is not writable ({err.strerror})")
     if script and not (work / script).is_file():
         problems.append(f"script {script} not found (relative paths start in {workdir})")
+    reads_flags = bool(script) and diagnose.files_read_legacy_flags([work / script])
     return {"python": sys.executable, "wrapper": wrapper_path(), "problems": problems,
-            "hostname": socket.gethostname()}
+            "hostname": socket.gethostname(), "legacy_flags": reads_flags}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -138,10 +138,31 @@ def test_hyperparameters_arrive_verbatim_and_run_nothing(lab, tmp_path):
     (summary,) = summaries(tmp_path)
     log = (tmp_path / "runs" / summary["task_key"] / "worker0.log").read_text()
     argv = json.loads(log.split("argv=", 1)[1].splitlines()[0])
-    assert argv[-len(hostile) - 2:] == ["--work_s", "0", *hostile]
-    assert argv[:4] == [a for a in argv[:4] if a.startswith(("--ps_hosts", "--worker_hosts",
-                                                             "--job_name", "--task_index"))]
+    # fake_tf.py names no legacy flag: by default none is passed
+    assert argv == ["--work_s", "0", *hostile]
+    assert "legacy flags (--ps_hosts, --worker_hosts, --job_name, --task_index) not passed: " \
+        "the script does not read them" in done.stdout
     assert not canary.exists()
+
+
+def test_legacy_flags_forced_on_a_strict_script_name_the_fix(lab, tmp_path):
+    """--legacy-flags on a script whose argparse refuses unknown flags (absl does the same):
+    the failure names the refused flag and --no-legacy-flags; by default the same script
+    runs (the flags are not passed)."""
+    strict = tmp_path / "strict.py"
+    strict.write_text("import argparse\n"
+                      "parser = argparse.ArgumentParser()\n"
+                      "parser.add_argument('--steps', type=int, default=1)\n"
+                      "print('steps', parser.parse_args().steps)\n")
+    forced = hypertf("train", "-i", lab.inventory, "--script", str(strict), "--worker", "1",
+                     "--legacy-flags", "--", "--steps", "2", cwd=tmp_path)
+    assert forced.returncode == 1
+    assert "the script does not accept --ps_hosts" in forced.stdout + forced.stderr
+    assert "run it with --no-legacy-flags" in forced.stdout + forced.stderr
+    assert "error: unrecognized arguments: --ps_hosts=" in forced.stdout + forced.stderr
+    plain = hypertf("train", "-i", lab.inventory, "--script", str(strict), "--worker", "1",
+                    "--", "--steps", "2", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
 
 
 def test_hyperparameters_follow_directly_without_double_dash(lab, tmp_path):

@@ -307,6 +307,8 @@ def test_stop_terminates_a_cooperative_task_without_waiting_for_the_grace(node: 
     assert tasknode.stop(run, grace=5) == {"ps0": "stopped"}
     assert time.monotonic() - started < 4
     assert group_members(wrapper) == []
+    # the wrapper outlives the TERM long enough to record how the task ended
+    assert (run / "ps0.exit").read_text().strip() == "143"
 
 
 def test_stop_of_exited_or_unknown_tasks_is_harmless(node: Node) -> None:
