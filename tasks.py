@@ -130,6 +130,7 @@ def lab_list(c: Context) -> None:
 
 
 @task(
+    iterable=["env"],
     help={
         **INVENTORY_HELP,
         "script": "training script (on the nodes, or inside --sync DIR)",
@@ -144,14 +145,21 @@ def lab_list(c: Context) -> None:
         "legacy_flags": "auto (default: pass --ps_hosts/--worker_hosts/--job_name/--task_index "
                         "only if the script reads them), on or off",
         "no_legacy_flags": "the same as --legacy-flags off",
+        "env": "NAME=VALUE for every task (repeatable)",
+        "idle_timeout": "warn when every task listens and none writes for this long (300 s)",
+        "idle_fail": "end the job at the idle timeout instead of warning",
     }
 )
-def train(c: Context, script: str, worker: int = 1, ps: int = 0, chief: bool = False,
+def train(c: Context, script: str | None = None, worker: int = 1, ps: int = 0, chief: bool = False,
           inventory: str | None = None, policy: str = "round_robin", gpus_per_worker: int = 1,
           gpus_per_ps: int = 0, sync: str | None = None, start_timeout: float = 120.0,
           timeout: float | None = None, grace: float = 5.0, legacy_flags: str = "auto",
-          no_legacy_flags: bool = False) -> None:
+          no_legacy_flags: bool = False, env: list[str] | None = None,
+          idle_timeout: float = 300.0, idle_fail: bool = False) -> None:
     """Run a distributed TensorFlow job; hyperparameters go after '--'."""
+    if not script:
+        raise Exit("invoke train: --script is required (the training script, on the nodes "
+                   "or inside --sync DIR)", code=2)
     argv = ["train", "--script", script, "--worker", str(worker), "--ps", str(ps),
             "--policy", policy, "--gpus-per-worker", str(gpus_per_worker),
             "--gpus-per-ps", str(gpus_per_ps), "--start-timeout", str(start_timeout),
@@ -159,6 +167,9 @@ def train(c: Context, script: str, worker: int = 1, ps: int = 0, chief: bool = F
     argv += ["--chief"] if chief else []
     argv += ["--sync", sync] if sync else []
     argv += ["--timeout", str(timeout)] if timeout else []
+    for item in env or []:
+        argv += ["--env", item]
+    argv += ["--idle-timeout", str(idle_timeout)] + (["--idle-fail"] if idle_fail else [])
     mode = "off" if no_legacy_flags else legacy_flags
     if mode not in ("auto", "on", "off"):
         raise Exit(f"--legacy-flags must be auto, on or off, not {mode!r}", code=2)

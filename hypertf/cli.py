@@ -206,7 +206,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         script=args.script, workers=args.worker, ps=args.ps, chief=args.chief,
         policy=args.policy, gpus_per_worker=args.gpus_per_worker, gpus_per_ps=args.gpus_per_ps,
         sync_dir=args.sync, start_timeout=args.start_timeout, timeout=args.timeout,
-        legacy_flags=args.legacy_flags, grace=args.grace, args=tuple(args.hyperparameters),
+        legacy_flags=args.legacy_flags, env=tuple(args.env), grace=args.grace,
+        idle_timeout=args.idle_timeout or None, idle_fail=args.idle_fail,
+        args=tuple(args.hyperparameters),
     )
     train(inventory, request, say=lambda line: print(line, flush=True))
     return 0
@@ -229,6 +231,14 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, help="seconds for the whole job (default none)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds between SIGTERM and SIGKILL when stopping tasks")
+    p.add_argument("--idle-timeout", type=float, default=300.0,
+                   help="warn when every task listens and none has written a line for this "
+                        "many seconds (default 300; 0: never)")
+    p.add_argument("--idle-fail", action="store_true",
+                   help="end the job (failed) at the idle timeout instead of warning")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable for every task (repeatable; over the "
+                        "inventory's hypertf_task_env)")
     legacy = p.add_mutually_exclusive_group()
     legacy.add_argument("--legacy-flags", dest="legacy_flags", action="store_const", const="on",
                         default="auto", help="always pass --ps_hosts/--worker_hosts/--job_name/"

@@ -13,6 +13,7 @@ import difflib
 import errno
 import ipaddress
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,36 @@ def _gpu_source(key: str, value: Any) -> str:
     return value
 
 
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set by HyperTF for every task: a user value would break the job's wiring.
+RESERVED_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "HYPERTF_TASK_KEY",
+                          "HYPERTF_TASK"})
+
+
+def check_env(name: str, value: Any, where: str) -> str:
+    """One task environment variable: a shell-safe name, a string value, not one of ours."""
+    if not isinstance(name, str) or not ENV_NAME.match(name):
+        raise ValueError(f"{where}: {name!r} is not an environment variable name (letters, "
+                         f"digits and '_', not starting with a digit)")
+    if name in RESERVED_ENV:
+        raise ValueError(f"{where}: {name} is set by HyperTF for every task; it cannot be "
+                         f"overridden")
+    if isinstance(value, (dict, list, tuple)) or value is None:
+        raise ValueError(f"{where}: {name} must be a plain value, not {value!r}")
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if "\0" in text:
+        raise ValueError(f"{where}: the value of {name} holds a NUL byte")
+    return text
+
+
+def _task_env(key: str, value: Any) -> tuple[tuple[str, str], ...]:
+    if value in (None, ""):
+        return ()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key} must be a mapping of NAME: value, not {value!r}")
+    return tuple((name, check_env(name, item, key)) for name, item in value.items())
+
+
 def _static_gpus(key: str, value: Any) -> int | str | tuple[dict[str, Any], ...]:
     """A count of idle fake GPUs, a list of GPU mappings, or a JSON file path (probes)."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 64:
@@ -136,6 +167,8 @@ SETTINGS: dict[str, Setting] = {
     # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
     "hypertf_job_retention_days": Setting(_positive(float), 30.0),
     "hypertf_job_records_max": Setting(_positive(int), 10000),
+    # Environment variables for every task on the node (group and host vars merge as usual).
+    "hypertf_task_env": Setting(_task_env, None),
     # The directory of ZooKeeper credential files on the machine that runs the command
     # (default $HYPERTF_HOME/credentials/<zookeeper>_<root>); relative to the inventory.
     "hypertf_zk_credentials": Setting(_optional_text, None),
@@ -165,6 +198,7 @@ class NodeSettings:
     gpu_mem_max: float
     port_range: tuple[int, int]
     agent_interval: float
+    task_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -566,6 +600,7 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
                 gpu_mem_max=values["hypertf_gpu_mem_max"],
                 port_range=values["hypertf_port_range"],
                 agent_interval=values["hypertf_agent_interval"],
+                task_env=values["hypertf_task_env"],
             ),
         )
 

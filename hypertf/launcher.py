@@ -45,7 +45,7 @@ from hypertf.errors import (
     StoreError,
     UsageError,
 )
-from hypertf.inventory import Inventory
+from hypertf.inventory import Inventory, check_env
 from hypertf.remote import Cluster, Session, command_line, quote
 from hypertf.scheduler import POLICIES, Placement
 from hypertf.store import Layout
@@ -102,6 +102,22 @@ class TrainRequest:
     legacy_flags: str = "auto"  # auto: only if the script reads them; on; off
     grace: float = 5.0
     args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()  # NAME=VALUE for every task, over the inventory's
+    idle_timeout: float | None = 300.0  # warn when every task listens and none writes
+    idle_fail: bool = False  # ... and end the job then
+
+    def env_vars(self) -> dict[str, str]:
+        """--env NAME=VALUE as a mapping; a bad name or a reserved one is a usage error."""
+        result = {}
+        for item in self.env:
+            name, sep, value = item.partition("=")
+            try:
+                if not sep:
+                    raise ValueError(f"--env {item!r} must look like NAME=VALUE")
+                result[name] = check_env(name, value, "--env")
+            except ValueError as err:
+                raise UsageError(str(err)) from None
+        return result
 
     def validate(self) -> None:
         if self.workers < 0 or self.ps < 0 or self.gpus_per_worker < 0 or self.gpus_per_ps < 0:
@@ -111,6 +127,7 @@ class TrainRequest:
         if self.workers + self.ps + self.chief > 1024:
             raise UsageError(f"{self.workers + self.ps + self.chief} tasks is more than the "
                              f"1024 a job may have")
+        self.env_vars()
         if self.legacy_flags not in LEGACY_FLAG_MODES:
             raise UsageError(f"legacy flags must be one of {', '.join(LEGACY_FLAG_MODES)}, "
                              f"not {self.legacy_flags!r}")
@@ -118,6 +135,8 @@ class TrainRequest:
             raise UsageError(f"unknown policy {self.policy!r}; choose {' or '.join(POLICIES)}")
         if not self.start_timeout > 0 or (self.timeout is not None and not self.timeout > 0):
             raise UsageError("--start-timeout and --timeout must be positive seconds")
+        if self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise UsageError("--idle-timeout must be positive seconds")
         if not self.grace >= 0:
             raise UsageError(f"--grace must be zero or more seconds, not {self.grace}")
         if "\0" in self.script or any("\0" in arg for arg in self.args):
@@ -423,6 +442,7 @@ class Job:
         legacy_flags = self.legacy_flags
         if not self.legacy_flags_said:
             self._say_legacy_flags()
+            self.say_topology()
             self.legacy_flags_said = True
 
         def launch(session: Session) -> None:
@@ -440,7 +460,7 @@ class Job:
             ]
             for task_spec in by_host[host]:
                 task = self.tasks[task_spec.placement.name]
-                env = {**QUIET_ENV, "TF_CONFIG": task_spec.tf_config,
+                env = {**QUIET_ENV, **self.task_env(host), "TF_CONFIG": task_spec.tf_config,
                        "CUDA_VISIBLE_DEVICES": ",".join(map(str, task_spec.placement.gpus)),
                        "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name}
                 argv = ["python", script,
@@ -508,6 +528,8 @@ class Job:
         finishers = specs.finishers(self.grant.placements)
         fatal = specs.fatal_servers(self.grant.placements)
         begun = time.monotonic()
+        last_output = begun
+        idle_warned = False
         all_started = False
         host_timeout = max(2 * self.inventory.cluster.ssh_timeout, 10.0)
         while True:
@@ -524,6 +546,7 @@ class Job:
                 self.host_seen[host] = now
             kind = event["e"]
             if kind == "log":
+                last_output = now
                 task = self._task_by_file(host, event["task"])
                 task.tail = ([*task.tail, event["line"]])[-TAIL_LINES:]
                 self.say(f"[{task.label}] {event['line']}")
@@ -569,12 +592,35 @@ class Job:
                 )
             if self.request.timeout and now - begun > self.request.timeout:
                 raise JobFailed(f"job timeout: still running after {self.request.timeout:.0f} s")
+            idle = self.request.idle_timeout
+            if all_started and idle and now - last_output > idle and not idle_warned:
+                idle_warned = True
+                why = (f"every task listens and none has written a line for {idle:.0f} s: "
+                       f"{self._idle_causes()}")
+                if self.request.idle_fail:
+                    raise JobFailed(f"idle: {why}")
+                self.say(f"hypertf: warning: {why} (--idle-fail ends such a job)")
             for watched, seen in self.host_seen.items():
                 if any(t.running for t in self.tasks.values() if t.placement.host == watched) \
                         and now - seen > host_timeout:
                     self.lost_hosts.add(watched)
                     raise JobFailed(f"host {watched} stopped answering ({now - seen:.0f} s "
                                     f"without news)")
+
+    def _idle_causes(self) -> str:
+        if self.request.ps and not self.request.chief:
+            return ("with ps and no chief the workers are the finishers (TF1 between-graph); "
+                    "a TF2 ParameterServerStrategy script needs --chief, or every task only "
+                    "serves")
+        return ("a task waiting for a peer that never connects (a wrong address or network), "
+                "a collective stuck on a dead peer, or a script that only serves")
+
+    def say_topology(self) -> None:
+        """What ends the job, said before it starts: a wrong guess here is a silent hang."""
+        if self.request.ps and not self.request.chief:
+            self.say("hypertf: ps and no chief: the job ends when every worker has exited 0 "
+                     "(TF1 between-graph); a TF2 ParameterServerStrategy script needs "
+                     "--chief (its workers and ps only serve)")
 
     def _check_lease(self, wait_s: float = 0.0) -> None:
         if self.lease_dropped.wait(wait_s) and not self.lost_session.is_set():
@@ -657,6 +703,12 @@ class Job:
         hosts = sorted({t.placement.host for t in self.tasks.values()} - self.lost_hosts)
         self.cluster.each(fetch, hosts)
 
+    def task_env(self, host: str) -> dict[str, str]:
+        """The user's environment for the tasks on ``host``: the inventory's
+        hypertf_task_env, then --env over it."""
+        node = self.inventory.node(host)
+        return {**dict(node.settings.task_env), **self.request.env_vars()}
+
     def summary(self) -> dict[str, Any]:
         return {
             "task_key": self.task_key,
@@ -667,6 +719,8 @@ class Job:
             "inventory": str(self.inventory.path),
             "policy": self.request.policy,
             "cpu_only": self.cpu_only,
+            "env": {host: self.task_env(host)
+                    for host in sorted({t.placement.host for t in self.tasks.values()})},
             "wall_s": round(time.time() - self.started_at, 2),
             "tasks": [
                 {"task": t.name, "host": t.placement.host, "gpus": list(t.placement.gpus),

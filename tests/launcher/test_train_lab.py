@@ -196,3 +196,45 @@ def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
     missing = f"20200101-000000-abcdef.{store.owner_of(key)}"
     unknown = hypertf("kill", "-i", lab.inventory, missing, cwd=tmp_path)
     assert unknown.returncode == 2 and f"no job {missing!r}" in unknown.stderr
+
+
+def test_env_reaches_every_task_over_the_inventory_env(lab, tmp_path):
+    """hypertf_task_env (inventory) and --env (command line, wins), values verbatim (spaces,
+    quotes, $(...) are not run), recorded in summary.json."""
+    import yaml
+
+    data = yaml.safe_load(Path(lab.inventory).read_text())
+    data["all"]["vars"]["hypertf_task_env"] = {"HYPERTF_TEST_A": "from inventory",
+                                               "HYPERTF_TEST_B": "inventory"}
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(data))
+    canary = Path("/tmp") / f"hypertf-env-canary-{time.time_ns()}"
+    done = hypertf("train", "-i", str(inventory), "--script", FAKE, "--worker", "2",
+                   "--env", "HYPERTF_TEST_B=cli wins", "--env", f"HYPERTF_TEST_C=$(touch {canary})",
+                   "--", "--work_s", "0", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (summary,) = summaries(tmp_path)
+    expected = {"HYPERTF_TEST_A": "from inventory", "HYPERTF_TEST_B": "cli wins",
+                "HYPERTF_TEST_C": f"$(touch {canary})"}
+    for name in ("worker0", "worker1"):
+        log = (tmp_path / "runs" / summary["task_key"] / f"{name}.log").read_text()
+        assert json.loads(log.split("test_env=", 1)[1].splitlines()[0]) == expected
+    assert all(env == expected for env in summary["env"].values())
+    assert not canary.exists()
+    bad = hypertf("train", "-i", str(inventory), "--script", FAKE, "--env", "TF_CONFIG={}",
+                  cwd=tmp_path)
+    assert bad.returncode == 2 and "TF_CONFIG is set by HyperTF" in bad.stderr
+
+
+def test_ps_without_chief_says_what_ends_the_job_and_an_idle_job_is_named(lab, tmp_path):
+    """ps and no chief: the start says the workers finish and TF2 PS scripts need --chief;
+    every task listening and silent past --idle-timeout ends the job with --idle-fail."""
+    never = tmp_path / "never"
+    done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "1", "--ps", "1",
+                   "--idle-timeout", "3", "--idle-fail", "--", "--until_file", str(never),
+                   cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "a TF2 ParameterServerStrategy script needs --chief" in out
+    assert "idle: every task listens and none has written a line for 3 s" in out
+    assert all_free(lab.inventory)

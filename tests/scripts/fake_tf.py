@@ -54,6 +54,9 @@ def main() -> int:
     role, index = config["task"]["type"], config["task"]["index"]
     me = f"{role}:{index}"
     print("argv=" + json.dumps(sys.argv[1:]), flush=True)
+    print("test_env=" + json.dumps({k: v for k, v in os.environ.items()
+                                    if k.startswith("HYPERTF_TEST_")}, sort_keys=True),
+          flush=True)
     cuda, fail_fast = os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("GRPC_FAIL_FAST")
     print(f"cuda={cuda!r} fail_fast={fail_fast}", flush=True)
     if args.report_foreign:

@@ -460,3 +460,15 @@ def test_an_alias_bomb_in_group_vars_beside_the_file_is_refused(tmp_path):
                          "    gpu_nodes:\n      hosts: {a: {ansible_host: 10.0.0.1}}\n")
     with pytest.raises(InventoryError, match="alias bomb"):
         load_inventory(inventory)
+
+
+def test_task_env_merges_and_checks_names(tmp_path):
+    path = write(tmp_path, one_node(extra="hypertf_task_env: {NCCL_SOCKET_IFNAME: eth1, X: 1}"))
+    assert load_inventory(path).node("node1").settings.task_env == (
+        ("NCCL_SOCKET_IFNAME", "eth1"), ("X", "1"))
+    for bad, message in (("{1X: a}", "is not an environment variable name"),
+                         ("{TF_CONFIG: a}", "is set by HyperTF"),
+                         ("[A, B]", "must be a mapping")):
+        path = write(tmp_path, one_node(extra=f"hypertf_task_env: {bad}"))
+        with pytest.raises(InventoryError, match=message):
+            load_inventory(path)

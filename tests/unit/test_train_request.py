@@ -212,3 +212,20 @@ def test_an_argument_longer_than_the_kernel_passes_is_refused() -> None:
         TrainRequest(script="train.py", args=("--big", "z" * 200_000)).validate()
     with pytest.raises(UsageError, match="cannot hold NUL bytes"):
         TrainRequest(script="train.py", args=("a\0b",)).validate()
+
+
+@pytest.mark.parametrize("item, message", [
+    ("NOEQUALS", "must look like NAME=VALUE"),
+    ("1ABC=x", "is not an environment variable name"),
+    ("A-B=x", "is not an environment variable name"),
+    ("CUDA_VISIBLE_DEVICES=0", "is set by HyperTF"),
+    ("A=x\0y", "NUL byte"),
+])
+def test_a_bad_env_is_a_usage_error(item, message):
+    with pytest.raises(UsageError, match=message):
+        TrainRequest(script="x.py", env=(item,)).validate()
+
+
+def test_env_values_keep_equals_signs_and_spaces():
+    request = TrainRequest(script="x.py", env=("A=b=c d", "EMPTY="))
+    assert request.env_vars() == {"A": "b=c d", "EMPTY": ""}
