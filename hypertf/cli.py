@@ -59,7 +59,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if state == "killed" and job.get("killed_by"):
             by = job["killed_by"]
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("killed", 0)))
-            ended = f"  (killed by {by.get('user', '?')}@{by.get('host', '?')} at {when})"
+            who = by.get("identity") or by.get("user", "?")
+            ended = f"  (killed by {who} from {by.get('host', '?')} at {when})"
         print(f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
               f"  {job.get('script', '')}  {tasks}{ended}")
     if not jobs:
