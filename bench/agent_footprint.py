@@ -107,21 +107,30 @@ def main() -> int:
                 servers[name].start(heap="128m", tick_ms=500)
             from kazoo.client import KazooClient
 
+            from hypertf import auth, store
+            from hypertf.inventory import load_inventory
             from hypertf.store import AgentRecord
 
             record_path = "/hypertf/resources/localhost"
             pids = {}
+            clusters = {}
             for name, interval in subjects.items():
                 if name.startswith("agent"):
                     inv = inventory(home, servers[name].hosts, interval,
                                     str(list(subjects).index(name)))
+                    clusters[name] = load_inventory(inv).cluster
+                    auth.initialize(clusters[name], ["localhost"])  # a secured root
                     pids[name] = kids.popen(
                         [common.PYTHON, "-m", "hypertf.cli", "agent", "--inventory", inv,
                          "--host", "localhost"], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL, cwd=home).pid
-            observers = {n: KazooClient(hosts=servers[n].hosts, timeout=10) for n in subjects}
+            # the agents' stores are secured: observe them as the admin
+            observers = {n: store.connect(clusters[n], timeout=30, identity="admin")
+                         if n in clusters else KazooClient(hosts=servers[n].hosts, timeout=10)
+                         for n in subjects}
             for client in observers.values():
-                client.start(timeout=30)
+                if not client.connected:
+                    client.start(timeout=30)
             # the baseline writes a record as large as the agent's first one
             first = observers["agent 1 s"]
             common.wait_until(lambda: first.exists(record_path), 60, "the agent's record", 0.1)
@@ -136,14 +145,16 @@ def main() -> int:
             cpu0 = {n: cpu_s(pids[n]) for n in subjects}
             started = time.monotonic()
             rss: dict[str, list[float]] = {n: [] for n in subjects}
-            lease = "/hypertf/leases/20260101-000000-bench0"
+            user = auth.login_user()
+            lease = f"/hypertf/leases/{user}/20260101-000000-bench0.{user}"
+            lease_acl = store.acls(observers[churn]).lease()
             ticks = 0
             while time.monotonic() - started < window:
                 for n in subjects:
                     rss[n].append(rss_mib(pids[n]))
                 # a job's lease appears, then goes: what every job start and end does
                 if ticks % 2 == 0:
-                    observers[churn].create(lease, b"{}", ephemeral=True)
+                    observers[churn].create(lease, b"{}", acl=lease_acl, ephemeral=True)
                 else:
                     observers[churn].delete(lease)
                 ticks += 1

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import common
 
-from hypertf import store
+from hypertf import auth, store
 from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
 from hypertf.errors import StoreError
 from hypertf.inventory import ClusterSettings
@@ -51,7 +51,6 @@ def one_gpu() -> Request:
 
 
 def publish_agents(client, layout: Layout) -> None:
-    layout.ensure(client)
     for i, host in enumerate(HOSTS):
         record = AgentRecord(host=host, mgmt_addr=f"127.0.1.{i + 1}",
                              data_addr=f"127.0.1.{i + 1}", port=20000, gpu=GPUS_PER_HOST,
@@ -78,7 +77,7 @@ def worker(args: argparse.Namespace) -> int:
                 client.set(args.set_path, payload)
                 mine.append({"set_s": time.monotonic() - t0})
                 continue
-            key = new_task_key()
+            key = new_task_key(auth.login_user())
             t0 = time.monotonic()
             try:
                 grant = allocate(client, layout, one_gpu(), key)
@@ -115,11 +114,10 @@ def worker(args: argparse.Namespace) -> int:
 def latency(client, layout: Layout, cycles: int) -> dict[str, list[float]]:
     figures: dict[str, list[float]] = defaultdict(list)
     matrix_size = len(client.get(layout.matrix)[0])
-    set_path = f"{layout.root}/plain-set"
-    client.create(set_path, b"")
+    set_path = f"{layout.root}/plain-set"  # made by the driver, with the matrix's ACL
     payload = b"x" * matrix_size
     for _ in range(cycles):
-        key = new_task_key()
+        key = new_task_key(auth.login_user())
         t0 = time.monotonic()
         allocate(client, layout, one_gpu(), key)
         t1 = time.monotonic()
@@ -200,13 +198,15 @@ def main() -> int:
             common.children() as kids:
         root = "/bench-alloc"
         layout = Layout(root)
-        agents = store.connect(settings(zk.hosts, root))
-        client = store.connect(settings(zk.hosts, root))
+        auth.initialize(settings(zk.hosts, root), [])  # a secured root, as in production
+        agents = store.connect(settings(zk.hosts, root), identity="admin")  # stands in for them
+        client = store.connect(settings(zk.hosts, root))  # a user, as a launcher is
         try:
             publish_agents(agents, layout)
+            agents.create(f"{root}/plain-set", b"", acl=store.acls(agents).matrix())
             sync_matrix(client, layout)
             for _ in range(20):  # warm up: JIT in ZooKeeper, imports, connections
-                key = new_task_key()
+                key = new_task_key(auth.login_user())
                 allocate(client, layout, one_gpu(), key)
                 release(client, layout, key)
             lat = latency(client, layout, cycles)

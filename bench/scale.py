@@ -30,7 +30,7 @@ import yaml
 from kazoo.exceptions import KazooException
 from rich.console import Console
 
-from hypertf import status, store
+from hypertf import auth, status, store
 from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
 from hypertf.inventory import ClusterSettings, load_inventory
 from hypertf.matrix import Matrix
@@ -89,7 +89,7 @@ def held_matrix(size: int) -> Matrix:
     """Every GPU held by its own job, one reserved port per job: the largest matrix."""
     matrix = Matrix()
     for i in range(size):
-        keys = [new_task_key() for _ in range(GPUS)]
+        keys = [new_task_key(auth.login_user()) for _ in range(GPUS)]
         matrix.gpus[host_name(i)] = keys
         matrix.ports[host_name(i)] = {str(20000 + g): keys[g] for g in range(GPUS)}
     return matrix
@@ -103,11 +103,11 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
     root = f"/scale-{size}"
     layout = Layout(root)
     cluster = ClusterSettings("gpu_nodes", zk_hosts, root, 10.0, "/nonexistent", 5.0)
-    agents = [store.connect(cluster) for _ in range(SESSIONS)]
+    auth.initialize(cluster, [])  # a secured root, as in production
+    agents = [store.connect(cluster, identity="admin") for _ in range(SESSIONS)]  # stand-ins
     client = store.connect(cluster)
     rows = report_rows.setdefault(size, {})
     try:
-        layout.ensure(client)
         t0 = time.monotonic()
         pending = [agents[i % SESSIONS].create_async(layout.resource(host_name(i)),
                                                      record(i).to_json(), ephemeral=True)
@@ -129,7 +129,7 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
         hosts = tuple(host_name(i) for i in range(size))
 
         def cycle(request: Request) -> tuple[float, float]:
-            key = new_task_key()
+            key = new_task_key(auth.login_user())
             t0 = time.monotonic()
             allocate(client, layout, request, key)
             t1 = time.monotonic()
@@ -201,7 +201,7 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
         request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=(agent.host,))
         t0 = time.monotonic()
         try:
-            allocate(client, layout, request, new_task_key())
+            allocate(client, layout, request, new_task_key(auth.login_user()))
             outcome = "granted"
         except Exception as err:
             outcome = f"{type(err).__module__}.{type(err).__name__}" + (
