@@ -32,7 +32,7 @@ def test_ensemble_survives_a_dead_member(make_lab, lab_inventory, ansible_dirs, 
     assert sorted(map(str, modes().values())) == ["follower", "follower", "leader"], "\n".join(out)
     assert inventory.cluster.zookeeper_hosts.count(",") == 2
 
-    client = store.connect(inventory.cluster)
+    client = store.connect(inventory.cluster, identity="admin")  # writes a probe at the root
     try:
         layout = store.Layout(inventory.cluster.zk_root)
         before = {h: client.exists(layout.resource(h)) for h in inventory.nodes}
