@@ -172,7 +172,7 @@ def double_bookings(events: list[dict]) -> int:
 def all_free(client, layout: Layout) -> bool:
     matrix, _ = sync_matrix(client, layout)
     free = all(cell == FREE for row in matrix.gpus.values() for cell in row)
-    return free and not matrix.ports and not client.get_children(layout.leases)
+    return free and not matrix.ports and not store.read_leases(client, layout)
 
 
 def main() -> int:
