@@ -21,6 +21,7 @@ what the user gets.
 from __future__ import annotations
 
 import io
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from rich.console import Console
 
 from hypertf import auth, status, store
 from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
+from hypertf.errors import StoreError
 from hypertf.inventory import ClusterSettings, load_inventory
 from hypertf.matrix import Matrix
 from hypertf.scheduler import TaskSlot
@@ -168,18 +170,21 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
     root = "/scale-limit"
     layout = Layout(root)
     cluster = ClusterSettings("gpu_nodes", zk_hosts, root, 10.0, "/nonexistent", 5.0)
+    auth.initialize(cluster, [])  # a secured root (with an empty matrix)
     client = store.connect(cluster)
-    agents = store.connect(cluster)
+    agents = store.connect(cluster, identity="admin")  # stands in for an agent
     try:
-        layout.ensure(client)
-        client.create(layout.matrix, b"")
         crossing = int((JUTE_MAXBUFFER - base) / per_host_held)
         for hosts, label in ((int(crossing * 0.97), "3% under"), (int(crossing * 1.03),
                                                                    "3% over")):
-            data = held_matrix(hosts).to_json()
+            matrix = held_matrix(hosts)
             try:
+                data = matrix.to_json()
                 client.set(layout.matrix, data)
                 outcome = "written"
+            except StoreError as err:  # HyperTF's own check, before ZooKeeper sees it
+                data = json.dumps({"gpus": matrix.gpus, "ports": matrix.ports}).encode()
+                outcome = f"refused by HyperTF before sending: {err!s:.60}..."
             except KazooException as err:
                 outcome = f"refused: {type(err).__name__} (the server drops the connection)"
             common.wait_until(lambda: client.connected, 30, "the client to reconnect", 0.05)
@@ -190,7 +195,7 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
         agent = record(0)
         agents.create(layout.resource(agent.host), agent.to_json(), ephemeral=True)
         matrix = Matrix(gpus={agent.host: [1] * GPUS})
-        target = JUTE_MAXBUFFER - 400
+        target = store.MAX_ZNODE_BYTES - 400  # what HyperTF itself still writes
         row = len(b'"gone000000":[0,0,0,0,0,0,0,0],')
         for filler in range((target - len(matrix.to_json())) // row):
             matrix.gpus[f"gone{filler:06d}"] = [0] * GPUS
