@@ -41,6 +41,9 @@ def placements(summary: dict) -> list[tuple[str, str, list[int]]]:
          [("worker:0", "h1", [0]), ("worker:1", "h2", [0])]),
         ("legacy_tf1.py", ["--worker", "2", "--ps", "1"],
          [("worker:0", "h1", [0]), ("worker:1", "h2", [0]), ("ps:0", "h1", [])]),
+        # absl: strict flags; runs under the default options (no legacy flag is passed)
+        ("absl_flags.py", ["--worker", "2"],
+         [("worker:0", "h1", [0]), ("worker:1", "h2", [0])]),
     ],
 )
 def test_examples_train_to_accuracy_and_leave_nothing(lab, tmp_path, script, shape, expected):
@@ -163,6 +166,19 @@ def test_legacy_flags_forced_on_a_strict_script_name_the_fix(lab, tmp_path):
     plain = hypertf("train", "-i", lab.inventory, "--script", str(strict), "--worker", "1",
                     "--", "--steps", "2", cwd=tmp_path)
     assert plain.returncode == 0, plain.stdout + plain.stderr
+
+
+
+@pytest.mark.tf
+def test_legacy_flags_forced_on_the_absl_example_name_the_fix(lab, tmp_path):
+    """absl's own error, through the launcher: FATAL ... Unknown command line flag."""
+    forced = hypertf("train", "-i", lab.inventory, "--script", str(EXAMPLES / "absl_flags.py"),
+                     "--worker", "1", "--legacy-flags", cwd=tmp_path, timeout=300)
+    out = forced.stdout + forced.stderr
+    assert forced.returncode == 1, out
+    assert "Unknown command line flag 'ps_hosts'" in out
+    assert "the script does not accept --ps_hosts" in out and "--no-legacy-flags" in out
+    assert all_free(lab.inventory)
 
 
 def test_hyperparameters_follow_directly_without_double_dash(lab, tmp_path):
