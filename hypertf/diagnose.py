@@ -8,11 +8,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 LEGACY_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index")
-# A script reads a legacy flag when it names it as a quoted string: argparse's
-# add_argument("--ps_hosts"), absl's / tf.compat.v1.flags' DEFINE_string("ps_hosts", ...),
-# or a hand-written sys.argv parser. Mentions in comments or prose are not quoted flags.
+# A script reads a legacy flag when it defines or parses it: argparse's
+# add_argument("--ps_hosts"), a hand-written parser's "--ps_hosts=", absl's and
+# tf.compat.v1.flags' DEFINE_string("ps_hosts", ...) or DEFINE_string(name="ps_hosts").
+# A bare quoted name elsewhere (an error message in a docstring) does not count.
 _FLAG_NAMES = "|".join(LEGACY_FLAGS)
-_READS_FLAG = re.compile(rf"""["'](?:--?)?(?:{_FLAG_NAMES})["'=]""")
+_READS_FLAG = re.compile(
+    rf"""["']--(?:{_FLAG_NAMES})["'=]"""
+    rf"""|DEFINE_\w+\(\s*(?:name\s*=\s*)?["'](?:{_FLAG_NAMES})["']""")
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
 
 # What absl (and tf.compat.v1.flags, which is absl) and argparse print for a flag they do not

@@ -13,12 +13,14 @@ READS = [
     "flags.DEFINE_string('job_name', None, 'ps or worker')",
     "tf.compat.v1.app.flags.DEFINE_integer('task_index', 0, '')",
     'if arg.startswith("--worker_hosts="):',
+    'flags.DEFINE_string(name="ps_hosts", default="", help="")',
 ]
 DOES_NOT = [
     "# the legacy ps_hosts flag is not used here",
     'config = json.loads(os.environ["TF_CONFIG"]); index = config["task"]["index"]',
     "resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()",
     'parser.add_argument("--task_indexes")',
+    "it dies with FATAL Flags parsing error: Unknown command line flag 'ps_hosts'",
 ]
 
 
