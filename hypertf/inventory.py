@@ -107,6 +107,17 @@ def check_env(name: str, value: Any, where: str) -> str:
     return text
 
 
+def _packages(key: str, value: Any) -> tuple[str, ...] | None:
+    """pip requirements for the nodes' virtualenv (read by the python_env role)."""
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+            isinstance(item, str) and item.strip() and "\0" not in item for item in value):
+        raise ValueError(f"{key} must be a list of pip requirements such as "
+                         f"[scikit-learn, 'tensorboard>=2.16'], not {value!r}")
+    return tuple(value)
+
+
 def _task_env(key: str, value: Any) -> tuple[tuple[str, str], ...]:
     if value in (None, ""):
         return ()
@@ -167,6 +178,12 @@ SETTINGS: dict[str, Setting] = {
     # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
     "hypertf_job_retention_days": Setting(_positive(float), 30.0),
     "hypertf_job_records_max": Setting(_positive(int), 10000),
+    # Packages for the training scripts in the nodes' virtualenv (python_env role,
+    # cluster.setup; ./dev.sh up for this machine): the default is scikit-learn (examples).
+    "hypertf_python_packages": Setting(_packages, None),
+    # ... installed without their dependencies (tf-keras: its 'tensorflow' dependency would
+    # pull the full TensorFlow wheel over tensorflow-cpu).
+    "hypertf_python_packages_no_deps": Setting(_packages, None),
     # Environment variables for every task on the node (group and host vars merge as usual).
     "hypertf_task_env": Setting(_task_env, None),
     # The directory of ZooKeeper credential files on the machine that runs the command

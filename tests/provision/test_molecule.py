@@ -27,10 +27,22 @@ def test_ssh_access_makes_a_key_pins_host_keys_and_authorizes_it(make_lab, lab_i
 
 
 def test_python_env_installs_hypertf_and_tensorflow_offline(make_lab, lab_inventory, ansible_dirs):
+    """With the inventory's packages: tf-keras without its dependencies (its 'tensorflow'
+    requirement would pull the full wheel over tensorflow-cpu); molecule's idempotence
+    step is the second run that must change nothing."""
+    from importlib.metadata import version
+
     lab = make_lab(hosts=1)
-    inventory = lab_inventory(lab.dir, zookeeper=(), tensorflow="tensorflow-cpu")
+    tf_keras = f"tf-keras=={version('tensorflow-cpu')}"
+    inventory = lab_inventory(lab.dir, zookeeper=(), tensorflow="tensorflow-cpu",
+                              extra_vars={"hypertf_python_packages": ["scikit-learn"],
+                                          "hypertf_python_packages_no_deps": [tf_keras]})
     molecule("python_env", inventory, ansible_dirs)
-    assert (lab.dir / "h1" / "srv" / "hypertf" / "venv" / "bin" / "hypertf").exists()
+    venv = lab.dir / "h1" / "srv" / "hypertf" / "venv"
+    assert (venv / "bin" / "hypertf").exists()
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    assert list(site.glob("tf_keras-*.dist-info")), "tf-keras was not installed"
+    assert not list(site.glob("tensorflow-*.dist-info")), "the full tensorflow wheel came in"
 
 
 def test_zookeeper_standalone(make_lab, lab_inventory, ansible_dirs):

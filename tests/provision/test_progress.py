@@ -118,6 +118,7 @@ def test_the_agent_role_carries_every_node_setting():
                                 / "vars" / "main.yml").read_text())
     set_by_role = {"hypertf_venv", "hypertf_workdir", "hypertf_zookeeper_hosts",
                    "hypertf_gpu_group", "hypertf_zk_credentials", "hypertf_zk_tls_ca"}
-    not_for_agents = {"hypertf_known_hosts", "hypertf_ssh_timeout", "hypertf_task_env"}
+    not_for_agents = {"hypertf_known_hosts", "hypertf_ssh_timeout", "hypertf_task_env",
+                      "hypertf_python_packages", "hypertf_python_packages_no_deps"}
     assert set(role_vars["__hypertf_agent_settings"]) == (
         set(SETTINGS) - set_by_role - not_for_agents)

@@ -121,6 +121,8 @@ def main() -> None:
                         help="HyperTF requirement when there is no --source")
     parser.add_argument("--require", nargs="*", default=[],
                         help="other requirements the directory must hold")
+    parser.add_argument("--require-no-deps", nargs="*", default=[],
+                        help="requirements the directory must hold, without their dependencies")
     parser.add_argument("--offline", action="store_true",
                         help="the directory must hold every requirement and dependency")
     parser.add_argument("--index-url")
@@ -141,12 +143,16 @@ def main() -> None:
     if args.offline and args.wheel_dir.is_dir():
         requirements = [requirement, *args.require]
         marker = args.wheel_dir / RESOLVED
+        no_deps = [f"--no-deps:{item}" for item in args.require_no_deps]
         # HyperTF's dependencies may change under the same version: key on the wheel's bytes.
-        key = requirements + ([hashlib.sha256((args.wheel_dir / result["wheel"]).read_bytes())
+        key = requirements + no_deps + ([hashlib.sha256((args.wheel_dir / result["wheel"]).read_bytes())
                                .hexdigest()] if result["wheel"] and not args.check else [])
         if not resolved_already(marker, key):
             index = ["--index-url", args.index_url] if args.index_url else []
             result["downloaded"] = fill(args.wheel_dir, requirements, index, args.check)
+            if args.require_no_deps:
+                result["downloaded"] |= fill(args.wheel_dir, ["--no-deps", *args.require_no_deps],
+                                             index, args.check)
             if args.prune and not (args.check and result["downloaded"]):
                 result["pruned"] = prune(args.wheel_dir, requirements, args.check)
             if not args.check:
