@@ -145,8 +145,9 @@ def main() -> None:
         marker = args.wheel_dir / RESOLVED
         no_deps = [f"--no-deps:{item}" for item in args.require_no_deps]
         # HyperTF's dependencies may change under the same version: key on the wheel's bytes.
-        key = requirements + no_deps + ([hashlib.sha256((args.wheel_dir / result["wheel"]).read_bytes())
-                               .hexdigest()] if result["wheel"] and not args.check else [])
+        wheel_hash = ([hashlib.sha256((args.wheel_dir / result["wheel"]).read_bytes())
+                       .hexdigest()] if result["wheel"] and not args.check else [])
+        key = requirements + no_deps + wheel_hash
         if not resolved_already(marker, key):
             index = ["--index-url", args.index_url] if args.index_url else []
             result["downloaded"] = fill(args.wheel_dir, requirements, index, args.check)
