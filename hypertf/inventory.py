@@ -216,6 +216,8 @@ class NodeSettings:
     port_range: tuple[int, int]
     agent_interval: float
     task_env: tuple[tuple[str, str], ...] = ()
+    python_packages: tuple[str, ...] | None = None  # None: the role's default
+    python_packages_no_deps: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -618,6 +620,8 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
                 port_range=values["hypertf_port_range"],
                 agent_interval=values["hypertf_agent_interval"],
                 task_env=values["hypertf_task_env"],
+                python_packages=values["hypertf_python_packages"],
+                python_packages_no_deps=values["hypertf_python_packages_no_deps"],
             ),
         )
 

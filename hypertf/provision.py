@@ -434,6 +434,21 @@ def lab_inventory(lab_dir: str | os.PathLike[str], *, name: str = "provision.yml
     return path
 
 
+def install_local_packages(inventory_path: str) -> int:
+    """``./dev.sh up``: this machine's virtualenv gets what the python_env role would give a
+    node (the settings of the inventory's first node); nothing named, nothing done."""
+    inventory = load_inventory(inventory_path)
+    settings = next(iter(inventory.nodes.values())).settings
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if settings.python_packages:
+        subprocess.run([*pip, *settings.python_packages], check=True)
+    if settings.python_packages_no_deps:
+        subprocess.run([*pip, "--no-deps", *settings.python_packages_no_deps], check=True)
+    named = [*(settings.python_packages or ()), *(settings.python_packages_no_deps or ())]
+    print(f"local packages: {', '.join(named) if named else 'none named'}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hypertf.provision lab-inventory LAB_INVENTORY``: print the new path."""
     parser = argparse.ArgumentParser(prog="python -m hypertf.provision")
@@ -445,6 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tensorflow", default="tensorflow-cpu", help="TensorFlow package, '' none")
     p.add_argument("--operator-dir", help="make a fresh operator key and known_hosts here")
     p.add_argument("--name", default="provision.yml", help="file name in the lab directory")
+    p = sub.add_parser("local-packages", help="install the inventory's hypertf_python_packages "
+                       "(and _no_deps) into this virtualenv, as python_env does on nodes")
+    p.add_argument("-i", "--inventory", default="inventory/local.yml")
     args = parser.parse_args(argv)
     from hypertf import cli
 
@@ -456,6 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ))
         return 0
 
+    if args.command == "local-packages":
+        return cli.run(lambda: install_local_packages(args.inventory))
     return cli.run(write)
 
 

@@ -122,3 +122,26 @@ def test_the_agent_role_carries_every_node_setting():
                       "hypertf_python_packages", "hypertf_python_packages_no_deps"}
     assert set(role_vars["__hypertf_agent_settings"]) == (
         set(SETTINGS) - set_by_role - not_for_agents)
+
+
+def test_dev_up_installs_the_local_inventorys_packages_into_this_venv(tmp_path):
+    """./dev.sh up's step: the same settings as the python_env role, into this virtualenv
+    (packages already here, so pip needs no index)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "local.yml"
+    path.write_text(yaml.safe_dump({"all": {
+        "vars": {"hypertf_zookeeper_hosts": "127.0.0.1:2181",
+                 "hypertf_python_packages": ["absl-py"],
+                 "hypertf_python_packages_no_deps": ["pyyaml"]},
+        "children": {"gpu_nodes": {"hosts": {"localhost": {"ansible_connection": "local"}}}},
+    }}))
+    done = subprocess.run([sys.executable, "-m", "hypertf.provision", "local-packages", "-i",
+                           str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "local packages: absl-py, pyyaml" in done.stdout
+    path.write_text(path.read_text().replace("- absl-py", "- 7"))
+    bad = subprocess.run([sys.executable, "-m", "hypertf.provision", "local-packages", "-i",
+                          str(path)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "hypertf_python_packages must be a list" in bad.stderr
