@@ -29,6 +29,12 @@ install_python() {
     echo "== pip install -e .[tf,dev]"
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[tf,dev]'
+    # Keras 2 for examples/keras_fit.py: tf-keras of TensorFlow's minor version, without its
+    # dependencies (it requires "tensorflow", which would pull the full wheel over -cpu).
+    local tf
+    tf=$(.venv/bin/python -c "from importlib.metadata import version as v; print('.'.join(v('tensorflow-cpu').split('.')[:2]))")
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+        "tf-keras>=$tf,<${tf%.*}.$(( ${tf#*.} + 1 ))"
 }
 
 case "${1:-}" in

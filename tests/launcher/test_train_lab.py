@@ -44,6 +44,9 @@ def placements(summary: dict) -> list[tuple[str, str, list[int]]]:
         # absl: strict flags; runs under the default options (no legacy flag is passed)
         ("absl_flags.py", ["--worker", "2"],
          [("worker:0", "h1", [0]), ("worker:1", "h2", [0])]),
+        # Keras 2 model.fit (tf-keras, installed without its dependencies by ./dev.sh)
+        ("keras_fit.py", ["--worker", "2", "--env", "TF_USE_LEGACY_KERAS=1"],
+         [("worker:0", "h1", [0]), ("worker:1", "h2", [0])]),
     ],
 )
 def test_examples_train_to_accuracy_and_leave_nothing(lab, tmp_path, script, shape, expected):
