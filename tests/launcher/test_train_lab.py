@@ -257,3 +257,17 @@ def test_ps_without_chief_says_what_ends_the_job_and_an_idle_job_is_named(lab, t
     assert "a TF2 ParameterServerStrategy script needs --chief" in out
     assert "idle: every task listens and none has written a line for 3 s" in out
     assert all_free(lab.inventory)
+
+
+@pytest.mark.tf
+def test_a_tf_compat_v1_flags_script_gets_the_legacy_flags_by_default(lab, tmp_path):
+    """tf.compat.v1.app.flags defines the four flags: auto passes them (and nothing else)."""
+    script = Path(FAKE).with_name("tf1_flags.py")
+    done = hypertf("train", "-i", lab.inventory, "--script", str(script), "--worker", "2",
+                   cwd=tmp_path, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "legacy flags (--ps_hosts, --worker_hosts, --job_name, --task_index) passed: " \
+        "the script reads them" in out
+    assert "job_name=worker task_index=0 workers=2" in out
+    assert "job_name=worker task_index=1 workers=2" in out
