@@ -122,7 +122,10 @@ def test_another_user_cannot_end_a_job_and_the_admin_can(cluster, job):
         for attempt in (lambda: bob.delete(layout.lease(job)),
                         lambda: bob.set(layout.job(job), b"{}"),
                         lambda: bob.delete(layout.job(job)),
-                        lambda: bob.create(f"{layout.user_leases(owner)}/x.{owner}", b"")):
+                        lambda: bob.create(f"{layout.user_leases(owner)}/x.{owner}", b""),
+                        lambda: bob.create(f"{layout.root}/x", b""),  # nothing at the root
+                        lambda: bob.create(layout.user_leases("mallory"), b""),  # no new user
+                        lambda: bob.set(layout.resource("n1"), b"{}")):
             with pytest.raises(NoAuthError):
                 attempt()
         assert bob.exists(layout.lease(job)) is not None
@@ -150,7 +153,8 @@ def test_an_agent_can_neither_take_gpus_nor_end_a_job_nor_touch_another_host(clu
                 lambda: agent.delete(layout.lease(job)),
                 lambda: agent.set(layout.resource("n1"), b"{}"),
                 lambda: agent.delete(layout.resource("n1")),
-                lambda: agent.create(layout.user_leases("mallory"), b"")):
+                lambda: agent.create(layout.user_leases("mallory"), b""),
+                lambda: agent.create(f"{layout.root}/x", b"")):
             with pytest.raises(NoAuthError):
                 attempt()
         # what it needs: its own record, and reading everything
