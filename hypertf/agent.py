@@ -105,6 +105,7 @@ class Agent:
         self._disconnected_since: float | None = None
         self._republish = True
         self._next_prune = 0.0
+        self._users: set[str] = set()
 
     def _on_state(self, state: str) -> None:
         """Listeners must not block: note what happened and wake the loop."""
@@ -119,6 +120,11 @@ class Agent:
         self._wake.set()
 
     def _on_children(self, _children: list[str]) -> None:
+        self._wake.set()
+
+    def _on_users(self, users: list[str]) -> None:
+        """The users with a lease folder: the loop watches each (no read per pass)."""
+        self._users = set(users)
         self._wake.set()
 
     def publish(self, client: KazooClient, record: AgentRecord) -> None:
@@ -247,10 +253,9 @@ class Agent:
             try:
                 if not watching:
                     client.ChildrenWatch(self.layout.resources, self._on_children)
-                    client.ChildrenWatch(self.layout.leases, self._on_children)
-                    watched_users = set()
+                    client.ChildrenWatch(self.layout.leases, self._on_users)
                     watching = True
-                for user in set(store.users(client, self.layout.leases)) - watched_users:
+                for user in self._users - watched_users:  # new users' lease folders
                     client.ChildrenWatch(self.layout.user_leases(user), self._on_children)
                     watched_users.add(user)
                 if self._republish or time.monotonic() >= next_beat:

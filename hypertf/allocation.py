@@ -64,6 +64,7 @@ def new_task_key(user: str, now: float | None = None) -> str:
 
 
 def _check_registered(client: KazooClient, layout: Layout, user: str) -> None:
+    """Asked only after a refused allocation: a user without parents cannot hold a job."""
     if client.exists(layout.user_leases(user)) is None:
         raise StoreError(f"user {user!r} is not registered in ZooKeeper root {layout.root}: "
                          f"the cluster admin runs 'hypertf auth add-user {user}'")
@@ -211,7 +212,6 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
     """Take GPUs and ports for ``request`` atomically, or raise InsufficientResources."""
     if not request.slots:
         raise UsageError("a job needs at least one task")
-    _check_registered(client, layout, owner_of(task_key))
     acls = store.acls(client)
     deadline = time.monotonic() + deadline_s
     attempt = 0
@@ -243,7 +243,12 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
         tx.create(layout.lease(task_key), encode(owner), acl=acls.lease(),
                   ephemeral=True)
         tx.create(layout.job(task_key), encode(record), acl=acls.job())
-        if _commit_or_conflict(tx):
+        try:
+            committed = _commit_or_conflict(tx)
+        except StoreError:
+            _check_registered(client, layout, owner_of(task_key))  # the likely cause, named
+            raise
+        if committed:
             for dead in current.draining_keys() - before.draining_keys():
                 mark_lost(client, layout, dead)  # this write drained them: record why
             return Grant(task_key, tuple(placements), ports, retries=attempt)

@@ -333,8 +333,7 @@ class Job:
             return diagnose.files_read_legacy_flags(sources)
         return self.script_reads_flags
 
-    def _say_legacy_flags(self) -> None:
-        passed = self.legacy_flags
+    def _say_legacy_flags(self, passed: bool) -> None:
         why = {"on": "--legacy-flags", "off": "--no-legacy-flags"}.get(
             self.request.legacy_flags,
             "the script reads them" if passed else
@@ -441,7 +440,7 @@ class Job:
 
         legacy_flags = self.legacy_flags
         if not self.legacy_flags_said:
-            self._say_legacy_flags()
+            self._say_legacy_flags(legacy_flags)
             self.say_topology()
             self.legacy_flags_said = True
 

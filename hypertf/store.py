@@ -257,19 +257,20 @@ def users(client: KazooClient, parent: str) -> list[str]:
         return []
 
 
+def _keys_of_every_user(client: KazooClient, parent: str) -> list[str]:
+    """The task keys under ``<parent>/<user>/`` for every registered user."""
+    keys: list[str] = []
+    for user in users(client, parent):
+        with contextlib.suppress(NoNodeError):  # a user removed meanwhile
+            keys.extend(client.get_children(f"{parent}/{user}"))
+    return keys
+
+
 def read_leases(client: KazooClient, layout: Layout) -> set[str]:
     """Task keys whose launcher is still alive."""
-    keys: set[str] = set()
-    for user in users(client, layout.leases):
-        with contextlib.suppress(NoNodeError):
-            keys.update(client.get_children(layout.user_leases(user)))
-    return keys
+    return set(_keys_of_every_user(client, layout.leases))
 
 
 def job_keys(client: KazooClient, layout: Layout) -> list[str]:
     """Every job record's task key, of every user."""
-    keys: list[str] = []
-    for user in users(client, layout.jobs):
-        with contextlib.suppress(NoNodeError):
-            keys.extend(client.get_children(layout.user_jobs(user)))
-    return keys
+    return _keys_of_every_user(client, layout.jobs)
