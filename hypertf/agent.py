@@ -26,6 +26,7 @@ from hypertf import store, tasknode
 from hypertf.allocation import confirm_drained, prune_jobs, read_matrix, sync_matrix
 from hypertf.errors import HyperTFError, StoreError
 from hypertf.inventory import Inventory, Node
+from hypertf.metrics import AgentCollector, MetricsServer
 from hypertf.probes import (
     GpuSource,
     NoGpuSource,
@@ -83,6 +84,7 @@ class Prober:
             gpu_avail_list=[g.index for g in gpus if g.available],
             gpus=gpus,
             gpu_source=self.source.name,
+            gpu_driver=self.source.versions(),
             heartbeat=time.time(),
             pid=os.getpid(),
             hostname=socket.gethostname(),
@@ -106,6 +108,8 @@ class Agent:
         self._republish = True
         self._next_prune = 0.0
         self._users: set[str] = set()
+        self.metrics = AgentCollector(host)
+        self.metrics_server = MetricsServer(self.metrics)
 
     def _on_state(self, state: str) -> None:
         """Listeners must not block: note what happened and wake the loop."""
@@ -151,6 +155,15 @@ class Agent:
         else:
             client.set(path, data)
 
+    def _publish_probe(self, client: KazooClient) -> AgentRecord:
+        """Probe the node, publish the record, and serve it as metrics."""
+        self._republish = False
+        record = self.prober.probe()
+        self.publish(client, record)
+        self.metrics.update(record=record)
+        self.metrics_server.start(record.mgmt_addr, self.node.settings.metrics_port)
+        return record
+
     def reap_orphans(self, client: KazooClient) -> None:
         """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
         runs = tasknode.unstopped_runs(Path(self.node.settings.workdir))
@@ -168,6 +181,7 @@ class Agent:
         matrix, _ = read_matrix(client, self.layout)
         leases = store.read_leases(client, self.layout)  # after the matrix: see allocation
         host = self.node.name
+        self.metrics.update(row=matrix.gpus.get(host, []))
         ended = matrix.ended_on(host, leases)
         if not ended:
             return
@@ -187,6 +201,10 @@ class Agent:
                 if tasknode.run_alive(run_dir):
                     continue
             dead.add(task_key)
+        if dead:
+            # Freed cells follow the record: probe again, so the dead tasks' processes
+            # (NVML's list) no longer keep their GPUs unavailable for a heartbeat.
+            self._publish_probe(client)
         if dead and confirm_drained(client, self.layout, host, dead):
             log.info("confirmed the tasks of %s dead on %s: GPUs free", sorted(dead), host)
 
@@ -231,6 +249,7 @@ class Agent:
                 break
             if not self._stop.is_set():
                 log.warning("no ZooKeeper for a long time: reconnecting with a new client")
+        self.metrics_server.stop()
         close = getattr(self.prober.source, "close", None)
         if close:
             close()
@@ -259,9 +278,7 @@ class Agent:
                     client.ChildrenWatch(self.layout.user_leases(user), self._on_children)
                     watched_users.add(user)
                 if self._republish or time.monotonic() >= next_beat:
-                    self._republish = False
-                    record = self.prober.probe()
-                    self.publish(client, record)
+                    record = self._publish_probe(client)
                     next_beat = time.monotonic() + self.node.settings.agent_interval
                 if self.is_keeper(client):
                     try:

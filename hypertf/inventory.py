@@ -63,6 +63,12 @@ def _port(key: str, value: Any) -> int:
     return value
 
 
+def _port_or_off(key: str, value: Any) -> int:
+    if value == 0 and not isinstance(value, bool):
+        return 0
+    return _port(key, value)
+
+
 def _percent(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
         raise ValueError(f"{key} must be a percentage between 0 and 100, not {value!r}")
@@ -87,8 +93,8 @@ def _gpu_source(key: str, value: Any) -> str:
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by HyperTF for every task: a user value would break the job's wiring.
-RESERVED_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "HYPERTF_TASK_KEY",
-                          "HYPERTF_TASK"})
+RESERVED_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+                          "HYPERTF_GPUS", "HYPERTF_TASK_KEY", "HYPERTF_TASK"})
 
 
 def check_env(name: str, value: Any, where: str) -> str:
@@ -173,6 +179,9 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_gpu_mem_max": Setting(_percent, 10.0),
     "hypertf_port_range": Setting(_port_range, "20000-20999"),
     "hypertf_agent_interval": Setting(_positive(float), 5.0),
+    # The agent's Prometheus /metrics, on the management address (0: none). 9400 is the
+    # port of NVIDIA's DCGM exporter, which ops teams already scrape.
+    "hypertf_agent_metrics_port": Setting(_port_or_off, 9400),
     "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts"),
     "hypertf_ssh_timeout": Setting(_positive(float), 10.0),
     # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
@@ -215,6 +224,7 @@ class NodeSettings:
     gpu_mem_max: float
     port_range: tuple[int, int]
     agent_interval: float
+    metrics_port: int = 0  # 0: no /metrics
     task_env: tuple[tuple[str, str], ...] = ()
     python_packages: tuple[str, ...] | None = None  # None: the role's default
     python_packages_no_deps: tuple[str, ...] | None = None
@@ -619,6 +629,7 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
                 gpu_mem_max=values["hypertf_gpu_mem_max"],
                 port_range=values["hypertf_port_range"],
                 agent_interval=values["hypertf_agent_interval"],
+                metrics_port=values["hypertf_agent_metrics_port"],
                 task_env=values["hypertf_task_env"],
                 python_packages=values["hypertf_python_packages"],
                 python_packages_no_deps=values["hypertf_python_packages_no_deps"],

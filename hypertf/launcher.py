@@ -460,7 +460,7 @@ class Job:
             for task_spec in by_host[host]:
                 task = self.tasks[task_spec.placement.name]
                 env = {**QUIET_ENV, **self.task_env(host), "TF_CONFIG": task_spec.tf_config,
-                       "CUDA_VISIBLE_DEVICES": ",".join(map(str, task_spec.placement.gpus)),
+                       **specs.gpu_env(task_spec.placement.gpus, self.records[host].gpus),
                        "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name}
                 argv = ["python", script,
                         *(task_spec.flags if legacy_flags else ()),

@@ -37,6 +37,17 @@ def job_of(cell: Cell | str) -> str | None:
     return holder(cell) or draining(cell)
 
 
+def state_of(cell: Cell | None) -> str:
+    """A cell as people read it: free, busy, draining or unavailable (None: no cell)."""
+    if cell is None:
+        return "unavailable"
+    if holder(cell):
+        return "busy"
+    if draining(cell):
+        return "draining"
+    return "free" if cell == FREE else "unavailable"
+
+
 @dataclass
 class Matrix:
     """Cells per host (ordered) and reserved ports per host."""

@@ -14,7 +14,7 @@ import json
 import logging
 import random
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -23,14 +23,15 @@ from typing import Any, Protocol
 import netifaces
 
 from hypertf.errors import HyperTFError, InventoryError
-from hypertf.store import GpuInfo
+from hypertf.store import GpuInfo, GpuProcess
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class GpuReading:
-    """Raw figures for one GPU, before the availability thresholds are applied."""
+    """Raw figures for one GPU, before the availability rules are applied; ``fault`` says
+    why it could not be read (it is then unavailable, the node's other GPUs are not)."""
 
     index: int
     name: str
@@ -38,18 +39,33 @@ class GpuReading:
     utilization: float
     memory_used: int
     memory_total: int
+    processes: tuple[GpuProcess, ...] = ()  # compute processes (pid, memory); no task keys yet
+    mig: bool = False
+    fault: str = ""
 
 
 class GpuSource(Protocol):
-    """Anything that can list the node's GPUs."""
+    """Anything that can list the node's GPUs (and name its driver's versions)."""
 
     name: str
 
     def read(self) -> list[GpuReading]: ...
 
+    def versions(self) -> dict[str, str]: ...
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _error(err: BaseException) -> str:
+    """NVML's error, short: ``NVMLError_GpuIsLost: GPU is lost``."""
+    return f"{type(err).__name__}: {err}"
+
 
 class NvmlGpuSource:
-    """Real GPUs through NVML; no driver or no GPU means zero GPUs, not an error."""
+    """Real GPUs through NVML. No driver or no GPU means zero GPUs, not an error; a GPU
+    that fails to answer is reported with its fault while the others stay usable."""
 
     name = "nvml"
 
@@ -72,32 +88,72 @@ class NvmlGpuSource:
         self._ready = True
         return self._nvml
 
+    def versions(self) -> dict[str, str]:
+        """Driver, NVML and CUDA driver versions; what cannot be read is left out."""
+        nvml = self._init()
+        if nvml is None:
+            return {}
+        found = {}
+        for key, function in (("driver", "nvmlSystemGetDriverVersion"),
+                              ("nvml", "nvmlSystemGetNVMLVersion"),
+                              ("cuda", "nvmlSystemGetCudaDriverVersion")):
+            with contextlib.suppress(Exception):  # an old driver lacks the call
+                value = getattr(nvml, function)()
+                found[key] = (f"{value // 1000}.{value % 1000 // 10}" if isinstance(value, int)
+                              else _text(value))
+        return found
+
     def read(self) -> list[GpuReading]:
         nvml = self._init()
         if nvml is None:
             return []
-        readings = []
         try:
-            for index in range(nvml.nvmlDeviceGetCount()):
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                name = nvml.nvmlDeviceGetName(handle)
-                uuid = nvml.nvmlDeviceGetUUID(handle)
-                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-                readings.append(
-                    GpuReading(
-                        index=index,
-                        name=name.decode() if isinstance(name, bytes) else str(name),
-                        uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                        utilization=float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-                        memory_used=int(memory.used),
-                        memory_total=int(memory.total),
-                    )
-                )
-        except Exception as err:  # a GPU fell off the bus, the driver was reloaded...
-            log.warning("NVML read failed (%s): reporting zero GPUs until it recovers", err)
+            count = nvml.nvmlDeviceGetCount()
+        except Exception as err:  # the driver was unloaded or reloaded under us
+            log.warning("NVML cannot count GPUs (%s): reporting zero until it recovers", err)
             self.close()
             return []
+        readings = [self._read_one(nvml, index) for index in range(count)]
+        if readings and all(r.fault for r in readings):
+            self.close()  # nothing answers: start NVML afresh on the next probe
         return readings
+
+    def _read_one(self, nvml: ModuleType, index: int) -> GpuReading:
+        """One GPU; its own failure stays its own (fallen off the bus, NotSupported...)."""
+        name, uuid = "unknown GPU", ""
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            mig = self._mig_enabled(nvml, handle)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            utilization = 0.0 if mig else float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            return GpuReading(index=index, name=name, uuid=uuid, utilization=utilization,
+                              memory_used=int(memory.used), memory_total=int(memory.total),
+                              processes=self._processes(nvml, handle), mig=mig)
+        except Exception as err:
+            log.warning("GPU %d (%s) cannot be read: %s", index, uuid or name, _error(err))
+            return GpuReading(index=index, name=name, uuid=uuid, utilization=0.0,
+                              memory_used=0, memory_total=0, fault=_error(err))
+
+    @staticmethod
+    def _mig_enabled(nvml: ModuleType, handle: object) -> bool:
+        """MIG mode on: the GPU is split into instances (NotSupported: a GPU without MIG)."""
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except Exception:  # NVMLError_NotSupported, or a pynvml without the call
+            return False
+        return current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+
+    @staticmethod
+    def _processes(nvml: ModuleType, handle: object) -> tuple[GpuProcess, ...]:
+        """The compute processes on the GPU (NotSupported on some devices: none known)."""
+        try:
+            infos = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception as err:
+            log.debug("no process list from NVML: %s", err)
+            return ()
+        return tuple(GpuProcess(pid=int(info.pid), memory=info.usedGpuMemory) for info in infos)
 
     def close(self) -> None:
         if self._ready and self._nvml is not None:
@@ -107,7 +163,12 @@ class NvmlGpuSource:
 
 
 class StaticGpuSource:
-    """Fake GPUs for nodes without hardware: a count, a list of mappings, or a JSON file."""
+    """Fake GPUs for nodes without hardware: a count, a list of mappings, or a JSON file.
+
+    A mapping may set ``name``, ``uuid`` (default the stable ``GPU-static-<host>-<index>``),
+    ``utilization``, ``memory_used``, ``memory_total``, ``processes`` (PIDs on the GPU),
+    ``mig`` and ``fault`` (an NVML error text), so tests drive every rule of ``judge``.
+    """
 
     name = "static"
     DEFAULT_MEMORY = 16 * 1024**3
@@ -132,6 +193,9 @@ class StaticGpuSource:
             f"static GPU source {self._spec!r}: expected a GPU count or a list of GPU objects"
         )
 
+    def versions(self) -> dict[str, str]:
+        return {}
+
     def read(self) -> list[GpuReading]:
         readings = []
         for index, entry in enumerate(self._entries()):
@@ -143,6 +207,10 @@ class StaticGpuSource:
                     utilization=float(entry.get("utilization", 0.0)),
                     memory_used=int(entry.get("memory_used", 0)),
                     memory_total=int(entry.get("memory_total", self.DEFAULT_MEMORY)),
+                    processes=tuple(GpuProcess(pid=int(pid))
+                                    for pid in entry.get("processes", ())),
+                    mig=bool(entry.get("mig", False)),
+                    fault=str(entry.get("fault", "")),
                 )
             )
         return readings
@@ -156,16 +224,61 @@ class NoGpuSource:
     def read(self) -> list[GpuReading]:
         return []
 
+    def versions(self) -> dict[str, str]:
+        return {}
 
-def judge(readings: list[GpuReading], util_max: float, mem_max: float) -> list[GpuInfo]:
-    """A GPU is available when both its utilisation and its memory use are low.
+
+def task_key_of(pid: int) -> str | None:
+    """The HyperTF job a process belongs to (its ``HYPERTF_TASK_KEY``); None for any other
+    process, also one whose environment this agent may not read."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for entry in environ.split(b"\0"):
+        if entry.startswith(b"HYPERTF_TASK_KEY="):
+            return entry.partition(b"=")[2].decode(errors="replace") or None
+    return None
+
+
+def _unavailable_because(r: GpuReading, mem_percent: float, util_max: float,
+                         mem_max: float, processes: list[GpuProcess]) -> str:
+    """Why the GPU cannot be granted now ("" when it can), most telling reason first."""
+    if r.fault:
+        return f"unreadable ({r.fault})"
+    if r.mig:
+        return "MIG enabled: HyperTF grants whole GPUs only"
+    if r.memory_total <= 0:
+        return "no memory reported"
+    foreign = [p for p in processes if p.task_key is None]
+    if foreign:
+        return "foreign process " + ", ".join(f"pid {p.pid}" for p in foreign)
+    if processes:
+        return "in use by " + ", ".join(sorted({str(p.task_key) for p in processes}))
+    if r.utilization > util_max:
+        return f"utilisation {r.utilization:.0f}% over {util_max:g}%"
+    if mem_percent > mem_max:
+        return f"memory {mem_percent:.0f}% in use, over {mem_max:g}%"
+    return ""
+
+
+def judge(readings: list[GpuReading], util_max: float, mem_max: float,
+          task_of: Callable[[int], str | None] = task_key_of) -> list[GpuInfo]:
+    """A GPU is available when it answers, is not split by MIG, runs no compute process,
+    and both its utilisation and its memory use are low.
 
     TensorFlow grabs most of a GPU's memory, so one GPU runs one task: memory in use by
-    anyone else makes the GPU unavailable even when it is idle.
+    anyone else makes the GPU unavailable even when it is idle, and so does any process
+    on it (an idle one holding the GPU, or a job started outside HyperTF). ``task_of``
+    names each process's job, so the launcher and status can tell a job's own processes
+    from foreign ones.
     """
     gpus = []
     for r in readings:
         mem_percent = 100.0 * r.memory_used / r.memory_total if r.memory_total else 100.0
+        processes = [GpuProcess(pid=p.pid, memory=p.memory, task_key=task_of(p.pid))
+                     for p in r.processes]
+        reason = _unavailable_because(r, mem_percent, util_max, mem_max, processes)
         gpus.append(
             GpuInfo(
                 index=r.index,
@@ -174,8 +287,10 @@ def judge(readings: list[GpuReading], util_max: float, mem_max: float) -> list[G
                 utilization=r.utilization,
                 memory_used=r.memory_used,
                 memory_total=r.memory_total,
-                available=r.memory_total > 0 and r.utilization <= util_max
-                and mem_percent <= mem_max,
+                available=not reason,
+                reason=reason,
+                mig=r.mig,
+                processes=processes,
             )
         )
     return gpus

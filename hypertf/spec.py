@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hypertf.scheduler import Placement, TaskSlot
+from hypertf.store import GpuInfo
 
 ROLE_ORDER = ("chief", "worker", "ps")
 
@@ -76,3 +77,20 @@ def build(placements: Sequence[Placement], addresses: Mapping[str, str]) -> list
         )
         specs.append(TaskSpec(p, tf_config, flags))
     return specs
+
+
+def gpu_env(indices: Sequence[int], gpus: Sequence[GpuInfo]) -> dict[str, str]:
+    """Pin a task to the GPUs it was granted, by UUID.
+
+    CUDA numbers devices fastest-first unless told ``PCI_BUS_ID`` order, while NVML (and so
+    the matrix) numbers them by PCI bus: on a node with mixed GPUs an index could name
+    another GPU than the one granted. A UUID cannot. ``HYPERTF_GPUS`` keeps the NVML
+    indices for tools that want them (valid with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). A GPU
+    whose UUID the agent did not report falls back to its index.
+    """
+    uuids = {gpu.index: gpu.uuid for gpu in gpus if gpu.uuid}
+    return {
+        "CUDA_VISIBLE_DEVICES": ",".join(uuids.get(i, str(i)) for i in indices),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "HYPERTF_GPUS": ",".join(map(str, indices)),
+    }

@@ -21,7 +21,7 @@ from rich.table import Table
 from hypertf import zkserver
 from hypertf.allocation import sync_matrix
 from hypertf.inventory import Inventory
-from hypertf.matrix import FREE, draining, holder, job_of
+from hypertf.matrix import job_of, state_of
 from hypertf.store import Layout, read_leases
 
 GIB = 1024**3
@@ -52,16 +52,13 @@ def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
         gpus = []
         for index, cell in enumerate(row):
             gpu = details.get(index)
-            if holder(cell):
-                state = "busy"
-            elif draining(cell):
-                state = "draining"  # the job ended; its processes not yet confirmed dead
-            else:
-                state = "free" if cell == FREE else "unavailable"
-            entry: dict[str, Any] = {"index": index, "state": state, "task_key": job_of(cell)}
+            key = job_of(cell)
+            entry: dict[str, Any] = {"index": index, "state": state_of(cell), "task_key": key}
             if gpu:
                 entry.update(name=gpu.name, uuid=gpu.uuid, utilization=gpu.utilization,
-                             memory_used=gpu.memory_used, memory_total=gpu.memory_total)
+                             memory_used=gpu.memory_used, memory_total=gpu.memory_total,
+                             reason=gpu.reason, mig=gpu.mig,
+                             foreign_pids=[p.pid for p in gpu.foreign_processes(key)])
             gpus.append(entry)
         hosts.append({
             "name": name,
@@ -71,6 +68,7 @@ def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
             "data_addr": record.data_addr if record else None,
             "mgmt_addr": record.mgmt_addr if record else None,
             "gpu_source": record.gpu_source if record else None,
+            "gpu_driver": record.gpu_driver if record else {},
             "gpus": gpus,
             "ports_reserved": len(matrix.ports.get(name, {})),
         })
@@ -84,16 +82,28 @@ def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
 
 
 def _gpu_cell(gpu: dict[str, Any]) -> str:
+    foreign = gpu.get("foreign_pids")
+    warning = (f" [red]busy-with-foreign-process[/] pid {', '.join(map(str, foreign))}"
+               if foreign else "")
     if gpu["state"] == "free":
-        return "[green]free[/]"
+        return "[green]free[/]" + warning
     if gpu["state"] == "busy":
-        return f"[yellow]busy[/] {gpu['task_key']}"
+        return f"[yellow]busy[/] {gpu['task_key']}" + warning
     if gpu["state"] == "draining":
-        return f"[magenta]draining[/] {gpu['task_key']}"
+        return f"[magenta]draining[/] {gpu['task_key']}" + warning
+    if foreign:
+        return warning.lstrip()
+    if gpu.get("reason"):
+        return f"[red]unavailable[/] {gpu['reason']}"
     if "utilization" in gpu:
         return (f"[red]unavailable[/] {gpu['utilization']:.0f}% "
                 f"{gpu['memory_used'] / GIB:.1f}/{gpu['memory_total'] / GIB:.1f} GiB")
     return "[red]unavailable[/]"
+
+
+def _driver(host: dict[str, Any]) -> str:
+    versions = host.get("gpu_driver") or {}
+    return " ".join(f"{k} {v}" for k, v in versions.items()) or (host.get("gpu_source") or "")
 
 
 def render(status: dict[str, Any], console: Console | None = None) -> None:
@@ -104,6 +114,7 @@ def render(status: dict[str, Any], console: Console | None = None) -> None:
     table.add_column("host")
     table.add_column("agent")
     table.add_column("data address")
+    table.add_column("GPU driver")
     for index in range(width):
         table.add_column(f"GPU {index}" if most else "GPUs")
     for host in status["hosts"]:
@@ -113,7 +124,8 @@ def render(status: dict[str, Any], console: Console | None = None) -> None:
         if host["agent"] == "up" and not host["gpus"]:
             cells = ["no GPU: CPU tasks only"]
         cells += [""] * (width - len(cells))
-        table.add_row(host["name"], agent, host["data_addr"] or host["address"], *cells)
+        table.add_row(host["name"], agent, host["data_addr"] or host["address"], _driver(host),
+                      *cells)
     console.print(table)
     servers = ", ".join(f"{s['server']} {s['mode']} ({s['latency_ms']} ms)"
                         for s in status["zookeeper"]["servers"])

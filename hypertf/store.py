@@ -87,8 +87,18 @@ def owner_of(task_key: str) -> str:
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU (NVML's list) and the HyperTF job it belongs to, if any
+    (its ``HYPERTF_TASK_KEY``): any other process is foreign."""
+
+    pid: int
+    memory: int | None = None  # bytes; None when the driver does not say
+    task_key: str | None = None
+
+
+@dataclass(frozen=True)
 class GpuInfo:
-    """One GPU as the agent saw it."""
+    """One GPU as the agent saw it; ``reason`` says why it is not available."""
 
     index: int
     name: str
@@ -97,6 +107,18 @@ class GpuInfo:
     memory_used: int  # bytes
     memory_total: int  # bytes
     available: bool
+    reason: str = ""
+    mig: bool = False
+    processes: list[GpuProcess] = field(default_factory=list)
+
+    def foreign_processes(self, task_key: str | None) -> list[GpuProcess]:
+        """Processes on this GPU that are not of ``task_key`` (the job holding it)."""
+        return [p for p in self.processes if task_key is None or p.task_key != task_key]
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> GpuInfo:
+        processes = [GpuProcess(**p) for p in payload.pop("processes", [])]
+        return cls(**payload, processes=processes)
 
 
 @dataclass(frozen=True)
@@ -115,6 +137,7 @@ class AgentRecord:
     gpu_avail_list: list[int]
     gpus: list[GpuInfo] = field(default_factory=list)
     gpu_source: str = "none"
+    gpu_driver: dict[str, str] = field(default_factory=dict)  # driver, NVML, CUDA versions
     heartbeat: float = 0.0
     pid: int = 0
     hostname: str = ""
@@ -126,9 +149,9 @@ class AgentRecord:
     def from_json(cls, data: bytes) -> AgentRecord:
         payload = decode(data, "agent record")
         try:
-            payload["gpus"] = [GpuInfo(**gpu) for gpu in payload.get("gpus", [])]
+            payload["gpus"] = [GpuInfo.from_dict(gpu) for gpu in payload.get("gpus", [])]
             return cls(**payload)
-        except TypeError as err:  # missing or unknown fields: a damaged or foreign record
+        except (TypeError, AttributeError) as err:  # missing or unknown fields, wrong shapes
             host = payload.get("host", "?")
             raise StoreError(f"ZooKeeper holds an unreadable agent record (host {host!r}): "
                              f"{err}; restart that host's agent to rewrite it") from None

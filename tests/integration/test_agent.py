@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 import yaml
+from rich.console import Console
 
-from hypertf import auth, store
+from hypertf import auth, status, store
 from hypertf.allocation import sync_matrix
 from hypertf.inventory import load_inventory
 from tests.conftest import wait_for
@@ -82,3 +86,62 @@ def test_agent_refuses_a_bad_network_setting(agent_inventory):
     assert done.returncode == 2, done.stderr
     assert "network 'nosuchnic0' is neither an interface of this node" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
+    """Busy by process: a foreign process (an idle one, below every threshold) and a
+    HyperTF task on a GPU it was not granted both make the GPU unavailable; status names
+    them, and the agent's /metrics on its management address shows the same."""
+    path, gpus = agent_inventory
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data = yaml.safe_load(path.read_text())
+    data["all"]["vars"]["hypertf_agent_metrics_port"] = port
+    path.write_text(yaml.safe_dump(data))
+    inventory = load_inventory(path)
+    layout = store.Layout(inventory.cluster.zk_root)
+    key = "20261122-085000-a1b2c3.alice"
+    foreign = subprocess.Popen(["sleep", "300"])
+    stray = subprocess.Popen(["sleep", "300"], env={**os.environ, "HYPERTF_TASK_KEY": key})
+    gpus.write_text(json.dumps([{"processes": [foreign.pid]}, {"processes": [stray.pid]}, {}]))
+    agent = subprocess.Popen([sys.executable, "-m", "hypertf.cli", "agent", "-i", str(path),
+                              "--host", "node1"], stderr=subprocess.PIPE, text=True)
+    client = store.connect(inventory.cluster)
+    try:
+        record = wait_for(lambda: store.read_records(client, layout).get("node1"), 20,
+                          "the record")
+        assert record.gpu_avail_list == [2]
+        assert record.gpus[0].reason == f"foreign process pid {foreign.pid}"
+        assert record.gpus[1].reason == f"in use by {key}"
+        assert record.gpus[1].processes == [store.GpuProcess(stray.pid, None, key)]
+        wait_for(lambda: sync_matrix(client, layout)[0].gpus["node1"] == [0, 0, 1], 10,
+                 "the matrix to follow")
+        view = status.collect(client, inventory)
+        first, second, third = view["hosts"][0]["gpus"]
+        assert (first["state"], first["foreign_pids"]) == ("unavailable", [foreign.pid])
+        assert second["foreign_pids"] == [stray.pid]  # not granted to its job: foreign here
+        assert third["foreign_pids"] == [] and third["state"] == "free"
+        console = Console(record=True, width=300)
+        status.render(view, console)
+        assert f"busy-with-foreign-process pid {foreign.pid}" in console.export_text()
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        assert 'hypertf_gpu_foreign_processes{gpu="0",host="node1",name="Static GPU",' \
+               'uuid="GPU-static-node1-0"} 1.0' in text
+        assert 'hypertf_gpu_state{gpu="2",host="node1",name="Static GPU",state="free",' \
+               'uuid="GPU-static-node1-2"} 1.0' in text
+        assert "hypertf_agent_heartbeat_age_seconds" in text
+
+        foreign.kill()
+        stray.kill()
+        gpus.write_text(json.dumps([{}, {}, {}]))
+        wait_for(lambda: sync_matrix(client, layout)[0].gpus["node1"] == [1, 1, 1], 10,
+                 "the GPUs to free when the processes are gone")
+    finally:
+        for process in (agent, foreign, stray):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        store.close(client)

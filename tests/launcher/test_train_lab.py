@@ -191,7 +191,11 @@ def test_hyperparameters_follow_directly_without_double_dash(lab, tmp_path):
     (summary,) = summaries(tmp_path)
     log = (tmp_path / "runs" / summary["task_key"] / "worker0.log").read_text()
     assert log.split("argv=", 1)[1].splitlines()[0].endswith('"--batch_size", "100"]')
-    assert "cuda='0' fail_fast=use_caller" in log
+    # Pinned by UUID (the static source's stable ones), in PCI bus order for index users.
+    [task] = summary["tasks"]
+    uuids = ",".join(f"GPU-static-{task['host']}-{gpu}" for gpu in task["gpus"])
+    assert f"cuda={uuids!r} fail_fast=use_caller" in log
+    assert f"gpu_order=PCI_BUS_ID gpus={','.join(map(str, task['gpus']))!r}" in log
 
 
 def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):

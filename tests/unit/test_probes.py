@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
-from types import SimpleNamespace
+import subprocess
 
 import pytest
 
@@ -17,7 +17,11 @@ from hypertf.probes import (
     free_port,
     judge,
     select_address,
+    task_key_of,
 )
+from hypertf.store import GpuProcess
+from tests import fake_pynvml
+from tests.fake_pynvml import FakeGpu, FakeNvml
 
 GIB = 1024**3
 
@@ -123,80 +127,36 @@ def test_no_gpu_source_reads_nothing():
 # --- NvmlGpuSource, at its boundary with a fake NVML module ---------------------------------
 
 
-class FakeNvml:
-    """Records calls; ``fail`` names a function that raises (optionally from the Nth GPU)."""
-
-    def __init__(self, gpus: list[dict], fail: str | None = None, fail_at: int = 0) -> None:
-        self.gpus = gpus
-        self.fail = fail
-        self.fail_at = fail_at
-        self.calls: list[str] = []
-
-    def _call(self, name: str, index: int = 0) -> None:
-        self.calls.append(name)
-        if name == self.fail and index >= self.fail_at:
-            raise RuntimeError(f"{name} failed")
-
-    def module(self) -> SimpleNamespace:
-        def util(h):
-            self._call("util", h)
-            return SimpleNamespace(gpu=self.gpus[h]["util"], memory=0)
-
-        def memory(h):
-            self._call("memory", h)
-            return SimpleNamespace(used=self.gpus[h]["used"], total=self.gpus[h]["total"],
-                                   free=0)
-
-        def count():
-            self._call("count")
-            return len(self.gpus)
-
-        def name(h):
-            self._call("name", h)
-            return self.gpus[h]["name"]
-
-        def uuid(h):
-            self._call("uuid", h)
-            return self.gpus[h]["uuid"]
-
-        def handle(i):
-            self._call("handle", i)
-            return i
-
-        return SimpleNamespace(
-            nvmlInit=lambda: self._call("init"),
-            nvmlShutdown=lambda: self._call("shutdown"),
-            nvmlDeviceGetCount=count,
-            nvmlDeviceGetHandleByIndex=handle,
-            nvmlDeviceGetName=name,
-            nvmlDeviceGetUUID=uuid,
-            nvmlDeviceGetUtilizationRates=util,
-            nvmlDeviceGetMemoryInfo=memory,
-        )
-
-
-TWO_GPUS = [
-    {"name": b"Tesla V100-SXM2-16GB", "uuid": b"GPU-aaaa", "util": 3, "used": 1024,
-     "total": 16 * GIB},
-    {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-bbbb", "util": 87, "used": 70 * GIB,
-     "total": 80 * GIB},
-]
+def two_gpus() -> list[FakeGpu]:
+    return [
+        FakeGpu(name=b"Tesla V100-SXM2-16GB", uuid=b"GPU-aaaa", util=3, used=1024,
+                total=16 * GIB, mig=None),
+        FakeGpu(name="NVIDIA H100 80GB HBM3", uuid="GPU-bbbb", util=87, used=70 * GIB,
+                total=80 * GIB, processes=[(4242, 70 * GIB)]),
+    ]
 
 
 def test_nvml_readings_are_converted():
-    fake = FakeNvml(TWO_GPUS)
+    fake = FakeNvml(two_gpus())
     source = NvmlGpuSource(fake.module())
     first, second = source.read()
     assert first == GpuReading(0, "Tesla V100-SXM2-16GB", "GPU-aaaa", 3.0, 1024, 16 * GIB)
     assert second == GpuReading(1, "NVIDIA H100 80GB HBM3", "GPU-bbbb", 87.0, 70 * GIB,
-                                80 * GIB)
+                                80 * GIB, processes=(GpuProcess(4242, 70 * GIB),))
     assert isinstance(first.name, str) and isinstance(first.uuid, str)
     assert isinstance(first.utilization, float)
     assert source.name == "nvml"
 
 
+def test_nvml_versions_of_driver_nvml_and_cuda():
+    source = NvmlGpuSource(FakeNvml(two_gpus()).module())
+    assert source.versions() == {"driver": "550.54.15", "nvml": "12.550.54.15", "cuda": "12.4"}
+    broken = FakeNvml(two_gpus(), init_error=fake_pynvml.NVMLError_DriverNotLoaded())
+    assert NvmlGpuSource(broken.module()).versions() == {}
+
+
 def test_nvml_is_initialised_once_and_shut_down_on_close():
-    fake = FakeNvml(TWO_GPUS)
+    fake = FakeNvml(two_gpus())
     source = NvmlGpuSource(fake.module())
     source.read()
     source.read()
@@ -208,7 +168,7 @@ def test_nvml_is_initialised_once_and_shut_down_on_close():
 
 
 def test_nvml_init_failure_means_zero_gpus_without_exception():
-    fake = FakeNvml(TWO_GPUS, fail="init")
+    fake = FakeNvml(two_gpus(), init_error=fake_pynvml.NVMLError_DriverNotLoaded())
     source = NvmlGpuSource(fake.module())
     assert source.read() == []
     assert "count" not in fake.calls
@@ -216,17 +176,112 @@ def test_nvml_init_failure_means_zero_gpus_without_exception():
     assert "shutdown" not in fake.calls
 
 
-@pytest.mark.parametrize("fail, fail_at", [
-    ("count", 0), ("memory", 1), ("util", 1), ("uuid", 1), ("handle", 1),
-])
-def test_nvml_read_failing_midway_means_zero_gpus_then_recovers(fail, fail_at):
-    fake = FakeNvml(TWO_GPUS, fail=fail, fail_at=fail_at)
+def test_nvml_count_failure_means_zero_gpus_then_recovers():
+    fake = FakeNvml(two_gpus(), count_error=fake_pynvml.NVMLError_DriverNotLoaded())
     source = NvmlGpuSource(fake.module())
     assert source.read() == []
     assert "shutdown" in fake.calls  # NVML is shut down so the next probe starts clean
-    fake.fail = None
+    fake.count_error = None
     assert len(source.read()) == 2
     assert fake.calls.count("init") == 2
+
+
+@pytest.mark.parametrize("call, error", [
+    ("handle", fake_pynvml.NVMLError_GpuIsLost()),
+    ("name", fake_pynvml.NVMLError_GpuIsLost()),
+    ("uuid", fake_pynvml.NVMLError_GpuIsLost()),
+    ("memory", fake_pynvml.NVMLError_GpuIsLost()),
+    ("util", fake_pynvml.NVMLError_NotSupported()),
+])
+def test_one_gpu_that_fails_is_unavailable_with_its_reason_the_others_stay(call, error):
+    gpus = [FakeGpu(uuid=f"GPU-{i}") for i in range(3)]
+    gpus[1].faults[call] = error
+    fake = FakeNvml(gpus)
+    readings = NvmlGpuSource(fake.module()).read()
+    assert [r.index for r in readings] == [0, 1, 2]
+    assert [bool(r.fault) for r in readings] == [False, True, False]
+    assert type(error).__name__ in readings[1].fault
+    judged = judge(readings, 10.0, 10.0)
+    assert [g.available for g in judged] == [True, False, True]
+    assert judged[1].reason.startswith("unreadable (NVMLError_")
+    assert "shutdown" not in fake.calls  # the healthy GPUs keep being read
+
+
+def test_every_gpu_failing_restarts_nvml_on_the_next_probe():
+    gpus = [FakeGpu(faults={"memory": fake_pynvml.NVMLError_GpuIsLost()}) for _ in range(2)]
+    fake = FakeNvml(gpus)
+    source = NvmlGpuSource(fake.module())
+    assert all(r.fault for r in source.read())
+    assert "shutdown" in fake.calls
+    for gpu in gpus:
+        gpu.faults.clear()
+    assert not any(r.fault for r in source.read())
+    assert fake.calls.count("init") == 2
+
+
+def test_mig_enabled_gpu_is_unavailable_for_whole_gpu_grants():
+    gpus = [FakeGpu(uuid="GPU-mig", mig=fake_pynvml.NVML_DEVICE_MIG_ENABLE),
+            FakeGpu(uuid="GPU-plain", mig=fake_pynvml.NVML_DEVICE_MIG_DISABLE),
+            FakeGpu(uuid="GPU-old", mig=None)]  # MIG not supported: a whole GPU
+    readings = NvmlGpuSource(FakeNvml(gpus).module()).read()
+    assert [r.mig for r in readings] == [True, False, False]
+    assert not readings[0].fault  # its utilisation is not asked (NotSupported on MIG)
+    judged = judge(readings, 10.0, 10.0)
+    assert [g.available for g in judged] == [False, True, True]
+    assert judged[0].reason == "MIG enabled: HyperTF grants whole GPUs only"
+
+
+def test_process_list_not_supported_is_not_a_fault():
+    gpus = [FakeGpu(faults={"processes": fake_pynvml.NVMLError_NotSupported()})]
+    [reading] = NvmlGpuSource(FakeNvml(gpus).module()).read()
+    assert (reading.fault, reading.processes) == ("", ())
+
+
+# --- processes on a GPU: foreign or the holding job's -----------------------------------------
+
+
+def test_any_process_makes_a_gpu_unavailable_and_is_named():
+    owners = {100: None, 200: "20261122-085000-a1b2c3.alice"}
+    readings = [
+        GpuReading(0, "GPU", "GPU-0", 0.0, 0, GIB, processes=(GpuProcess(100, 300),)),
+        GpuReading(1, "GPU", "GPU-1", 0.0, 0, GIB, processes=(GpuProcess(200),)),
+        GpuReading(2, "GPU", "GPU-2", 0.0, 0, GIB),
+    ]
+    foreign, own, idle = judge(readings, 10.0, 10.0, task_of=owners.get)
+    assert (foreign.available, foreign.reason) == (False, "foreign process pid 100")
+    assert foreign.processes == [GpuProcess(100, 300, None)]
+    assert (own.available, own.reason) == (False, "in use by 20261122-085000-a1b2c3.alice")
+    assert idle.available and idle.reason == ""
+    # Foreign to the job that holds the GPU: any process not of that job.
+    assert foreign.foreign_processes("20261122-085000-a1b2c3.alice") == foreign.processes
+    assert own.foreign_processes("20261122-085000-a1b2c3.alice") == []
+    assert own.foreign_processes("20261122-090000-ffffff.bob") == own.processes
+    assert own.foreign_processes(None) == own.processes
+
+
+def test_task_key_of_reads_a_real_process_environment():
+    key = "20261122-085000-a1b2c3.alice"
+    path = {"PATH": "/bin:/usr/bin"}
+    with subprocess.Popen(["sleep", "30"], env={"HYPERTF_TASK_KEY": key, **path}) as ours, \
+            subprocess.Popen(["sleep", "30"], env=path) as other:
+        try:
+            assert task_key_of(ours.pid) == key
+            assert task_key_of(other.pid) is None
+        finally:
+            ours.kill()
+            other.kill()
+    assert task_key_of(2**22 + 1) is None  # no such process
+
+
+def test_static_source_stages_processes_mig_and_faults(tmp_path):
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps([{"processes": [123]}, {"mig": True},
+                                {"fault": "NVMLError_GpuIsLost: GPU is lost"}, {}]))
+    readings = StaticGpuSource("n", str(path)).read()
+    assert readings[0].processes == (GpuProcess(123),)
+    judged = judge(readings, 10.0, 10.0, task_of=lambda pid: None)
+    assert [g.available for g in judged] == [False, False, False, True]
+    assert [g.reason.split(" ")[0] for g in judged[:3]] == ["foreign", "MIG", "unreadable"]
 
 
 def test_real_pynvml_without_a_gpu_reads_zero_gpus():

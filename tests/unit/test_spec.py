@@ -10,7 +10,16 @@ import json
 import pytest
 
 from hypertf.scheduler import Placement, TaskSlot
-from hypertf.spec import ROLE_ORDER, build, fatal_servers, finishers, mode, slots_for
+from hypertf.spec import (
+    ROLE_ORDER,
+    build,
+    fatal_servers,
+    finishers,
+    gpu_env,
+    mode,
+    slots_for,
+)
+from hypertf.store import GpuInfo
 
 
 def place(name: str, host: str = "h1", gpus: tuple[int, ...] = ()) -> Placement:
@@ -346,3 +355,12 @@ def test_specs_for_scheduled_slots_end_to_end():
     assert mode(placements) == "parameter_server"
     assert finishers(placements) == {"chief:0"}
     assert fatal_servers(placements) == {"ps:0"}
+
+
+def test_gpu_env_pins_by_uuid_in_pci_bus_order():
+    gpus = [GpuInfo(i, "GPU", f"GPU-{i:08x}-aaaa", 0.0, 0, 1, True) for i in range(4)]
+    assert gpu_env([2, 0], gpus) == {"CUDA_VISIBLE_DEVICES": "GPU-00000002-aaaa,GPU-00000000-aaaa",
+                                     "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HYPERTF_GPUS": "2,0"}
+    # A CPU task sees no GPU; a GPU whose UUID is unknown (an old agent) keeps its index.
+    assert gpu_env([], gpus)["CUDA_VISIBLE_DEVICES"] == ""
+    assert gpu_env([1], [GpuInfo(1, "GPU", "", 0.0, 0, 1, True)])["CUDA_VISIBLE_DEVICES"] == "1"

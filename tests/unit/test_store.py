@@ -11,7 +11,16 @@ import json
 import pytest
 
 from hypertf.errors import HyperTFError, StoreError, UsageError
-from hypertf.store import FORMAT, MAX_ZNODE_BYTES, AgentRecord, GpuInfo, Layout, decode, encode
+from hypertf.store import (
+    FORMAT,
+    MAX_ZNODE_BYTES,
+    AgentRecord,
+    GpuInfo,
+    GpuProcess,
+    Layout,
+    decode,
+    encode,
+)
 
 # --- Layout ---------------------------------------------------------------------------------
 
@@ -89,6 +98,8 @@ def gpu(index: int, available: bool = True) -> GpuInfo:
         index=index, name="NVIDIA H100 80GB HBM3", uuid=f"GPU-{index:08x}-0000",
         utilization=0.0 if available else 97.5, memory_used=0 if available else 70 * 2**30,
         memory_total=80 * 2**30, available=available,
+        reason="" if available else "in use by 20261122-085000-a1b2c3.alice",
+        processes=[] if available else [GpuProcess(77, 70 * 2**30, "20261122-085000-a1b2c3.alice")],
     )
 
 
@@ -96,7 +107,8 @@ def full_record() -> AgentRecord:
     return AgentRecord(
         host="node1", mgmt_addr="192.168.0.11", data_addr="10.40.0.11", port=20000, gpu=4,
         gpu_avail_list=[0, 1, 3], gpus=[gpu(0), gpu(1), gpu(2, available=False), gpu(3)],
-        gpu_source="nvml", heartbeat=1712345678.25, pid=4242, hostname="node1.example",
+        gpu_source="nvml", gpu_driver={"driver": "550.54.15", "nvml": "12.550.54.15"},
+        heartbeat=1712345678.25, pid=4242, hostname="node1.example",
     )
 
 
@@ -128,10 +140,11 @@ def test_agent_record_json_has_the_documented_fields_with_format_first():
     assert payload["format"] == FORMAT == 1
     assert set(payload) == {
         "format", "host", "mgmt_addr", "data_addr", "port", "gpu", "gpu_avail_list", "gpus",
-        "gpu_source", "heartbeat", "pid", "hostname",
+        "gpu_source", "gpu_driver", "heartbeat", "pid", "hostname",
     }
     assert set(payload["gpus"][0]) == {
         "index", "name", "uuid", "utilization", "memory_used", "memory_total", "available",
+        "reason", "mig", "processes",
     }
     assert payload["gpu"] == 4
     assert payload["gpu_avail_list"] == [0, 1, 3]
