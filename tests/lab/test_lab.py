@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from hypertf import lab as lab_module
@@ -39,13 +40,27 @@ def test_three_agents_three_records_and_a_3x4_matrix(lab):
         assert host["gpus"] == [
             {"index": i, "state": "free", "task_key": None, "name": "Static GPU",
              "uuid": f"GPU-static-{host['name']}-{i}", "utilization": 0.0, "memory_used": 0,
-             "memory_total": 16 * 1024**3}
+             "memory_total": 16 * 1024**3, "reason": "", "mig": False, "foreign_pids": []}
             for i in range(4)
         ]
     assert report["zookeeper"]["servers"][0]["mode"] == "standalone"
     # Each host really is its own machine: own hostname, own /srv.
     assert ssh(lab, "h2", "hostname").strip() == "h2"
     assert "agent.pid" in ssh(lab, "h2", "ls /srv/hypertf")
+
+
+def test_agent_metrics_answer_on_the_management_address_only(lab):
+    """Prometheus can scrape each node over the lab's network; the agent listens nowhere
+    else (not on the node's loopback)."""
+    address = lab.host("h2").address
+    with urllib.request.urlopen(f"http://{address}:9400/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    assert ('hypertf_gpu_state{gpu="3",host="h2",name="Static GPU",state="free",'
+            'uuid="GPU-static-h2-3"} 1.0') in text
+    assert 'hypertf_agent_info{gpu_source="static",host="h2"} 1.0' in text
+    probe = ("python3 -c \"import socket; s = socket.socket(); "
+             "print(s.connect_ex(('127.0.0.1', 9400)))\"")
+    assert ssh(lab, "h2", probe).strip() != "0"
 
 
 def test_killed_agent_row_turns_unavailable_then_comes_back(lab):
