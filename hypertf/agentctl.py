@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hypertf import procs
-from hypertf.errors import HyperTFError, RemoteError
+from hypertf.errors import HyperTFError
 from hypertf.inventory import Inventory, Node
-from hypertf.remote import Cluster, Result, Session, command_line, failures
+from hypertf.remote import Cluster, Result, Session, command_line
 
 
 def pidfile(workdir: str) -> Path:
@@ -81,11 +81,8 @@ def _run_everywhere(inventory: Inventory, names: Iterable[str] | None, action: s
         results = cluster.each(
             lambda s: _run(s, action, inventory.path), names=[n.name for n in nodes]
         )
-    problems = failures(results)
-    if problems:
-        lines = "\n".join(f"  {host}: {why}" for host, why in problems.items())
-        raise RemoteError(f"agent {action} failed on {len(problems)} node(s):\n{lines}")
-    return results  # type: ignore[return-value]
+    results.raise_failed(f"agent {action}", noun="node")
+    return results.succeeded
 
 
 def _run(session: Session, action: str, inventory_path: Path) -> Result:

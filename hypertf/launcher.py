@@ -18,7 +18,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,11 @@ from hypertf.errors import (
     UsageError,
 )
 from hypertf.inventory import Inventory, check_env
-from hypertf.remote import Cluster, Session, command_line, quote
-from hypertf.scheduler import POLICIES, Placement
+from hypertf.monitor import Event, Limits, Monitor, TaskState, Verdict
+from hypertf.remote import Cluster, GroupResult, Session, command_line, quote
+from hypertf.scheduler import POLICIES
 from hypertf.store import Layout
 
-PORT_IN_USE = ("Failed to add port to server", "Could not start gRPC server",
-               "Address already in use")
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
 MAX_PORT_RETRIES = 3
@@ -81,7 +80,6 @@ class Interrupted(HyperTFError):
 
 
 LEGACY_FLAG_MODES = ("auto", "on", "off")
-TAIL_LINES = 200  # kept per task: a Keras error is often followed by a long tensor dump
 MAX_SYNC_SOURCES = 2000  # Python files of --sync DIR scanned for the legacy flags
 
 
@@ -161,54 +159,10 @@ class TrainRequest:
                 raise UsageError(f"--script {self.script} not found in --sync {self.sync_dir}")
 
 
-@dataclass
-class TaskState:
-    placement: Placement
-    port: int
-    started: float | None = None
-    exit_code: int | None = None
-    killed: bool = False
-    ended: float | None = None
-    tail: list[str] = field(default_factory=list)
-    stop_result: str | None = None  # what HyperTF's stop did to it (tasknode.stop)
-
-    def end(self, lost: bool) -> str:
-        """How the task ended, in words: exit code, stopped by HyperTF, died of a signal,
-        or lost with its host."""
-        code = self.exit_code
-        if self.stop_result == "survived SIGKILL":
-            return "survived SIGKILL (its GPUs stay draining)"
-        if self.stop_result == "killed" and (code is None or code == 128 + signal.SIGKILL):
-            return "stopped by HyperTF (SIGKILL after the grace)"
-        if self.stop_result == "stopped" and code in (None, 128 + signal.SIGTERM):
-            return "stopped by HyperTF (SIGTERM)"
-        if code is None:
-            return "lost with its host" if lost else "killed (no exit code recorded)"
-        if code > 128 and code - 128 in signal.valid_signals():
-            return f"died of signal {code - 128} ({signal.Signals(code - 128).name})"
-        return f"exit {code}"
-
-    @property
-    def name(self) -> str:
-        return self.placement.name
-
-    @property
-    def label(self) -> str:
-        return f"{self.placement.name}@{self.placement.host}"
-
-    @property
-    def file_name(self) -> str:
-        return f"{self.placement.role}{self.placement.index}"
-
-    @property
-    def running(self) -> bool:
-        return self.ended is None
-
-
 class _LineSink(io.TextIOBase):
     """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue."""
 
-    def __init__(self, host: str, events: queue.Queue[tuple[str, dict[str, Any]]]) -> None:
+    def __init__(self, host: str, events: queue.Queue[Event]) -> None:
         self.host, self.events, self.buffer = host, events, ""
 
     def write(self, text: str) -> int:
@@ -217,9 +171,9 @@ class _LineSink(io.TextIOBase):
         for line in lines:
             if line.strip():
                 try:
-                    self.events.put((self.host, json.loads(line)))
-                except json.JSONDecodeError:
-                    self.events.put((self.host, {"e": "noise", "line": line}))
+                    self.events.put(Event.from_node(self.host, json.loads(line)))
+                except (json.JSONDecodeError, AttributeError):  # not a JSON object
+                    self.events.put(Event("noise", self.host, line=line))
         return len(text)
 
 
@@ -238,8 +192,7 @@ class Job:
         self.grant: Grant | None = None
         self.tasks: dict[str, TaskState] = {}
         self.cluster: Cluster | None = None
-        self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
-        self.host_seen: dict[str, float] = {}
+        self.events: queue.Queue[Event] = queue.Queue()
         self.lost_session = threading.Event()
         self.lease_dropped = threading.Event()
         self.started_at = time.time()
@@ -311,13 +264,9 @@ class Job:
             return report
 
         results = self.cluster.each(check, hosts)
-        problems = {h: str(v) for h, v in results.items() if isinstance(v, BaseException)}
-        if problems:
-            lines = "\n".join(f"  {host}: {why}" for host, why in problems.items())
-            raise RemoteError(f"preflight failed on {len(problems)} host(s); nothing was "
-                               f"started or allocated:\n{lines}")
-        self.wrapper.update({h: v["wrapper"] for h, v in results.items()})
-        self.script_reads_flags |= any(v.get("legacy_flags") for v in results.values())
+        results.raise_failed("preflight", "; nothing was started or allocated")
+        self.wrapper.update({h: v["wrapper"] for h, v in results.succeeded.items()})
+        self.script_reads_flags |= any(v.get("legacy_flags") for v in results.succeeded.values())
         self.preflighted.update(hosts)
 
     @property
@@ -433,10 +382,7 @@ class Job:
         for task_spec in specs.build(self.grant.placements, addresses):
             by_host.setdefault(task_spec.placement.host, []).append(task_spec)
         if self.request.sync_dir:
-            failed = {h: v for h, v in self.cluster.each(self._upload, list(by_host)).items()
-                      if isinstance(v, BaseException)}
-            if failed:
-                raise HyperTFError("; ".join(f"{h}: {v}" for h, v in failed.items()))
+            self.cluster.each(self._upload, list(by_host)).raise_failed("--sync upload")
 
         legacy_flags = self.legacy_flags
         if not self.legacy_flags_said:
@@ -484,9 +430,8 @@ class Job:
 
         update_job(self.client, self.layout, self.task_key, state="starting")
         results = self.cluster.each(launch, list(by_host))
-        busy = {h: v.ports for h, v in results.items() if isinstance(v, PortsBusy)}
-        failed = {h: v for h, v in results.items()
-                  if isinstance(v, BaseException) and not isinstance(v, PortsBusy)}
+        busy = {h: v.ports for h, v in results.failed.items() if isinstance(v, PortsBusy)}
+        failed = {h: v for h, v in results.failed.items() if not isinstance(v, PortsBusy)}
         if failed:
             raise JobFailed("could not start tasks: " +
                             "; ".join(f"{h}: {v}" for h, v in failed.items()))
@@ -497,7 +442,6 @@ class Job:
             + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
             for t in self.tasks.values()))
         for host in by_host:
-            self.host_seen[host] = time.monotonic()
             threading.Thread(target=self._watch_host, args=(host,), daemon=True).start()
         return busy
 
@@ -511,100 +455,41 @@ class Job:
         try:
             session.stream(command, _LineSink(host, self.events))
         except Exception as err:  # the host went away; the main loop decides what it means
-            self.events.put((host, {"e": "lost", "why": str(err)}))
+            self.events.put(Event("lost", host, why=str(err)))
         else:
-            self.events.put((host, {"e": "closed"}))
+            self.events.put(Event("closed", host))
 
     # -- watch and decide ---------------------------------------------------------------
-    def _task_by_file(self, host: str, file_name: str) -> TaskState:
-        for task in self.tasks.values():
-            if task.placement.host == host and task.file_name == file_name:
-                return task
-        raise KeyError(file_name)
-
-    def watch(self) -> str:
-        """Stream logs and decide: 'succeeded', 'retry-ports' on a port clash, or JobFailed."""
-        finishers = specs.finishers(self.grant.placements)
-        fatal = specs.fatal_servers(self.grant.placements)
-        begun = time.monotonic()
-        last_output = begun
-        idle_warned = False
-        all_started = False
-        host_timeout = max(2 * self.inventory.cluster.ssh_timeout, 10.0)
+    def watch(self) -> Verdict:
+        """Stream logs and feed every event to the job's Monitor until it decides: the
+        verdict (succeeded, or a port clash to retry); a failure raises JobFailed."""
+        assert self.grant is not None
+        limits = Limits(start_timeout=self.request.start_timeout, timeout=self.request.timeout,
+                        idle_timeout=self.request.idle_timeout, idle_fail=self.request.idle_fail,
+                        host_silence=max(2 * self.inventory.cluster.ssh_timeout, 10.0))
+        monitor = Monitor(self.tasks, limits, time.monotonic(), logs_hint=f"{self.local_dir}/",
+                          idle_causes=self._idle_causes())
         while True:
-            self._check_lease()
-            if self.lost_session.is_set():
-                raise JobFailed("lost the ZooKeeper session: the job's lease is gone, so the "
-                                "agents stop its tasks and its GPUs return to the pool")
             try:
-                host, event = self.events.get(timeout=0.2)
+                event = self.events.get(timeout=0.2)
             except queue.Empty:
-                host, event = "", {"e": "tick"}
-            now = time.monotonic()
-            if host:
-                self.host_seen[host] = now
-            kind = event["e"]
-            if kind == "log":
-                last_output = now
-                task = self._task_by_file(host, event["task"])
-                task.tail = ([*task.tail, event["line"]])[-TAIL_LINES:]
-                self.say(f"[{task.label}] {event['line']}")
-            elif kind == "listening":
-                task = self._task_by_file(host, event["task"])
-                task.started = task.started or time.time()
-            elif kind == "exit":
-                task = self._task_by_file(host, event["task"])
-                task.ended = time.time()
-                task.exit_code = event["code"]
-                task.killed = event["killed"]
-                code = "killed" if task.killed else f"exit {task.exit_code}"
-                self.say(f"hypertf: {task.label} ended ({code})")
-                if task.killed:
-                    self._check_lease(wait_s=1.0)  # killed by an agent after 'hypertf kill'?
-                if task.exit_code != 0 and not all_started and any(
-                        marker in line for line in task.tail for marker in PORT_IN_USE):
-                    return "retry-ports"
-                if task.name in finishers and task.exit_code != 0:
-                    raise JobFailed(self._failure(task, f"{code}"))
-                if task.name in fatal:
-                    raise JobFailed(self._failure(task, f"parameter server ended ({code})"))
-                if task.name not in finishers:
-                    self.say(f"hypertf: warning: {task.label} ended; the job goes on without it")
-                elif task.exit_code == 0 and task.started is None:
-                    task.started = task.ended
-                if all(self.tasks[name].exit_code == 0 for name in finishers):
-                    return "succeeded"
-            elif kind == "lost":
-                self.lost_hosts.add(host)
-                raise JobFailed(f"lost contact with {host}: {event['why']}")
-            if not all_started and all(t.started for t in self.tasks.values()):
-                all_started = True
-                self.say(f"hypertf: all {len(self.tasks)} tasks listening after "
-                         f"{now - begun:.1f} s")
-            if not all_started and now - begun > self.request.start_timeout:
-                waiting = [t.label for t in self.tasks.values() if not t.started]
-                raise JobFailed(
-                    f"start-up deadline: {', '.join(waiting)} not listening on their port "
-                    f"after {self.request.start_timeout:.0f} s (a peer that never started, "
-                    f"a host cut off, or a script that never serves); raise --start-timeout "
-                    f"if start-up is just slow"
-                )
-            if self.request.timeout and now - begun > self.request.timeout:
-                raise JobFailed(f"job timeout: still running after {self.request.timeout:.0f} s")
-            idle = self.request.idle_timeout
-            if all_started and idle and now - last_output > idle and not idle_warned:
-                idle_warned = True
-                why = (f"every task listens and none has written a line for {idle:.0f} s: "
-                       f"{self._idle_causes()}")
-                if self.request.idle_fail:
-                    raise JobFailed(f"idle: {why}")
-                self.say(f"hypertf: warning: {why} (--idle-fail ends such a job)")
-            for watched, seen in self.host_seen.items():
-                if any(t.running for t in self.tasks.values() if t.placement.host == watched) \
-                        and now - seen > host_timeout:
-                    self.lost_hosts.add(watched)
-                    raise JobFailed(f"host {watched} stopped answering ({now - seen:.0f} s "
-                                    f"without news)")
+                event = Event("tick")
+            if event.kind == "exit" and event.killed:
+                self.lease_dropped.wait(1.0)  # killed by an agent after 'hypertf kill'?
+            if self.lost_session.is_set():
+                event = Event("session-lost")
+            elif self.lease_dropped.is_set():
+                event = Event("lease-dropped", why=(
+                    f"job {self.task_key} was killed: its lease was dropped (hypertf kill); "
+                    f"its tasks are stopped and its GPUs returned"))
+            decision = monitor.feed(event, time.monotonic())
+            for line in decision.say:
+                self.say(line)
+            self.lost_hosts |= monitor.lost_hosts
+            if decision.verdict in (Verdict.SUCCEEDED, Verdict.PORT_CLASH):
+                return decision.verdict
+            if decision.final:
+                raise JobFailed(decision.message)
 
     def _idle_causes(self) -> str:
         if self.request.ps and not self.request.chief:
@@ -621,32 +506,11 @@ class Job:
                      "(TF1 between-graph); a TF2 ParameterServerStrategy script needs "
                      "--chief (its workers and ps only serve)")
 
-    def _check_lease(self, wait_s: float = 0.0) -> None:
-        if self.lease_dropped.wait(wait_s) and not self.lost_session.is_set():
-            raise JobFailed(f"job {self.task_key} was killed: its lease was dropped "
-                            f"(hypertf kill); its tasks are stopped and its GPUs returned")
-
-    def _failure(self, task: TaskState, what: str) -> str:
-        """What died and why: a refused legacy flag named with its fix, the exception (the
-        last traceback's final line and frame, FATAL and error lines), the last lines."""
-        lines = list(task.tail)
-        refused = diagnose.unknown_legacy_flag(lines)
-        if refused:
-            what = (f"{what}: the script does not accept --{refused} (a legacy flag HyperTF "
-                    f"passed); run it with --no-legacy-flags (it reads TF_CONFIG then)")
-        causes = diagnose.cause_lines(lines)
-        cause = "".join(f"\n    {line}" for line in causes)
-        last = [line for line in lines[-10:] if line.strip() not in causes]
-        tail = "\n".join(f"    {line}" for line in last) or "    (no output)"
-        return (f"task {task.label} failed: {what}."
-                + (f" Cause:{cause}" if cause else "")
-                + f"\n  last lines of its log:\n{tail}\n  full logs: {self.local_dir}/")
-
     # -- stop ---------------------------------------------------------------------------
-    def stop(self, only_running_servers: bool = False) -> dict[str, Any]:
+    def stop(self) -> GroupResult[dict[str, str]]:
         """TERM each task's process group, KILL after the grace period; every host at once."""
         if not self.cluster or not self.tasks:
-            return {}
+            return GroupResult()
         hosts = sorted({t.placement.host for t in self.tasks.values()} - self.lost_hosts)
         for host in sorted(self.lost_hosts):
             self.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
@@ -663,17 +527,16 @@ class Job:
             return json.loads(result.stdout.strip().splitlines()[-1])
 
         results = self.cluster.each(halt, hosts)
-        for host, value in results.items():
-            if not isinstance(value, BaseException):
-                for task in self.tasks.values():
-                    if task.placement.host == host and task.file_name in value:
-                        task.stop_result = task.stop_result or value[task.file_name]
-            if isinstance(value, BaseException):
-                self.say(f"hypertf: warning: could not stop tasks on {host} ({value}); its "
-                         f"agent stops them once the job's lease is released")
+        for host, value in results.succeeded.items():
+            for task in self.tasks.values():
+                if task.placement.host == host and task.file_name in value:
+                    task.stop_result = task.stop_result or value[task.file_name]
+        for host, err in results.failed.items():
+            self.say(f"hypertf: warning: could not stop tasks on {host} ({err}); its "
+                     f"agent stops them once the job's lease is released")
         return results
 
-    def _confirmed_dead(self, stopped: dict[str, Any]) -> list[str]:
+    def _confirmed_dead(self, stopped: GroupResult[dict[str, str]]) -> list[str]:
         """Hosts where the stop saw every task of the job dead: only their GPUs go back
         now; the others drain until their agent has confirmed."""
         hosts = {t.placement.host for t in self.tasks.values()}
@@ -681,8 +544,8 @@ class Job:
             return sorted({p.host for p in self.grant.placements}) if self.grant else []
         return sorted(
             host for host in hosts
-            if host in stopped and not isinstance(stopped[host], BaseException)
-            and "survived SIGKILL" not in stopped[host].values()
+            if host in stopped.succeeded
+            and "survived SIGKILL" not in stopped.succeeded[host].values()
         )
 
     # -- report -------------------------------------------------------------------------
@@ -747,8 +610,8 @@ class Job:
             for attempt in range(MAX_PORT_RETRIES + 1):
                 self.place(live, exclude)
                 busy = self.start()
-                outcome = "retry-ports" if busy else self.watch()
-                if outcome != "retry-ports" or attempt == MAX_PORT_RETRIES:
+                outcome = Verdict.PORT_CLASH if busy else self.watch()
+                if outcome is not Verdict.PORT_CLASH or attempt == MAX_PORT_RETRIES:
                     break
                 self.say("hypertf: a task could not bind its port: retrying on fresh ports")
                 for host, ports in busy.items():
@@ -760,7 +623,7 @@ class Job:
                 self._finish("retried")
                 self.task_key = new_task_key(auth.job_owner())
                 self.events = queue.Queue()
-            if outcome == "retry-ports":
+            if outcome is Verdict.PORT_CLASH:
                 raise JobFailed("tasks could not bind their ports after "
                                 f"{MAX_PORT_RETRIES} retries")
             self.result = "succeeded"
@@ -796,7 +659,7 @@ class Job:
 
     def _finish(self, state: str) -> None:
         """Stop every task, release, collect logs, write the summary."""
-        stopped: dict[str, Any] = {}
+        stopped: GroupResult[dict[str, str]] = GroupResult()
         try:
             stopped = self.stop()
         finally:

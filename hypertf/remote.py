@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import io
 import shlex
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import paramiko
 from fabric import Config, Connection
@@ -162,10 +162,10 @@ class Cluster:
         self.sessions = {node.name: Session(node, cluster) for node in nodes}
 
     def each(self, action: Callable[[Session], T], names: Iterable[str] | None = None,
-             ) -> dict[str, T | BaseException]:
+             ) -> GroupResult[T]:
         """Run ``action`` per node in parallel; each value is its result or its exception."""
         chosen = list(self.sessions if names is None else names)
-        results: dict[str, T | BaseException] = {}
+        results: GroupResult[T] = GroupResult()
         if not chosen:
             return results
         with ThreadPoolExecutor(max_workers=min(32, len(chosen))) as pool:
@@ -188,13 +188,34 @@ class Cluster:
         self.close()
 
 
-def failures(results: Mapping[str, Any]) -> dict[str, str]:
-    """Per host, the message of what went wrong (exceptions and non-zero exits)."""
-    problems = {}
-    for host, value in results.items():
-        if isinstance(value, BaseException):
-            problems[host] = str(value)
-        elif isinstance(value, Result) and not value.ok:
-            detail = (value.stderr or value.stdout).strip().splitlines()
-            problems[host] = f"exit {value.exited}: {detail[-1] if detail else 'no output'}"
-    return problems
+class GroupResult(dict[str, Any], Generic[T]):
+    """Per host, an action's result or the exception it raised (fabric's GroupResult):
+    ``succeeded`` and ``failed`` split them, ``problems`` words the failures, host by host
+    in name order, and ``raise_failed`` makes them one error."""
+
+    @property
+    def succeeded(self) -> dict[str, T]:
+        return {h: v for h, v in sorted(self.items()) if not isinstance(v, BaseException)}
+
+    @property
+    def failed(self) -> dict[str, BaseException]:
+        return {h: v for h, v in sorted(self.items()) if isinstance(v, BaseException)}
+
+    def problems(self) -> dict[str, str]:
+        """What went wrong per host: exceptions, and commands that exited non-zero."""
+        found = {}
+        for host, value in sorted(self.items()):
+            if isinstance(value, BaseException):
+                found[host] = str(value)
+            elif isinstance(value, Result) and not value.ok:
+                detail = (value.stderr or value.stdout).strip().splitlines()
+                found[host] = f"exit {value.exited}: {detail[-1] if detail else 'no output'}"
+        return found
+
+    def raise_failed(self, what: str, consequence: str = "", noun: str = "host") -> None:
+        """``RemoteError("<what> failed on N host(s)<consequence>:\n  host: why ...")``."""
+        problems = self.problems()
+        if problems:
+            lines = "\n".join(f"  {host}: {why}" for host, why in problems.items())
+            raise RemoteError(f"{what} failed on {len(problems)} {noun}(s){consequence}:\n"
+                              f"{lines}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hypertf.diagnose import cause_lines, reads_legacy_flags, unknown_legacy_flag
-from hypertf.launcher import TaskState
+from hypertf.monitor import TaskState
 from hypertf.scheduler import Placement
 
 READS = [
