@@ -16,7 +16,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
@@ -37,6 +36,7 @@ from hypertf.probes import (
     judge,
     select_address,
 )
+from hypertf.rundir import RunDir
 from hypertf.store import AgentRecord, Layout
 
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
@@ -166,7 +166,7 @@ class Agent:
 
     def reap_orphans(self, client: KazooClient) -> None:
         """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
-        runs = tasknode.unstopped_runs(Path(self.node.settings.workdir))
+        runs = tasknode.unstopped_runs(self.node.settings.workdir)
         if not runs:
             return
         leases = store.read_leases(client, self.layout)  # read after listing: see reap()
@@ -185,20 +185,19 @@ class Agent:
         ended = matrix.ended_on(host, leases)
         if not ended:
             return
-        runs = Path(self.node.settings.workdir) / "runs"
         dead = set()
         for task_key in ended:
-            run_dir = runs / task_key
+            run = RunDir.of(self.node.settings.workdir, task_key, local=True)
             try:
-                tasknode.mark_drained(run_dir)  # before looking: see task.sh
+                tasknode.mark_drained(run)  # before looking: see task.sh
             except OSError as err:  # a full or read-only disk: cannot be sure, keep draining
-                log.error("cannot mark %s drained (%s): its GPUs stay draining", run_dir, err)
+                log.error("cannot mark %s drained (%s): its GPUs stay draining", run.path, err)
                 continue
-            if tasknode.run_alive(run_dir):
-                result = tasknode.stop(run_dir, grace=STOP_GRACE_S)
+            if tasknode.run_alive(run):
+                result = tasknode.stop(run, grace=STOP_GRACE_S)
                 log.warning("job %s ended without its launcher's stop: stopped its tasks %s",
                             task_key, result)
-                if tasknode.run_alive(run_dir):
+                if tasknode.run_alive(run):
                     continue
             dead.add(task_key)
         if dead:

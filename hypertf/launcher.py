@@ -14,7 +14,6 @@ import json
 import queue
 import random
 import signal
-import tarfile
 import threading
 import time
 from collections.abc import Callable
@@ -41,13 +40,14 @@ from hypertf.allocation import (
 from hypertf.errors import (
     HyperTFError,
     InsufficientResources,
-    RemoteError,
     StoreError,
     UsageError,
 )
 from hypertf.inventory import Inventory, check_env
 from hypertf.monitor import Event, Limits, Monitor, TaskState, Verdict
-from hypertf.remote import Cluster, GroupResult, Session, command_line, quote
+from hypertf.nodeclient import NodeClient, PortsBusy
+from hypertf.remote import Cluster, GroupResult, Session
+from hypertf.rundir import RunDir
 from hypertf.scheduler import POLICIES
 from hypertf.store import Layout
 
@@ -58,15 +58,6 @@ MAX_PATH_BYTES = 4096  # PATH_MAX
 MAX_ARG_BYTES = 131072 - 1  # MAX_ARG_STRLEN: one argument the kernel passes to a program
 MAX_ARGS_BYTES = 1024 * 1024  # all of them, well under ARG_MAX with TF_CONFIG beside
 MAX_PLACE_ATTEMPTS = 20  # lost allocation races before giving up
-PORTS_BUSY = 75  # exit code of a start command that found a granted port in use
-
-
-class PortsBusy(Exception):
-    """Something else listens on granted ports of a host; nothing was started there."""
-
-    def __init__(self, ports: set[int]) -> None:
-        super().__init__(f"ports in use: {sorted(ports)}")
-        self.ports = ports
 
 
 class JobFailed(HyperTFError):
@@ -198,7 +189,6 @@ class Job:
         self.started_at = time.time()
         self.result = "failed"
         self.message = ""
-        self.wrapper: dict[str, str] = {}
         self.preflighted: set[str] = set()
         self.script_reads_flags = False
         self.legacy_flags_said = False
@@ -244,28 +234,11 @@ class Job:
         script = "" if self.request.sync_dir else self._script_path()
 
         def check(session: Session) -> dict[str, Any]:
-            node = session.node
-            command = command_line([
-                f"{node.settings.venv}/bin/python", "-m", "hypertf.tasknode", "preflight",
-                "--workdir", node.settings.workdir, "--script", script,
-                "--run-dir", f"{node.settings.workdir}/runs",
-            ])
-            result = session.run(command, timeout=self.inventory.cluster.ssh_timeout * 3)
-            if not result.ok:
-                detail = (result.stderr or result.stdout).strip().splitlines()
-                why = detail[-1] if detail else f"exit {result.exited}"
-                if result.exited == 127 or "No such file" in why:
-                    why = (f"the virtualenv {node.settings.venv} has no python with HyperTF "
-                           f"(run invoke cluster.setup): {why}")
-                raise RemoteError(why)
-            report = json.loads(result.stdout.strip().splitlines()[-1])
-            if report["problems"]:
-                raise RemoteError("; ".join(report["problems"]))
-            return report
+            return NodeClient(session).preflight(
+                script, timeout=self.inventory.cluster.ssh_timeout * 3)
 
         results = self.cluster.each(check, hosts)
         results.raise_failed("preflight", "; nothing was started or allocated")
-        self.wrapper.update({h: v["wrapper"] for h, v in results.succeeded.items()})
         self.script_reads_flags |= any(v.get("legacy_flags") for v in results.succeeded.values())
         self.preflighted.update(hosts)
 
@@ -352,21 +325,8 @@ class Job:
         return grant
 
     # -- start --------------------------------------------------------------------------
-    def run_dir(self, host: str) -> str:
-        return f"{self.inventory.node(host).settings.workdir}/runs/{self.task_key}"
-
-    def _upload(self, session: Session) -> None:
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            archive.add(self.request.sync_dir, arcname="code")
-        target = self.run_dir(session.node.name)
-        archive_file = f"{session.node.settings.workdir}/runs/{self.task_key}.code.tar.gz"
-        session.put(buffer.getvalue(), archive_file)
-        command = (f"mkdir -p {quote(target)} && tar -xzf {quote(archive_file)} -C "
-                   f"{quote(target)}; code=$?; rm -f {quote(archive_file)}; exit $code")
-        result = session.run(command, timeout=120)
-        if not result.ok:
-            raise RemoteError(f"--sync upload failed: {result.stderr.strip()}")
+    def run_dir(self, host: str) -> RunDir:
+        return RunDir.of(self.inventory.node(host).settings.workdir, self.task_key)
 
     def start(self) -> dict[str, set[int]]:
         """Every task at once: one SSH command per host, hosts in parallel.
@@ -382,7 +342,9 @@ class Job:
         for task_spec in specs.build(self.grant.placements, addresses):
             by_host.setdefault(task_spec.placement.host, []).append(task_spec)
         if self.request.sync_dir:
-            self.cluster.each(self._upload, list(by_host)).raise_failed("--sync upload")
+            sync_dir = self.request.sync_dir
+            self.cluster.each(lambda s: NodeClient(s).upload(self.run_dir(s.node.name), sync_dir),
+                              list(by_host)).raise_failed("--sync upload")
 
         legacy_flags = self.legacy_flags
         if not self.legacy_flags_said:
@@ -392,41 +354,20 @@ class Job:
 
         def launch(session: Session) -> None:
             host = session.node.name
-            node = session.node
-            run_dir = self.run_dir(host)
-            cwd = f"{run_dir}/code" if self.request.sync_dir else node.settings.workdir
+            run = self.run_dir(host)
+            cwd = str(run.code) if self.request.sync_dir else session.node.settings.workdir
             script = self.request.script if self.request.sync_dir else self._script_path()
-            ports = [self.tasks[t.placement.name].port for t in by_host[host]]
-            parts = [
-                f"busy=''; for p in {' '.join(map(str, ports))}; do "
-                f"(echo > /dev/tcp/127.0.0.1/$p) 2>/dev/null && busy=\"$busy $p\"; done; "
-                f"if [ -n \"$busy\" ]; then echo $busy; exit {PORTS_BUSY}; fi",
-                f"mkdir -p {quote(run_dir)}",
-            ]
+            tasks = []
             for task_spec in by_host[host]:
                 task = self.tasks[task_spec.placement.name]
                 env = {**QUIET_ENV, **self.task_env(host), "TF_CONFIG": task_spec.tf_config,
                        **specs.gpu_env(task_spec.placement.gpus, self.records[host].gpus),
                        "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name}
-                argv = ["python", script,
-                        *(task_spec.flags if legacy_flags else ()),
+                argv = ["python", script, *(task_spec.flags if legacy_flags else ()),
                         *self.request.args]
-                command = command_line(
-                    ["setsid", "nohup", "env", *(f"{k}={v}" for k, v in env.items()),
-                     "bash", self.wrapper[host], run_dir, task.file_name, node.settings.venv,
-                     cwd, "--", *argv]
-                )
-                parts.append(f"{{ {command} > /dev/null 2>&1 < /dev/null & }}")
-            # The start script goes to the node as a file, not on the command line: a
-            # command line is limited (128 KiB per argument on Linux), the tasks' are not.
-            start_file = f"{node.settings.workdir}/runs/{self.task_key}.start.sh"
-            session.put((" && ".join(parts) + "\n").encode(), start_file)
-            result = session.run(f"bash {quote(start_file)}; code=$?; rm -f {quote(start_file)};"
-                                 f" exit $code", timeout=60)
-            if result.exited == PORTS_BUSY:
-                raise PortsBusy({int(p) for p in result.stdout.split()})
-            if not result.ok:
-                raise RemoteError(f"start failed: {result.stderr.strip() or result.exited}")
+                tasks.append({"name": task.file_name, "port": task.port, "cwd": cwd,
+                              "env": env, "argv": argv})
+            NodeClient(session).start(run, tasks)
 
         update_job(self.client, self.layout, self.task_key, state="starting")
         results = self.cluster.each(launch, list(by_host))
@@ -447,19 +388,15 @@ class Job:
 
     def _watch_host(self, host: str) -> None:
         assert self.cluster
-        session = self.cluster.sessions[host]
-        node = session.node
-        names = [f"{t.file_name}={t.port}" for t in self.tasks.values() if t.placement.host == host]
-        command = command_line([f"{node.settings.venv}/bin/python", "-m", "hypertf.tasknode",
-                                "watch", self.run_dir(host), *names])
+        ports = {t.file_name: t.port for t in self.tasks.values() if t.placement.host == host}
         try:
-            session.stream(command, _LineSink(host, self.events))
-        except Exception as err:  # the host went away; the main loop decides what it means
+            NodeClient(self.cluster.sessions[host]).watch(
+                self.run_dir(host), ports, _LineSink(host, self.events))
+        except Exception as err:  # the host went away; the Monitor decides what it means
             self.events.put(Event("lost", host, why=str(err)))
         else:
             self.events.put(Event("closed", host))
 
-    # -- watch and decide ---------------------------------------------------------------
     def watch(self) -> Verdict:
         """Stream logs and feed every event to the job's Monitor until it decides: the
         verdict (succeeded, or a port clash to retry); a failure raises JobFailed."""
@@ -517,14 +454,7 @@ class Job:
                      f"tasks there when it can reach ZooKeeper again (the lease is released)")
 
         def halt(session: Session) -> dict[str, str]:
-            node = session.node
-            command = command_line([f"{node.settings.venv}/bin/python", "-m", "hypertf.tasknode",
-                                    "stop", self.run_dir(node.name),
-                                    "--grace", str(self.request.grace)])
-            result = session.run(command, timeout=self.request.grace + 30)
-            if not result.ok:
-                raise RemoteError(result.stderr.strip() or f"exit {result.exited}")
-            return json.loads(result.stdout.strip().splitlines()[-1])
+            return NodeClient(session).stop(self.run_dir(session.node.name), self.request.grace)
 
         results = self.cluster.each(halt, hosts)
         for host, value in results.succeeded.items():
@@ -555,12 +485,11 @@ class Job:
         self.local_dir.mkdir(parents=True, exist_ok=True)
 
         def fetch(session: Session) -> None:
+            node = NodeClient(session)
             for task in self.tasks.values():
-                if task.placement.host != session.node.name:
-                    continue
-                path = f"{self.run_dir(session.node.name)}/{task.file_name}.log"
-                result = session.run(f"cat {quote(path)}", timeout=60)
-                (self.local_dir / f"{task.file_name}.log").write_text(result.stdout)
+                if task.placement.host == session.node.name:
+                    log = node.fetch_log(self.run_dir(session.node.name), task.file_name)
+                    (self.local_dir / f"{task.file_name}.log").write_text(log)
 
         hosts = sorted({t.placement.host for t in self.tasks.values()} - self.lost_hosts)
         self.cluster.each(fetch, hosts)

@@ -1,6 +1,8 @@
-"""The node side of a job: preflight, watch and stop the tasks of one run directory.
+"""The node side of a job: preflight, start, watch and stop the tasks of one run directory.
 
-The launcher runs ``python -m hypertf.tasknode ...`` on each node over SSH. ``watch``
+The launcher runs ``python -m hypertf.tasknode ...`` on each node over SSH. ``start`` reads
+the tasks to start as JSON on stdin (no command-line limit, no shell), refuses when a
+granted port is already taken, and starts each task in its own session. ``watch``
 streams one JSON event per line (log lines, port listening, exits, heartbeats) so a single
 SSH channel per node carries everything the launcher needs; ``stop`` signals each task's
 process group (TERM, then KILL after a grace period: MultiWorkerMirroredStrategy catches
@@ -16,16 +18,18 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hypertf import diagnose
 from hypertf.procs import alive
+from hypertf.rundir import RunDir
 
 WRAPPER = "task.sh"
-DRAINED = "drained"  # the agent's mark on a run whose GPUs it frees (see task.sh)
 
 
 def wrapper_path() -> str:
@@ -34,13 +38,13 @@ def wrapper_path() -> str:
 
 def _ours(pid: int, task_key: str = "") -> bool:
     """The group led by ``pid`` is this job's task: its leader is our wrapper started for
-    this job's run directory, or (the wrapper already gone) a member still carries the
-    job's HYPERTF_TASK_KEY. A process group id is not reused while any member lives, so a
-    live group found this way is ours; a reused PID of another job's wrapper is not."""
+    a file of this job's run directory, or (the wrapper already gone) a member still carries
+    the job's HYPERTF_TASK_KEY. A process group id is not reused while any member lives, so
+    a live group found this way is ours; a reused PID of another job's wrapper is not."""
     try:
         args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         if any(arg.endswith(WRAPPER) for arg in args) and (
-                not task_key or any(Path(arg).name == task_key for arg in args)):
+                not task_key or any(Path(arg).parent.name == task_key for arg in args)):
             return True
     except OSError:
         pass
@@ -65,16 +69,16 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def _pid(run_dir: Path, name: str) -> int | None:
+def _pid(run: RunDir, name: str) -> int | None:
     try:
-        return int((run_dir / f"{name}.pid").read_text())
+        return int(Path(run.pid(name)).read_text())
     except (OSError, ValueError):
         return None
 
 
-def _exit_code(run_dir: Path, name: str) -> int | None:
+def _exit_code(run: RunDir, name: str) -> int | None:
     try:
-        return int((run_dir / f"{name}.exit").read_text())
+        return int(Path(run.exit(name)).read_text())
     except (OSError, ValueError):
         return None
 
@@ -90,7 +94,35 @@ def emit(event: dict) -> None:
     sys.stdout.flush()
 
 
-def watch(run_dir: Path, tasks: dict[str, int], interval: float = 0.2) -> None:
+def wrapper_argv(run: RunDir, name: str, venv: str, cwd: str, argv: Sequence[str]) -> list[str]:
+    """The command that runs one task under ``task.sh``, every file it writes named."""
+    return ["bash", wrapper_path(), str(run.log(name)), str(run.pid(name)),
+            str(run.exit(name)), str(run.drained), venv, cwd, "--", *argv]
+
+
+def start(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Start the tasks of ``request`` (``run_dir``, ``venv``, and ``tasks``: each with
+    ``name``, ``port``, ``cwd``, ``env``, ``argv``), each in its own session so its process
+    group can be signalled whole; returns ``{"busy": [ports]}`` without starting anything
+    when a granted port is already in use (the launcher retries on fresh ports), else
+    ``{"started": {name: pid}}``."""
+    tasks = request["tasks"]
+    busy = sorted(t["port"] for t in tasks if _listening(int(t["port"])))
+    if busy:
+        return {"busy": busy}
+    run = RunDir(Path(request["run_dir"]))
+    run.local.mkdir(parents=True, exist_ok=True)
+    started = {}
+    for task in tasks:
+        process = subprocess.Popen(
+            wrapper_argv(run, task["name"], request["venv"], task["cwd"], task["argv"]),
+            env={**os.environ, **task["env"]}, start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started[task["name"]] = process.pid
+    return {"started": started}
+
+
+def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2) -> None:
     """Stream events until every task has exited (or the launcher goes away)."""
     offsets = dict.fromkeys(tasks, 0)
     partial = dict.fromkeys(tasks, b"")
@@ -102,7 +134,7 @@ def watch(run_dir: Path, tasks: dict[str, int], interval: float = 0.2) -> None:
         for name, port in tasks.items():
             if name in finished:
                 continue
-            log = run_dir / f"{name}.log"
+            log = Path(run.log(name))
             with contextlib.suppress(OSError), open(log, "rb") as handle:
                 handle.seek(offsets[name])
                 chunk = handle.read(1 << 20)
@@ -113,8 +145,8 @@ def watch(run_dir: Path, tasks: dict[str, int], interval: float = 0.2) -> None:
             if name not in listening and _listening(port):
                 listening.add(name)
                 emit({"e": "listening", "task": name})
-            code = _exit_code(run_dir, name)
-            pid = _pid(run_dir, name)
+            code = _exit_code(run, name)
+            pid = _pid(run, name)
             gone = pid is not None and not alive(pid)
             if pid is None:
                 missing_since.setdefault(name, time.monotonic())
@@ -122,7 +154,7 @@ def watch(run_dir: Path, tasks: dict[str, int], interval: float = 0.2) -> None:
             if code is not None or gone:
                 if code is None:
                     time.sleep(0.05)  # the wrapper may be writing it right now
-                    code = _exit_code(run_dir, name)
+                    code = _exit_code(run, name)
                 with contextlib.suppress(OSError), open(log, "rb") as handle:
                     handle.seek(offsets[name])
                     rest = partial[name] + handle.read()
@@ -143,24 +175,24 @@ def watch(run_dir: Path, tasks: dict[str, int], interval: float = 0.2) -> None:
         time.sleep(interval)
 
 
-def mark_drained(run_dir: Path) -> None:
+def mark_drained(run: RunDir) -> None:
     """Mark the run so that a task starting from now on does not run (task.sh checks the
     mark after writing its PID file): whoever then looks at the PID files sees every task."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / DRAINED).touch()
+    run.local.mkdir(parents=True, exist_ok=True)
+    Path(run.drained).touch()
 
 
-def stop(run_dir: Path, names: Iterable[str] | None = None, grace: float = 5.0) -> dict[str, str]:
+def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0) -> dict[str, str]:
     """TERM each task's process group, KILL what is left after ``grace``; report per task.
     The run is marked drained first, so a task still starting is either seen or never runs."""
     with contextlib.suppress(OSError):
-        mark_drained(run_dir)
-    chosen = list(names) if names else [p.stem for p in run_dir.glob("*.pid")]
+        mark_drained(run)
+    chosen = list(names) if names else run.task_names()
     groups = {}
     result = {}
     for name in chosen:
-        pid = _pid(run_dir, name)
-        if pid and _group_alive(pid) and _ours(pid, run_dir.name):
+        pid = _pid(run, name)
+        if pid and _group_alive(pid) and _ours(pid, run.task_key):
             groups[name] = pid
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)
@@ -183,16 +215,16 @@ def stop(run_dir: Path, names: Iterable[str] | None = None, grace: float = 5.0) 
     survivors = [name for name, pid in groups.items() if _group_alive(pid)]
     for name in survivors:  # e.g. stuck in uninterruptible sleep: not dead, not confirmed
         result[name] = "survived SIGKILL"
-    if not survivors and run_dir.is_dir():
-        (run_dir / "stopped").touch()
+    if not survivors and run.local.is_dir():
+        Path(run.stopped).touch()
     return result
 
 
-def run_alive(run_dir: Path) -> bool:
+def run_alive(run: RunDir) -> bool:
     """Is any process of this run still alive on this node (by its tasks' groups)?"""
-    for pidfile in run_dir.glob("*.pid"):
-        pid = _pid(run_dir, pidfile.stem)
-        if pid and _group_alive(pid) and _ours(pid, run_dir.name):
+    for name in run.task_names():
+        pid = _pid(run, name)
+        if pid and _group_alive(pid) and _ours(pid, run.task_key):
             return True
     return False
 
@@ -208,15 +240,12 @@ def _group_alive(pgid: int) -> bool:
     return bool(_group_members(pgid))
 
 
-def unstopped_runs(workdir: Path) -> list[Path]:
+def unstopped_runs(workdir: str | Path) -> list[RunDir]:
     """Run directories whose tasks may still be running (no 'stopped' marker yet)."""
-    runs = workdir / "runs"
-    if not runs.is_dir():
-        return []
-    return [d for d in sorted(runs.iterdir()) if d.is_dir() and not (d / "stopped").exists()]
+    return [run for run in RunDir.all_on(workdir) if not Path(run.stopped).exists()]
 
 
-def reap(run_dirs: Iterable[Path], leases: set[str], grace: float = 5.0,
+def reap(runs: Iterable[RunDir], leases: set[str], grace: float = 5.0,
          ) -> dict[str, dict[str, str]]:
     """Stop the tasks of every run whose lease is gone (its launcher died).
 
@@ -224,23 +253,24 @@ def reap(run_dirs: Iterable[Path], leases: set[str], grace: float = 5.0,
     lease exists, so a run missing from the newer lease list is really dead.
     """
     reaped = {}
-    for run_dir in run_dirs:
-        if run_dir.name in leases:
+    for run in runs:
+        if run.task_key in leases:
             continue
-        if run_alive(run_dir):
-            reaped[run_dir.name] = stop(run_dir, grace=grace)
+        if run_alive(run):
+            reaped[run.task_key] = stop(run, grace=grace)
         else:
-            (run_dir / "stopped").touch()
+            Path(run.stopped).touch()
     return reaped
 
 
-def preflight(workdir: str, script: str, run_dir: str) -> dict:
+def preflight(workdir: str, script: str) -> dict:
     """Can this node run the job? Checked before anything is allocated or started."""
     problems = []
     work = Path(workdir)
+    runs = RunDir.runs(workdir)
     try:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        probe = Path(run_dir) / ".write-test"
+        runs.mkdir(parents=True, exist_ok=True)
+        probe = runs / ".write-test"
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
@@ -248,7 +278,7 @@ def preflight(workdir: str, script: str, run_dir: str) -> dict:
     if script and not (work / script).is_file():
         problems.append(f"script {script} not found (relative paths start in {workdir})")
     reads_flags = bool(script) and diagnose.files_read_legacy_flags([work / script])
-    return {"python": sys.executable, "wrapper": wrapper_path(), "problems": problems,
+    return {"python": sys.executable, "problems": problems,
             "hostname": socket.gethostname(), "legacy_flags": reads_flags}
 
 
@@ -258,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("preflight")
     p.add_argument("--workdir", required=True)
     p.add_argument("--script", default="")
-    p.add_argument("--run-dir", required=True)
+    sub.add_parser("start", help="start the tasks a JSON request on stdin names")
     p = sub.add_parser("watch")
     p.add_argument("run_dir")
     p.add_argument("tasks", nargs="+", help="NAME=PORT")
@@ -268,13 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=float, default=5.0)
     args = parser.parse_args(argv)
     if args.action == "preflight":
-        print(json.dumps(preflight(args.workdir, args.script, args.run_dir)))
+        print(json.dumps(preflight(args.workdir, args.script)))
+    elif args.action == "start":
+        print(json.dumps(start(json.load(sys.stdin))))
     elif args.action == "watch":
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
         tasks = {name: int(port) for name, port in (t.rsplit("=", 1) for t in args.tasks)}
-        watch(Path(args.run_dir), tasks)
+        watch(RunDir(Path(args.run_dir)), tasks)
     else:
-        print(json.dumps(stop(Path(args.run_dir), args.names, args.grace)))
+        print(json.dumps(stop(RunDir(Path(args.run_dir)), args.names, args.grace)))
     return 0
 
 

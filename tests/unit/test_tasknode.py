@@ -1,8 +1,9 @@
 """hypertf.tasknode against real local tasks: the node side of a job, without SSH.
 
-Tasks are started the way ``Job.start`` starts them on a node (``setsid nohup env ... bash
-task.sh RUN_DIR NAME VENV CWD -- python SCRIPT``), so the pid, log and exit files, the
-process groups and the wrapper check in ``_ours`` are the real ones. Every process a test
+Tasks are started the way ``tasknode start`` starts them on a node (``task.sh LOG PIDFILE
+EXITFILE DRAINED VENV CWD -- python SCRIPT`` in a new session, the files named by
+``RunDir``), so the pid, log and exit files, the process groups and the wrapper check in
+``_ours`` are the real ones. Every process a test
 starts is killed by PID (or by the process group its own setsid made) when the test ends.
 """
 
@@ -27,6 +28,7 @@ import pytest
 
 from hypertf import tasknode
 from hypertf.procs import alive
+from hypertf.rundir import RunDir
 from tests.conftest import wait_for as shared_wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,32 +110,31 @@ class Node:
             path.write_text(textwrap.dedent(body))
         return path
 
-    def run_dir(self, task_key: str = "job") -> Path:
-        path = self.root / "runs" / task_key
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+    def run_dir(self, task_key: str = "job") -> RunDir:
+        run = RunDir.of(self.root, task_key, local=True)
+        run.local.mkdir(parents=True, exist_ok=True)
+        return run
 
-    def start(self, run_dir: Path, name: str, argv: list[str], cwd: Path | None = None,
+    def start(self, run: RunDir, name: str, argv: list[str], cwd: Path | None = None,
               ) -> int:
-        """Start a task as the launcher does; its wrapper's PID once the pidfile says it."""
-        env = {"PYTHONUNBUFFERED": "1", "HYPERTF_TASK": name, "HYPERTF_TASK_KEY": run_dir.name}
+        """Start a task as ``tasknode start`` does; its wrapper's PID once the pidfile says it."""
+        env = {"PYTHONUNBUFFERED": "1", "HYPERTF_TASK": name, "HYPERTF_TASK_KEY": run.task_key}
         proc = subprocess.Popen(
-            ["setsid", "nohup", "env", *(f"{k}={v}" for k, v in env.items()),
-             "bash", tasknode.wrapper_path(), str(run_dir), name, str(self.venv),
-             str(cwd or self.root), "--", *argv],
+            tasknode.wrapper_argv(run, name, str(self.venv), str(cwd or self.root), argv),
+            env={**os.environ, **env}, start_new_session=True,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         self.started.append(proc)
-        pidfile = run_dir / f"{name}.pid"
+        pidfile = Path(run.pid(name))
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10,
                  f"{pidfile} to be written")
         pid = int(pidfile.read_text())
-        # setsid execs in place (Popen's child leads no group): wrapper PID = Popen PID = PGID.
+        # A new session: wrapper PID = Popen PID = PGID.
         assert pid == proc.pid
         return pid
 
-    def python_task(self, run_dir: Path, name: str, body: str, *args: str) -> int:
-        return self.start(run_dir, name, [sys.executable, str(self.script(name, body)), *args])
+    def python_task(self, run: RunDir, name: str, body: str, *args: str) -> int:
+        return self.start(run, name, [sys.executable, str(self.script(name, body)), *args])
 
     def cleanup(self) -> None:
         for proc in self.started:
@@ -160,9 +161,9 @@ def node(tmp_path: Path) -> Iterator[Node]:
 class Watcher:
     """``python -m hypertf.tasknode watch`` as the launcher runs it; its events, in order."""
 
-    def __init__(self, run_dir: Path, tasks: dict[str, int]) -> None:
+    def __init__(self, run: RunDir, tasks: dict[str, int]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hypertf.tasknode", "watch", str(run_dir),
+            [sys.executable, "-m", "hypertf.tasknode", "watch", str(run.path),
              *(f"{name}={port}" for name, port in tasks.items())],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
@@ -257,7 +258,7 @@ def test_watch_streams_logs_listening_and_exits_until_every_task_ends(
     assert [e["line"] for e in watcher.of("ps0", "log")] == [
         f"cannot enter {node.root / 'missing'}"]
     assert events[-1] == {"e": "done"}
-    assert (run / "worker0.exit").read_text().strip() == "3"
+    assert (run.local / "worker0.exit").read_text().strip() == "3"
 
 
 def test_watch_reports_a_task_killed_without_an_exit_code(
@@ -272,7 +273,7 @@ def test_watch_reports_a_task_killed_without_an_exit_code(
     watcher.until(lambda e: e["e"] == "done")
     assert watcher.of("worker0", "exit") == [
         {"e": "exit", "task": "worker0", "code": None, "killed": True}]
-    assert not (run / "worker0.exit").exists()
+    assert not (run.local / "worker0.exit").exists()
 
 
 # -- stop -------------------------------------------------------------------------------
@@ -295,7 +296,7 @@ def test_stop_kills_a_group_that_ignores_sigterm_after_the_grace(node: Node) -> 
     assert elapsed >= 0.5, "KILL must wait for the grace period"
     wait_for(lambda: not alive(task_pid) and not alive(child_pid), 5, "the group to be gone")
     assert group_members(wrapper) == []
-    assert (run / "stopped").exists()
+    assert (run.local / "stopped").exists()
 
 
 def test_stop_terminates_a_cooperative_task_without_waiting_for_the_grace(node: Node) -> None:
@@ -308,20 +309,20 @@ def test_stop_terminates_a_cooperative_task_without_waiting_for_the_grace(node: 
     assert time.monotonic() - started < 4
     assert group_members(wrapper) == []
     # the wrapper outlives the TERM long enough to record how the task ended
-    assert (run / "ps0.exit").read_text().strip() == "143"
+    assert (run.local / "ps0.exit").read_text().strip() == "143"
 
 
 def test_stop_of_exited_or_unknown_tasks_is_harmless(node: Node) -> None:
     """Stopping twice, or a task that ended on its own or never started, is no error."""
     run = node.run_dir()
     node.start(run, "worker0", [sys.executable, "-c", "print('done')"])
-    wait_for((run / "worker0.exit").exists, 10, "worker0 to exit")
+    wait_for((run.local / "worker0.exit").exists, 10, "worker0 to exit")
     assert tasknode.stop(run, grace=0.5) == {"worker0": "not running"}
     assert tasknode.stop(run, ["worker0", "worker7"], grace=0.5) == {
         "worker0": "not running", "worker7": "not running"}
-    (run / "ps0.pid").write_text("not a pid")
+    (run.local / "ps0.pid").write_text("not a pid")
     assert tasknode.stop(run, ["ps0"], grace=0.5) == {"ps0": "not running"}
-    assert (run / "stopped").exists()
+    assert (run.local / "stopped").exists()
 
 
 def test_stop_never_signals_a_pid_that_is_not_our_wrapper(node: Node) -> None:
@@ -329,10 +330,10 @@ def test_stop_never_signals_a_pid_that_is_not_our_wrapper(node: Node) -> None:
     run = node.run_dir()
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        (run / "worker0.pid").write_text(str(stranger.pid))
+        (run.local / "worker0.pid").write_text(str(stranger.pid))
         assert tasknode.stop(run, grace=0.5) == {"worker0": "not running"}
         assert tasknode.reap([run], set(), grace=0.5) == {}  # nothing of ours to stop
-        assert (run / "stopped").exists()
+        assert (run.local / "stopped").exists()
         assert stranger.poll() is None and alive(stranger.pid)
     finally:
         stranger.kill()
@@ -345,7 +346,7 @@ def test_stop_cli_prints_the_result_as_json(node: Node) -> None:
     wrapper = node.python_task(run, "worker0", SLEEPER)
     wait_for(lambda: len(group_members(wrapper)) >= 2, 10, "the task to start under its wrapper")
     out = subprocess.run(
-        [sys.executable, "-m", "hypertf.tasknode", "stop", str(run), "--grace", "1"],
+        [sys.executable, "-m", "hypertf.tasknode", "stop", str(run.path), "--grace", "1"],
         cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
     )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"worker0": "stopped"}
@@ -360,11 +361,11 @@ def test_reap_stops_runs_without_a_lease_and_leaves_leased_runs_alone(node: Node
     assert tasknode.unstopped_runs(node.root) == [], "no runs/ directory yet"
     orphan, leased, ended, done = (node.run_dir(k) for k in ("k1", "k2", "k3", "k4"))
     (node.root / "runs" / "notes.txt").write_text("a file, not a run")
-    (done / "stopped").touch()
+    (done.local / "stopped").touch()
     orphan_pid = node.python_task(orphan, "worker0", SLEEPER)
     leased_pid = node.python_task(leased, "worker0", SLEEPER)
     node.start(ended, "worker0", [sys.executable, "-c", "pass"])
-    wait_for((ended / "worker0.exit").exists, 10, "the ended run's task to exit")
+    wait_for((ended.local / "worker0.exit").exists, 10, "the ended run's task to exit")
     wait_for(lambda: len(group_members(orphan_pid)) >= 2, 10, "the orphan task to start")
 
     runs = tasknode.unstopped_runs(node.root)
@@ -373,8 +374,8 @@ def test_reap_stops_runs_without_a_lease_and_leaves_leased_runs_alone(node: Node
     assert tasknode.reap(runs, {"k2"}, grace=0.5) == {"k1": {"worker0": "stopped"}}
     assert group_members(orphan_pid) == []
     assert alive(leased_pid), "a run with a lease is left alone"
-    assert not (leased / "stopped").exists()
-    assert (ended / "stopped").exists(), "a dead run without a lease is marked stopped"
+    assert not (leased.local / "stopped").exists()
+    assert (ended.local / "stopped").exists(), "a dead run without a lease is marked stopped"
     assert tasknode.unstopped_runs(node.root) == [leased]
 
 
@@ -384,21 +385,22 @@ def test_reap_stops_runs_without_a_lease_and_leaves_leased_runs_alone(node: Node
 def test_preflight_names_a_missing_script_and_an_unwritable_run_dir(tmp_path: Path) -> None:
     """Checked before anything is allocated: each problem is a sentence for the user."""
     (tmp_path / "train.py").write_text("")
-    ok = tasknode.preflight(str(tmp_path), "train.py", str(tmp_path / "runs" / "k1"))
+    ok = tasknode.preflight(str(tmp_path), "train.py")
     assert ok["problems"] == []
-    assert Path(ok["wrapper"]).is_file() and ok["wrapper"].endswith("task.sh")
-    assert (tmp_path / "runs" / "k1").is_dir()
-    assert not (tmp_path / "runs" / "k1" / ".write-test").exists()
+    assert RunDir.runs(tmp_path).is_dir()
+    assert not (RunDir.runs(tmp_path) / ".write-test").exists()
 
-    (tmp_path / "blocker").write_text("a file where the run dir should go")
-    bad = tasknode.preflight(str(tmp_path), "nope.py", str(tmp_path / "blocker" / "k1"))
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    RunDir.runs(blocked).write_text("a file where the run dirs should go")
+    bad = tasknode.preflight(str(blocked), "nope.py")
     assert len(bad["problems"]) == 2
     assert "not writable" in bad["problems"][0]
     assert "nope.py not found" in bad["problems"][1]
 
     out = subprocess.run(
         [sys.executable, "-m", "hypertf.tasknode", "preflight", "--workdir", str(tmp_path),
-         "--script", "nope.py", "--run-dir", str(tmp_path / "runs" / "k2")],
+         "--script", "nope.py"],
         cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
     )
     assert json.loads(out.stdout)["problems"] == [
@@ -417,4 +419,43 @@ def test_stop_finds_a_group_whose_wrapper_is_already_dead(node: Node) -> None:
     assert tasknode.run_alive(run)
     assert tasknode.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
     assert group_members(wrapper) == []
+    assert not tasknode.run_alive(run)
+
+
+# -- start ------------------------------------------------------------------------------
+
+
+def test_start_reads_its_request_on_stdin_and_refuses_a_taken_port(node: Node) -> None:
+    """'tasknode start' as the launcher runs it: a JSON request on stdin, a JSON answer."""
+    run = node.run_dir("20261122-085000-a1b2c3.alice")
+    script = str(node.script("worker0", SLEEPER))
+    port = free_port()
+
+    def request(port: int) -> str:
+        return json.dumps({"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
+            {"name": "worker0", "port": port, "cwd": str(node.root), "argv": [sys.executable,
+             script], "env": {"HYPERTF_TASK_KEY": run.task_key, "PYTHONUNBUFFERED": "1"}}]})
+
+    def start(port: int) -> dict:
+        out = subprocess.run([sys.executable, "-m", "hypertf.tasknode", "start"],
+                             input=request(port), cwd=REPO, capture_output=True, text=True,
+                             timeout=30, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        assert start(port) == {"busy": [port]}
+    assert not Path(run.pid("worker0")).exists(), "nothing is started beside a squatter"
+
+    answer = start(port)
+    pid = answer["started"]["worker0"]
+    try:
+        wait_for(lambda: Path(run.pid("worker0")).exists(), 10, "the pidfile")
+        assert int(Path(run.pid("worker0")).read_text()) == pid
+        assert os.getpgid(pid) == pid, "each task leads its own process group"
+        wait_for(lambda: "sleeping" in Path(run.log("worker0")).read_text(), 10, "its log")
+        assert tasknode.run_alive(run)
+    finally:
+        assert tasknode.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
     assert not tasknode.run_alive(run)

@@ -1,0 +1,91 @@
+"""A job's run directory on a node, ``<workdir>/runs/<task key>/``: the one place its layout
+is spelled. The launcher names remote files with it, ``tasknode`` reads and writes them,
+the agent finds runs to reap and drain with it, and ``task.sh`` gets every file it writes
+as an argument (it spells nothing itself).
+
+::
+
+    <workdir>/runs/<task key>/<task>.log    the task's output (task = worker0, ps1, chief0)
+    <workdir>/runs/<task key>/<task>.pid    its wrapper's PID = its process group
+    <workdir>/runs/<task key>/<task>.exit   its exit code, written when it ends
+    <workdir>/runs/<task key>/drained       the agent's mark: tasks starting now do not run
+    <workdir>/runs/<task key>/stopped       every task seen dead (nothing left to reap)
+    <workdir>/runs/<task key>/code/         the --sync upload
+    <workdir>/runs/<task key>.start.json    the start request, while it is being read
+    <workdir>/runs/<task key>.code.tar.gz   the --sync archive, while it is unpacked
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePath, PurePosixPath
+
+RUNS = "runs"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run; ``PurePosixPath`` for a remote node, ``Path`` on the node itself."""
+
+    path: PurePath
+
+    @classmethod
+    def of(cls, workdir: str | PurePath, task_key: str, local: bool = False) -> RunDir:
+        base = Path(workdir) if local else PurePosixPath(workdir)
+        return cls(base / RUNS / task_key)
+
+    @staticmethod
+    def runs(workdir: str | PurePath) -> Path:
+        """The node's directory of run directories (on the node)."""
+        return Path(workdir) / RUNS
+
+    @classmethod
+    def all_on(cls, workdir: str | PurePath) -> Iterator[RunDir]:
+        """Every run directory on this node, in name order."""
+        runs = cls.runs(workdir)
+        if runs.is_dir():
+            for path in sorted(runs.iterdir()):
+                if path.is_dir():
+                    yield cls(path)
+
+    @property
+    def local(self) -> Path:
+        return Path(self.path)
+
+    @property
+    def task_key(self) -> str:
+        return self.path.name
+
+    def log(self, task: str) -> PurePath:
+        return self.path / f"{task}.log"
+
+    def pid(self, task: str) -> PurePath:
+        return self.path / f"{task}.pid"
+
+    def exit(self, task: str) -> PurePath:
+        return self.path / f"{task}.exit"
+
+    @property
+    def drained(self) -> PurePath:
+        return self.path / "drained"
+
+    @property
+    def stopped(self) -> PurePath:
+        return self.path / "stopped"
+
+    @property
+    def code(self) -> PurePath:
+        return self.path / "code"
+
+    @property
+    def start_request(self) -> PurePath:
+        return self.path.with_name(f"{self.task_key}.start.json")
+
+    @property
+    def code_archive(self) -> PurePath:
+        return self.path.with_name(f"{self.task_key}.code.tar.gz")
+
+    def task_names(self) -> list[str]:
+        """The tasks that have (had) a process here: those with a pidfile (on the node)."""
+        return sorted(p.stem for p in self.local.glob("*.pid"))
