@@ -31,8 +31,8 @@ import common
 import yaml
 
 from hypertf import spec as specs
+from hypertf.attempt import QUIET_ENV
 from hypertf.inventory import load_inventory
-from hypertf.launcher import QUIET_ENV
 from hypertf.scheduler import Placement
 from hypertf.zkserver import free_port
 

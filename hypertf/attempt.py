@@ -1,0 +1,347 @@
+"""One try at running a job, under one task key for its whole life.
+
+allocate -> start -> watch -> stop -> release. ``Attempt.run`` returns an ``Outcome`` (the
+Monitor's verdict, and the ports to avoid after a port clash) or raises the failure; stop,
+release, logs and summary happen whatever goes wrong, and cannot be interrupted. A new try
+is a new ``Attempt`` with a new key: nothing of an old one is reused or mutated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import queue
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
+from hypertf import spec as specs
+from hypertf.allocation import Grant, release, update_job
+from hypertf.errors import HyperTFError, StoreError
+from hypertf.monitor import Event, Limits, Monitor, TaskState, Verdict
+from hypertf.nodeclient import NodeClient, PortsBusy
+from hypertf.remote import GroupResult, Session
+from hypertf.rundir import RunDir
+
+if TYPE_CHECKING:
+    from hypertf.launcher import Job
+
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
+             "GRPC_FAIL_FAST": "use_caller"}
+
+
+class JobFailed(HyperTFError):
+    """The job ran and failed; the message names the task and shows its last lines."""
+
+    exit_code = 1
+
+
+class Interrupted(HyperTFError):
+    exit_code = 130
+
+
+@contextlib.contextmanager
+def uninterruptible() -> Iterator[None]:
+    """Cleanup must finish: SIGINT and SIGTERM wait until it has."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, when it did not raise: succeeded, or a port clash (retry on
+    fresh ports, avoiding ``busy_ports``)."""
+
+    verdict: Verdict
+    message: str = ""
+    busy_ports: dict[str, set[int]] = field(default_factory=dict)
+
+
+class _LineSink(io.TextIOBase):
+    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue."""
+
+    def __init__(self, host: str, events: queue.Queue[Event]) -> None:
+        self.host, self.events, self.buffer = host, events, ""
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            if line.strip():
+                try:
+                    self.events.put(Event.from_node(self.host, json.loads(line)))
+                except (json.JSONDecodeError, AttributeError):  # not a JSON object
+                    self.events.put(Event("noise", self.host, line=line))
+        return len(text)
+
+
+class Attempt:
+    """allocate -> start -> watch -> stop -> release, for one task key."""
+
+    def __init__(self, job: Job, task_key: str, last: bool) -> None:
+        self.job = job
+        self.task_key = task_key
+        self.last = last  # a port clash now fails the job instead of asking for a retry
+        self.grant: Grant | None = None
+        self.tasks: dict[str, TaskState] = {}
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.lease_dropped = threading.Event()
+        self.lost_hosts: set[str] = set()
+        self.result = "failed"
+        self.message = ""
+        self._over = False
+
+    @property
+    def local_dir(self) -> Path:
+        """Where the task logs and summary.json land on this machine."""
+        return Path("runs") / self.task_key
+
+    def run_dir(self, host: str) -> RunDir:
+        return RunDir.of(self.job.inventory.node(host).settings.workdir, self.task_key)
+
+    # -- the lifecycle --------------------------------------------------------------------
+    def run(self, live: list[str], exclude: dict[str, set[int]]) -> Outcome:
+        try:
+            self.grant = self.job.place(self.task_key, live, exclude)
+            self.tasks = {p.name: TaskState(p, self.grant.ports[p.name])
+                          for p in self.grant.placements}
+            self._watch_lease()
+            busy = self.start()
+            verdict = Verdict.PORT_CLASH if busy else self.watch()
+            if verdict is Verdict.PORT_CLASH:
+                if self.last:
+                    raise JobFailed("tasks could not bind their ports after "
+                                    f"{self.job.max_port_retries} retries")
+                self.result = "retried"
+                return Outcome(verdict, busy_ports=busy or {
+                    host: {t.port for t in self.tasks.values() if t.placement.host == host}
+                    for host in {t.placement.host for t in self.tasks.values()}})
+            self.result, self.message = "succeeded", "all finishers exited 0"
+            return Outcome(verdict, self.message)
+        except HyperTFError as err:
+            self.result = "interrupted" if isinstance(err, Interrupted) else "failed"
+            self.message = str(err)
+            raise
+        finally:
+            with uninterruptible():
+                self.finish()
+
+    def _watch_lease(self) -> None:
+        """The lease vanishing while the attempt runs means 'hypertf kill' (or a lost
+        session): the watch loop notices."""
+        def on_lease(data: bytes | None, _stat: object) -> bool:
+            if data is None and not self._over:
+                self.lease_dropped.set()
+            return data is not None and not self._over  # False ends the watch
+
+        self.job.client.DataWatch(self.job.layout.lease(self.task_key), on_lease)
+
+    # -- start ----------------------------------------------------------------------------
+    def start(self) -> dict[str, set[int]]:
+        """Every task at once: one request per host, hosts in parallel. Returns the granted
+        ports found already in use, per host (nothing is started on such a host)."""
+        job, grant, cluster = self.job, self.grant, self.job.cluster
+        assert grant and cluster
+        addresses = {p.name: f"{job.records[p.host].data_addr}:{grant.ports[p.name]}"
+                     for p in grant.placements}
+        by_host: dict[str, list[specs.TaskSpec]] = {}
+        for task_spec in specs.build(grant.placements, addresses):
+            by_host.setdefault(task_spec.placement.host, []).append(task_spec)
+        if job.request.sync_dir:
+            sync_dir = job.request.sync_dir
+            cluster.each(lambda s: NodeClient(s).upload(self.run_dir(s.node.name), sync_dir),
+                         list(by_host)).raise_failed("--sync upload")
+        legacy_flags = job.announce_flags()
+
+        def launch(session: Session) -> None:
+            host = session.node.name
+            run = self.run_dir(host)
+            cwd = str(run.code) if job.request.sync_dir else session.node.settings.workdir
+            script = job.request.script if job.request.sync_dir else job.script_path()
+            tasks = []
+            for task_spec in by_host[host]:
+                task = self.tasks[task_spec.placement.name]
+                env = {**QUIET_ENV, **job.task_env(host), "TF_CONFIG": task_spec.tf_config,
+                       **specs.gpu_env(task_spec.placement.gpus, job.records[host].gpus),
+                       "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name}
+                argv = ["python", script, *(task_spec.flags if legacy_flags else ()),
+                        *job.request.args]
+                tasks.append({"name": task.file_name, "port": task.port, "cwd": cwd,
+                              "env": env, "argv": argv})
+            NodeClient(session).start(run, tasks)
+
+        update_job(job.client, job.layout, self.task_key, state="starting")
+        results = cluster.each(launch, list(by_host))
+        busy = {h: v.ports for h, v in results.failed.items() if isinstance(v, PortsBusy)}
+        failed = {h: v for h, v in results.failed.items() if not isinstance(v, PortsBusy)}
+        if failed:
+            raise JobFailed("could not start tasks: " +
+                            "; ".join(f"{h}: {v}" for h, v in failed.items()))
+        if busy:
+            return busy
+        job.say(f"hypertf: job {self.task_key}: started {len(self.tasks)} tasks: " + ", ".join(
+            f"{t.name}@{t.placement.host}:{t.port}"
+            + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
+            for t in self.tasks.values()))
+        for host in by_host:
+            threading.Thread(target=self._watch_host, args=(host,), daemon=True).start()
+        return busy
+
+    def _watch_host(self, host: str) -> None:
+        assert self.job.cluster
+        ports = {t.file_name: t.port for t in self.tasks.values() if t.placement.host == host}
+        try:
+            NodeClient(self.job.cluster.sessions[host]).watch(
+                self.run_dir(host), ports, _LineSink(host, self.events))
+        except Exception as err:  # the host went away; the Monitor decides what it means
+            self.events.put(Event("lost", host, why=str(err)))
+        else:
+            self.events.put(Event("closed", host))
+
+    # -- watch ----------------------------------------------------------------------------
+    def watch(self) -> Verdict:
+        """Stream logs and feed every event to a Monitor until it decides: the verdict
+        (succeeded, or a port clash to retry); a failure raises JobFailed."""
+        job = self.job
+        request = job.request
+        limits = Limits(start_timeout=request.start_timeout, timeout=request.timeout,
+                        idle_timeout=request.idle_timeout, idle_fail=request.idle_fail,
+                        host_silence=max(2 * job.inventory.cluster.ssh_timeout, 10.0))
+        monitor = Monitor(self.tasks, limits, time.monotonic(), logs_hint=f"{self.local_dir}/",
+                          idle_causes=job.idle_causes())
+        while True:
+            try:
+                event = self.events.get(timeout=0.2)
+            except queue.Empty:
+                event = Event("tick")
+            if event.kind == "exit" and event.killed:
+                self.lease_dropped.wait(1.0)  # killed by an agent after 'hypertf kill'?
+            if job.lost_session.is_set():
+                event = Event("session-lost")
+            elif self.lease_dropped.is_set():
+                event = Event("lease-dropped", why=(
+                    f"job {self.task_key} was killed: its lease was dropped (hypertf kill); "
+                    f"its tasks are stopped and its GPUs returned"))
+            decision = monitor.feed(event, time.monotonic())
+            for line in decision.say:
+                job.say(line)
+            self.lost_hosts |= monitor.lost_hosts
+            if decision.verdict in (Verdict.SUCCEEDED, Verdict.PORT_CLASH):
+                return decision.verdict
+            if decision.final:
+                raise JobFailed(decision.message)
+
+    # -- stop, release, report ------------------------------------------------------------
+    def stop(self) -> GroupResult[dict[str, str]]:
+        """TERM each task's process group, KILL after the grace period; every host at once."""
+        cluster = self.job.cluster
+        if not cluster or not self.tasks:
+            return GroupResult()
+        hosts = sorted({t.placement.host for t in self.tasks.values()} - self.lost_hosts)
+        for host in sorted(self.lost_hosts):
+            self.job.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
+                         f"tasks there when it can reach ZooKeeper again (the lease is released)")
+        grace = self.job.request.grace
+        results = cluster.each(
+            lambda s: NodeClient(s).stop(self.run_dir(s.node.name), grace), hosts)
+        for host, value in results.succeeded.items():
+            for task in self.tasks.values():
+                if task.placement.host == host and task.file_name in value:
+                    task.stop_result = task.stop_result or value[task.file_name]
+        for host, err in results.failed.items():
+            self.job.say(f"hypertf: warning: could not stop tasks on {host} ({err}); its "
+                         f"agent stops them once the job's lease is released")
+        return results
+
+    def _confirmed_dead(self, stopped: GroupResult[dict[str, str]]) -> list[str]:
+        """Hosts where the stop saw every task of the job dead: only their GPUs go back
+        now; the others drain until their agent has confirmed."""
+        hosts = {t.placement.host for t in self.tasks.values()}
+        if not hosts:
+            return sorted({p.host for p in self.grant.placements}) if self.grant else []
+        return sorted(host for host in hosts if host in stopped.succeeded
+                      and "survived SIGKILL" not in stopped.succeeded[host].values())
+
+    def _release(self, stopped_on: list[str], wait_s: float = 15.0) -> None:
+        """Release, or explain why the GPUs come back anyway when ZooKeeper is out of reach."""
+        client = self.job.client
+        deadline = time.monotonic() + wait_s
+        while not client.connected and time.monotonic() < deadline:
+            time.sleep(0.2)  # calls on a disconnected client would queue and block
+        try:
+            if not client.connected:
+                raise StoreError("not connected")
+            release(client, self.job.layout, self.task_key, state=self.result,
+                    extra={"summary": self.summary()}, stopped_on=stopped_on)
+        except (StoreError, KazooException, KazooTimeoutError) as err:
+            self.job.say(f"hypertf: warning: could not reach ZooKeeper to release job "
+                         f"{self.task_key} ({err or type(err).__name__}); its lease ends with "
+                         f"this session and the next sync returns the GPUs")
+
+    def collect_logs(self) -> None:
+        cluster = self.job.cluster
+        if not cluster or not self.tasks:
+            return
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+
+        def fetch(session: Session) -> None:
+            node = NodeClient(session)
+            for task in self.tasks.values():
+                if task.placement.host == session.node.name:
+                    log = node.fetch_log(self.run_dir(session.node.name), task.file_name)
+                    (self.local_dir / f"{task.file_name}.log").write_text(log)
+
+        cluster.each(fetch, sorted({t.placement.host for t in self.tasks.values()}
+                                   - self.lost_hosts))
+
+    def finish(self) -> None:
+        """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""
+        self._over = True
+        stopped: GroupResult[dict[str, str]] = GroupResult()
+        try:
+            stopped = self.stop()
+        finally:
+            if self.job.client is not None and self.grant is not None:
+                self._release(self._confirmed_dead(stopped))
+            self.collect_logs()
+            if self.tasks:
+                self.local_dir.mkdir(parents=True, exist_ok=True)
+                (self.local_dir / "summary.json").write_text(json.dumps(self.summary(), indent=2))
+
+    def summary(self) -> dict[str, Any]:
+        job = self.job
+        return {
+            "task_key": self.task_key,
+            "result": self.result,
+            "message": self.message,
+            "script": job.request.script,
+            "args": list(job.request.args),
+            "inventory": str(job.inventory.path),
+            "policy": job.request.policy,
+            "cpu_only": job.cpu_only,
+            "env": {host: job.task_env(host)
+                    for host in sorted({t.placement.host for t in self.tasks.values()})},
+            "wall_s": round(time.time() - job.started_at, 2),
+            "tasks": [
+                {"task": t.name, "host": t.placement.host, "gpus": list(t.placement.gpus),
+                 "port": t.port, "exit_code": t.exit_code, "killed": t.killed,
+                 "end": t.end(t.placement.host in self.lost_hosts),
+                 "duration_s": round(t.ended - t.started, 2) if t.ended and t.started else None}
+                for t in self.tasks.values()
+            ],
+            "attempts": job.attempts_summary(),
+        }

@@ -1,0 +1,95 @@
+"""What a user asks of ``hypertf train``: one typed request, its defaults, its checks.
+
+Every default of a training job lives here, once: the command line and ``invoke train``
+build a ``TrainRequest`` and the launcher reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypertf.errors import UsageError
+from hypertf.inventory import check_env
+from hypertf.scheduler import POLICIES
+
+LEGACY_FLAG_MODES = ("auto", "on", "off")
+MAX_PATH_BYTES = 4096  # PATH_MAX
+MAX_ARG_BYTES = 131072 - 1  # MAX_ARG_STRLEN: one argument the kernel passes to a program
+MAX_ARGS_BYTES = 1024 * 1024  # all of them, well under ARG_MAX with TF_CONFIG beside
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What the user asked for on the command line."""
+
+    script: str
+    workers: int = 1
+    ps: int = 0
+    chief: bool = False
+    policy: str = "round_robin"
+    gpus_per_worker: int = 1
+    gpus_per_ps: int = 0
+    sync_dir: str | None = None
+    start_timeout: float = 120.0
+    timeout: float | None = None
+    legacy_flags: str = "auto"  # auto: only if the script reads them; on; off
+    grace: float = 5.0
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()  # NAME=VALUE for every task, over the inventory's
+    idle_timeout: float | None = 300.0  # warn when every task listens and none writes
+    idle_fail: bool = False  # ... and end the job then
+
+    def env_vars(self) -> dict[str, str]:
+        """--env NAME=VALUE as a mapping; a bad name or a reserved one is a usage error."""
+        result = {}
+        for item in self.env:
+            name, sep, value = item.partition("=")
+            try:
+                if not sep:
+                    raise ValueError(f"--env {item!r} must look like NAME=VALUE")
+                result[name] = check_env(name, value, "--env")
+            except ValueError as err:
+                raise UsageError(str(err)) from None
+        return result
+
+    def validate(self) -> None:
+        if self.workers < 0 or self.ps < 0 or self.gpus_per_worker < 0 or self.gpus_per_ps < 0:
+            raise UsageError("--worker, --ps and the GPU counts cannot be negative")
+        if self.workers == 0 and not self.chief:
+            raise UsageError("a job needs at least one worker (--worker N) or --chief")
+        if self.workers + self.ps + self.chief > 1024:
+            raise UsageError(f"{self.workers + self.ps + self.chief} tasks is more than the "
+                             f"1024 a job may have")
+        self.env_vars()
+        if self.legacy_flags not in LEGACY_FLAG_MODES:
+            raise UsageError(f"legacy flags must be one of {', '.join(LEGACY_FLAG_MODES)}, "
+                             f"not {self.legacy_flags!r}")
+        if self.policy not in POLICIES:
+            raise UsageError(f"unknown policy {self.policy!r}; choose {' or '.join(POLICIES)}")
+        if not self.start_timeout > 0 or (self.timeout is not None and not self.timeout > 0):
+            raise UsageError("--start-timeout and --timeout must be positive seconds")
+        if self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise UsageError("--idle-timeout must be positive seconds")
+        if not self.grace >= 0:
+            raise UsageError(f"--grace must be zero or more seconds, not {self.grace}")
+        if "\0" in self.script or any("\0" in arg for arg in self.args):
+            raise UsageError("the script path and its arguments cannot hold NUL bytes")
+        if len(self.script.encode()) > MAX_PATH_BYTES:
+            raise UsageError(f"--script is {len(self.script.encode())} bytes long; a path "
+                             f"has at most {MAX_PATH_BYTES}")
+        longest = max((len(arg.encode()) for arg in self.args), default=0)
+        if longest > MAX_ARG_BYTES:
+            raise UsageError(f"a script argument of {longest} bytes is longer than the "
+                             f"{MAX_ARG_BYTES} bytes Linux passes to a program; put such "
+                             f"values in a file and pass its path")
+        total = sum(len(arg.encode()) + 1 for arg in self.args)
+        if total > MAX_ARGS_BYTES:
+            raise UsageError(f"the script's arguments total {total} bytes, more than the "
+                             f"{MAX_ARGS_BYTES} a task's command line may have; put them in "
+                             f"a file and pass its path")
+        if self.sync_dir:
+            if not Path(self.sync_dir).is_dir():
+                raise UsageError(f"--sync {self.sync_dir}: no such directory")
+            if not (Path(self.sync_dir) / self.script).is_file():
+                raise UsageError(f"--script {self.script} not found in --sync {self.sync_dir}")
