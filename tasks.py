@@ -155,7 +155,8 @@ def train(c: Context, script: str | None = None, worker: int = 1, ps: int = 0, c
           gpus_per_ps: int = 0, sync: str | None = None, start_timeout: float = 120.0,
           timeout: float | None = None, grace: float = 5.0, legacy_flags: str = "auto",
           no_legacy_flags: bool = False, env: list[str] | None = None,
-          idle_timeout: float = 300.0, idle_fail: bool = False) -> None:
+          idle_timeout: float = 300.0, idle_fail: bool = False, max_restarts: int = 0,
+          restart_on_failure: bool = False, checkpoint_dir: str | None = None) -> None:
     """Run a distributed TensorFlow job; hyperparameters go after '--'."""
     if not script:
         raise Exit("invoke train: --script is required (the training script, on the nodes "
@@ -170,6 +171,9 @@ def train(c: Context, script: str | None = None, worker: int = 1, ps: int = 0, c
     for item in env or []:
         argv += ["--env", item]
     argv += ["--idle-timeout", str(idle_timeout)] + (["--idle-fail"] if idle_fail else [])
+    argv += ["--max-restarts", str(max_restarts)]
+    argv += ["--restart-on-failure"] if restart_on_failure else []
+    argv += ["--checkpoint-dir", checkpoint_dir] if checkpoint_dir else []
     mode = "off" if no_legacy_flags else legacy_flags
     if mode not in ("auto", "on", "off"):
         raise Exit(f"--legacy-flags must be auto, on or off, not {mode!r}", code=2)

@@ -39,9 +39,16 @@ QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONU
 
 
 class JobFailed(HyperTFError):
-    """The job ran and failed; the message names the task and shows its last lines."""
+    """The job ran and failed; the message names the task and shows its last lines.
+    ``retryable``: a new attempt may cure it; ``hosts``: the hosts it points at."""
 
     exit_code = 1
+
+    def __init__(self, message: str, retryable: bool = False,
+                 hosts: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.hosts = hosts
 
 
 class Interrupted(HyperTFError):
@@ -92,9 +99,10 @@ class _LineSink(io.TextIOBase):
 class Attempt:
     """allocate -> start -> watch -> stop -> release, for one task key."""
 
-    def __init__(self, job: Job, task_key: str, last: bool) -> None:
+    def __init__(self, job: Job, task_key: str, number: int, last: bool) -> None:
         self.job = job
         self.task_key = task_key
+        self.number = number  # 1 for the first try: HYPERTF_ATTEMPT
         self.last = last  # a port clash now fails the job instead of asking for a retry
         self.grant: Grant | None = None
         self.tasks: dict[str, TaskState] = {}
@@ -114,9 +122,10 @@ class Attempt:
         return RunDir.of(self.job.inventory.node(host).settings.workdir, self.task_key)
 
     # -- the lifecycle --------------------------------------------------------------------
-    def run(self, live: list[str], exclude: dict[str, set[int]]) -> Outcome:
+    def run(self, live: list[str], exclude: dict[str, set[int]],
+            avoid: frozenset[str] = frozenset()) -> Outcome:
         try:
-            self.grant = self.job.place(self.task_key, live, exclude)
+            self.grant = self.job.place(self.task_key, live, exclude, avoid)
             self.tasks = {p.name: TaskState(p, self.grant.ports[p.name])
                           for p in self.grant.placements}
             self._watch_lease()
@@ -177,12 +186,14 @@ class Attempt:
                 task = self.tasks[task_spec.placement.name]
                 env = {**QUIET_ENV, **job.task_env(host), "TF_CONFIG": task_spec.tf_config,
                        **specs.gpu_env(task_spec.placement.gpus, job.records[host].gpus),
-                       "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name}
+                       "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name,
+                       "HYPERTF_ATTEMPT": str(self.number),
+                       "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(host)}
                 argv = ["python", script, *(task_spec.flags if legacy_flags else ()),
                         *job.request.args]
                 tasks.append({"name": task.file_name, "port": task.port, "cwd": cwd,
                               "env": env, "argv": argv})
-            NodeClient(session).start(run, tasks)
+            NodeClient(session).start(run, tasks, make_dirs=[job.checkpoint_dir(host)])
 
         update_job(job.client, job.layout, self.task_key, state="starting")
         results = cluster.each(launch, list(by_host))
@@ -243,7 +254,8 @@ class Attempt:
             if decision.verdict in (Verdict.SUCCEEDED, Verdict.PORT_CLASH):
                 return decision.verdict
             if decision.final:
-                raise JobFailed(decision.message)
+                raise JobFailed(decision.message, decision.verdict is Verdict.RETRYABLE,
+                                decision.hosts)
 
     # -- stop, release, report ------------------------------------------------------------
     def stop(self) -> GroupResult[dict[str, str]]:

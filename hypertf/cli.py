@@ -61,8 +61,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("killed", 0)))
             who = by.get("identity") or by.get("user", "?")
             ended = f"  (killed by {who} from {by.get('host', '?')} at {when})"
+        attempt = (f"  attempt {job['attempt']} of {job['job_id']}"
+                   if job.get("attempt", 1) > 1 else "")
         print(f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
-              f"  {job.get('script', '')}  {tasks}{ended}")
+              f"  {job.get('script', '')}  {tasks}{ended}{attempt}")
     if not jobs:
         print("no jobs")
     return 0
@@ -209,7 +211,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         sync_dir=args.sync, start_timeout=args.start_timeout, timeout=args.timeout,
         legacy_flags=args.legacy_flags, env=tuple(args.env), grace=args.grace,
         idle_timeout=args.idle_timeout or None, idle_fail=args.idle_fail,
-        args=tuple(args.hyperparameters),
+        max_restarts=args.max_restarts, restart_on_failure=args.restart_on_failure,
+        checkpoint_dir=args.checkpoint_dir, args=tuple(args.hyperparameters),
     )
     train(inventory, request, say=lambda line: print(line, flush=True))
     return 0
@@ -237,6 +240,16 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
                         "many seconds (default 300; 0: never)")
     p.add_argument("--idle-fail", action="store_true",
                    help="end the job (failed) at the idle timeout instead of warning")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="after a retryable failure (a host lost, a task killed by a signal, "
+                        "the start-up deadline) stop the whole job and start it again, up to "
+                        "N times (default 0); tasks see HYPERTF_ATTEMPT")
+    p.add_argument("--restart-on-failure", action="store_true",
+                   help="with --max-restarts: also restart after a task's own non-zero exit")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="HYPERTF_CHECKPOINT_DIR for every task: an absolute path, the same "
+                        "for every attempt (default <workdir>/checkpoints/<job> on each node; "
+                        "multi-worker jobs want shared storage)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="an environment variable for every task (repeatable; over the "
                         "inventory's hypertf_task_env)")

@@ -10,6 +10,8 @@ agents stop the job's tasks and free its GPUs.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
 import random
 import signal
@@ -31,19 +33,21 @@ from hypertf.allocation import (
     new_task_key,
     plan,
 )
-from hypertf.attempt import Attempt, Interrupted, JobFailed, uninterruptible
+from hypertf.attempt import Attempt, Interrupted, JobFailed, Outcome, uninterruptible
 from hypertf.errors import HyperTFError, InsufficientResources
 from hypertf.inventory import Inventory
 from hypertf.monitor import Verdict
 from hypertf.nodeclient import NodeClient
 from hypertf.remote import Cluster, Session
 from hypertf.request import TrainRequest
+from hypertf.rundir import checkpoint_dir
 from hypertf.store import Layout
 
 __all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
 
 MAX_PORT_RETRIES = 3
 MAX_PLACE_ATTEMPTS = 20  # lost allocation races before giving up
+MAX_RESTART_PAUSE_S = 30.0  # restarts wait 1, 2, 4 ... seconds, at most this
 MAX_SYNC_SOURCES = 2000  # Python files of --sync DIR scanned for the legacy flags
 
 
@@ -78,17 +82,21 @@ class Job:
         """Connect, and find the candidate hosts (inventory GPU nodes with a live agent)."""
         self.client = store.connect(self.inventory.cluster)
         self.client.add_listener(self._on_state)
-        records = store.read_records(self.client, self.layout)
-        hosts = [name for name in self.inventory.nodes if name in records]
+        hosts = self.live_hosts()
+        self.cpu_only = sum(self.records[h].gpu for h in hosts) == 0
+        if self.cpu_only and (self.request.gpus_per_worker or self.request.gpus_per_ps):
+            self.say("hypertf: notice: no GPU on any node of this cluster: every task runs on CPU")
+        return hosts
+
+    def live_hosts(self) -> list[str]:
+        """The inventory's GPU nodes whose agent is up (their records kept for the start)."""
+        self.records = store.read_records(self.client, self.layout)
+        hosts = [name for name in self.inventory.nodes if name in self.records]
         if not hosts:
             raise HyperTFError(
                 f"no agent is running on any host of {self.inventory.path}: start them with "
                 f"'invoke agent.start -i {self.inventory.path}' (status: hypertf status)"
             )
-        self.records = records
-        self.cpu_only = sum(records[h].gpu for h in hosts) == 0
-        if self.cpu_only and (self.request.gpus_per_worker or self.request.gpus_per_ps):
-            self.say("hypertf: notice: no GPU on any node of this cluster: every task runs on CPU")
         return hosts
 
     def _on_state(self, state: str) -> None:
@@ -166,13 +174,20 @@ class Job:
         used = {p.host for p in placements}
         return [host for host in hosts if host in used]
 
-    def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]]) -> Grant:
+    def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
+              avoid: frozenset[str] = frozenset()) -> Grant:
         """Plan over every live host, preflight the hosts chosen that have not passed yet,
         then allocate on the hosts that passed. A lost race (a neighbour took the GPUs
         between the plan and the allocation) plans again over every live host, so a
         request is refused only when it does not fit now (and the message lists every
-        host's free GPUs)."""
+        host's free GPUs). Hosts in ``avoid`` (they failed two attempts) are left out when
+        the others can take the job."""
         for _ in range(MAX_PLACE_ATTEMPTS):
+            others = [host for host in live if host not in avoid]
+            if avoid and others:
+                with contextlib.suppress(InsufficientResources):  # it needs them: keep them
+                    self.needed_hosts(others)
+                    live = others
             chosen = self.needed_hosts(live)  # InsufficientResources: does not fit now
             new = [host for host in chosen if host not in self.preflighted]
             if new:
@@ -192,7 +207,8 @@ class Job:
     def _record(self) -> dict[str, Any]:
         """What the job record says about the request (hypertf jobs shows it)."""
         return {"script": self.request.script, "args": list(self.request.args),
-                "inventory": str(self.inventory.path)}
+                "inventory": str(self.inventory.path), "job_id": self.job_id,
+                "attempt": len(self.attempts)}
 
     def task_env(self, host: str) -> dict[str, str]:
         """The user's environment for the tasks on ``host``: the inventory's
@@ -229,16 +245,7 @@ class Job:
             signal.signal(sig, interrupt)
         try:
             live = self.plan()
-            exclude: dict[str, set[int]] = {}
-            for number in range(MAX_PORT_RETRIES + 1):
-                attempt = Attempt(self, new_task_key(self.owner), last=number == MAX_PORT_RETRIES)
-                self.attempts.append(attempt)
-                outcome = attempt.run(live, exclude)
-                if outcome.verdict is not Verdict.PORT_CLASH:
-                    break
-                self.say("hypertf: a task could not bind its port: retrying on fresh ports")
-                for host, ports in outcome.busy_ports.items():
-                    exclude.setdefault(host, set()).update(ports)
+            outcome = self._attempts(live)
             self.result, self.message = "succeeded", outcome.message
         except HyperTFError as err:
             self.result = "interrupted" if isinstance(err, Interrupted) else "failed"
@@ -254,6 +261,53 @@ class Job:
                 signal.signal(sig, handler)
         return self.summary()
 
+    def _attempts(self, live: list[str]) -> Outcome:
+        """New attempts after port clashes (up to MAX_PORT_RETRIES) and, with
+        --max-restarts, after retryable failures: each after the previous one is stopped
+        and released, restarts with a growing pause. A host that failed two attempts is
+        left out of the next when the others can take the job."""
+        exclude: dict[str, set[int]] = {}
+        port_retries = restarts = 0
+        failures: collections.Counter[str] = collections.Counter()
+        while True:
+            avoid = frozenset(host for host, count in failures.items() if count >= 2)
+            attempt = Attempt(self, new_task_key(self.owner), number=len(self.attempts) + 1,
+                              last=port_retries == MAX_PORT_RETRIES)
+            self.attempts.append(attempt)
+            self.lost_session.clear()  # a new attempt has a new lease in the current session
+            try:
+                outcome = attempt.run(live, exclude, avoid)
+            except JobFailed as err:
+                restartable = err.retryable or self.request.restart_on_failure
+                if not restartable or restarts >= self.request.max_restarts:
+                    raise
+                restarts += 1
+                failures.update(err.hosts)
+                pause = min(2.0 ** (restarts - 1), MAX_RESTART_PAUSE_S)
+                self.say(f"hypertf: attempt {attempt.number} failed "
+                         f"({str(err).splitlines()[0]}); "
+                         f"restart {restarts} of {self.request.max_restarts} in {pause:.0f} s")
+                time.sleep(pause)
+                live = self.live_hosts()
+                continue
+            if outcome.verdict is not Verdict.PORT_CLASH:
+                return outcome
+            port_retries += 1
+            self.say("hypertf: a task could not bind its port: retrying on fresh ports")
+            for host, ports in outcome.busy_ports.items():
+                exclude.setdefault(host, set()).update(ports)
+
+    @property
+    def job_id(self) -> str:
+        """The job across its attempts: its first attempt's task key."""
+        return self.attempts[0].task_key
+
+    def checkpoint_dir(self, host: str) -> str:
+        """HYPERTF_CHECKPOINT_DIR: --checkpoint-dir, else one per job in the node's work dir;
+        the same path for every attempt."""
+        return self.request.checkpoint_dir or checkpoint_dir(
+            self.inventory.node(host).settings.workdir, self.job_id)
+
     @property
     def task_key(self) -> str | None:
         """The current (last) attempt's key."""
@@ -264,7 +318,9 @@ class Job:
         return self.attempts[-1].local_dir if self.attempts else Path("runs")
 
     def attempts_summary(self) -> list[dict[str, Any]]:
-        return [{"task_key": a.task_key, "result": a.result} for a in self.attempts]
+        return [{"attempt": a.number, "task_key": a.task_key, "result": a.result,
+                 "message": a.message.splitlines()[0] if a.message else ""}
+                for a in self.attempts]
 
     def summary(self) -> dict[str, Any]:
         return {**self.attempts[-1].summary(), "result": self.result, "message": self.message}

@@ -94,6 +94,7 @@ class Decision:
     verdict: Verdict = Verdict.RUNNING
     message: str = ""
     say: tuple[str, ...] = ()  # lines for the user, in order
+    hosts: frozenset[str] = frozenset()  # the hosts a failure points at
 
     @property
     def final(self) -> bool:
@@ -163,7 +164,8 @@ class Monitor:
             decision = self._on_clock(now, said)
         if decision is None:
             return Decision(say=tuple(said))
-        return Decision(decision.verdict, decision.message, (*said, *decision.say))
+        return Decision(decision.verdict, decision.message, (*said, *decision.say),
+                        decision.hosts)
 
     # -- events ---------------------------------------------------------------------------
     def _on_event(self, event: Event, now: float, said: list[str]) -> Decision | None:
@@ -175,7 +177,8 @@ class Monitor:
                             "pool")
         if event.kind == "lost":
             self.lost_hosts.add(event.host)
-            return Decision(Verdict.RETRYABLE, f"lost contact with {event.host}: {event.why}")
+            return Decision(Verdict.RETRYABLE, f"lost contact with {event.host}: {event.why}",
+                            hosts=frozenset({event.host}))
         task = self._by_file.get((event.host, event.task)) if event.task else None
         if task is None:
             return None
@@ -199,11 +202,13 @@ class Monitor:
         if task.exit_code != 0 and not self.all_started and any(
                 marker in line for line in task.tail for marker in PORT_IN_USE):
             return Decision(Verdict.PORT_CLASH, f"{task.label} could not bind port {task.port}")
+        culprit = frozenset({task.placement.host})
         if task.name in self.finishers and task.exit_code != 0:
-            return Decision(self._failed_by(task), self.failure(task, code))
+            return Decision(self._failed_by(task), self.failure(task, code), hosts=culprit)
         if task.name in self.fatal:
             return Decision(self._failed_by(task),
-                            self.failure(task, f"parameter server ended ({code})"))
+                            self.failure(task, f"parameter server ended ({code})"),
+                            hosts=culprit)
         if task.name not in self.finishers:
             said.append(f"hypertf: warning: {task.label} ended; the job goes on without it")
         elif task.exit_code == 0 and task.started is None:
@@ -227,9 +232,11 @@ class Monitor:
             said.append(f"hypertf: all {len(self.tasks)} tasks listening after "
                         f"{now - self.begun:.1f} s")
         if not self.all_started and now - self.begun > limits.start_timeout:
-            waiting = [t.label for t in self.tasks.values() if not t.started]
-            return Decision(Verdict.RETRYABLE, (
-                f"start-up deadline: {', '.join(waiting)} not listening on their port after "
+            waiting = [t for t in self.tasks.values() if not t.started]
+            labels = ", ".join(t.label for t in waiting)
+            return Decision(Verdict.RETRYABLE, hosts=frozenset(t.placement.host for t in waiting),
+                            message=(
+                f"start-up deadline: {labels} not listening on their port after "
                 f"{limits.start_timeout:.0f} s (a peer that never started, a host cut off, or "
                 f"a script that never serves); raise --start-timeout if start-up is just "
                 f"slow"))
@@ -249,7 +256,7 @@ class Monitor:
                     t.running for t in self.tasks.values() if t.placement.host == host):
                 self.lost_hosts.add(host)
                 return Decision(Verdict.RETRYABLE, f"host {host} stopped answering "
-                                f"({now - seen:.0f} s without news)")
+                                f"({now - seen:.0f} s without news)", hosts=frozenset({host}))
         return None
 
     # -- words ----------------------------------------------------------------------------

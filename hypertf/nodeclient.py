@@ -73,11 +73,13 @@ class NodeClient:
         if not result.ok:
             raise RemoteError(f"--sync upload failed: {result.stderr.strip()}")
 
-    def start(self, run: RunDir, tasks: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-        """Start ``tasks`` (name, port, cwd, env, argv) in ``run``; PortsBusy when a granted
-        port is taken (nothing is started then). Returns each task's PID."""
+    def start(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
+              make_dirs: Sequence[str] = ()) -> dict[str, int]:
+        """Start ``tasks`` (name, port, cwd, env, argv) in ``run``, after making
+        ``make_dirs``; PortsBusy when a granted port is taken (nothing is started then).
+        Returns each task's PID."""
         request = {"run_dir": str(run.path), "venv": self.node.settings.venv,
-                   "tasks": list(tasks)}
+                   "make_dirs": list(make_dirs), "tasks": list(tasks)}
         self.session.put(json.dumps(request).encode(), str(run.start_request))
         request_file = quote(run.start_request)
         answer = self._answer(self.session.run(

@@ -39,6 +39,9 @@ class TrainRequest:
     env: tuple[str, ...] = ()  # NAME=VALUE for every task, over the inventory's
     idle_timeout: float | None = 300.0  # warn when every task listens and none writes
     idle_fail: bool = False  # ... and end the job then
+    max_restarts: int = 0  # new attempts after a retryable failure (a lost host, a signal...)
+    restart_on_failure: bool = False  # ... also after a finisher's own non-zero exit
+    checkpoint_dir: str | None = None  # HYPERTF_CHECKPOINT_DIR; default per node's work dir
 
     def env_vars(self) -> dict[str, str]:
         """--env NAME=VALUE as a mapping; a bad name or a reserved one is a usage error."""
@@ -71,6 +74,12 @@ class TrainRequest:
             raise UsageError("--start-timeout and --timeout must be positive seconds")
         if self.idle_timeout is not None and not self.idle_timeout > 0:
             raise UsageError("--idle-timeout must be positive seconds")
+        if self.max_restarts < 0:
+            raise UsageError(f"--max-restarts must be 0 or more, not {self.max_restarts}")
+        if self.checkpoint_dir is not None and (
+                not self.checkpoint_dir.startswith("/") or "\0" in self.checkpoint_dir):
+            raise UsageError(f"--checkpoint-dir {self.checkpoint_dir!r} must be an absolute "
+                             f"path (the same on every node, e.g. on shared storage)")
         if not self.grace >= 0:
             raise UsageError(f"--grace must be zero or more seconds, not {self.grace}")
         if "\0" in self.script or any("\0" in arg for arg in self.args):

@@ -13,6 +13,8 @@ as an argument (it spells nothing itself).
     <workdir>/runs/<task key>/code/         the --sync upload
     <workdir>/runs/<task key>.start.json    the start request, while it is being read
     <workdir>/runs/<task key>.code.tar.gz   the --sync archive, while it is unpacked
+    <workdir>/checkpoints/<job id>/         HYPERTF_CHECKPOINT_DIR when --checkpoint-dir is not
+                                            given (the job id: its first attempt's task key)
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 
 RUNS = "runs"
+CHECKPOINTS = "checkpoints"
+
+
+def checkpoint_dir(workdir: str, job_id: str) -> str:
+    """``<workdir>/checkpoints/<job id>``: a job's checkpoints on a node, the same path for
+    every attempt (the job id is its first attempt's task key)."""
+    return str(PurePosixPath(workdir) / CHECKPOINTS / job_id)
 
 
 @dataclass(frozen=True)

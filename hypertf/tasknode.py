@@ -101,7 +101,7 @@ def wrapper_argv(run: RunDir, name: str, venv: str, cwd: str, argv: Sequence[str
 
 
 def start(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Start the tasks of ``request`` (``run_dir``, ``venv``, and ``tasks``: each with
+    """Start the tasks of ``request`` (``run_dir``, ``venv``, ``make_dirs``, ``tasks``: each with
     ``name``, ``port``, ``cwd``, ``env``, ``argv``), each in its own session so its process
     group can be signalled whole; returns ``{"busy": [ports]}`` without starting anything
     when a granted port is already in use (the launcher retries on fresh ports), else
@@ -112,6 +112,8 @@ def start(request: Mapping[str, Any]) -> dict[str, Any]:
         return {"busy": busy}
     run = RunDir(Path(request["run_dir"]))
     run.local.mkdir(parents=True, exist_ok=True)
+    for directory in request.get("make_dirs", ()):  # checkpoints: kept across attempts
+        Path(directory).mkdir(parents=True, exist_ok=True)
     started = {}
     for task in tasks:
         process = subprocess.Popen(

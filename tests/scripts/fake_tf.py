@@ -59,6 +59,8 @@ def main() -> int:
           flush=True)
     cuda, fail_fast = os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("GRPC_FAIL_FAST")
     print(f"cuda={cuda!r} fail_fast={fail_fast}", flush=True)
+    print(f"attempt={os.environ.get('HYPERTF_ATTEMPT')} "
+          f"checkpoint_dir={os.environ.get('HYPERTF_CHECKPOINT_DIR')}", flush=True)
     print(f"gpu_order={os.environ.get('CUDA_DEVICE_ORDER')} "
           f"gpus={os.environ.get('HYPERTF_GPUS')!r}", flush=True)
     if args.report_foreign:

@@ -1,0 +1,137 @@
+"""mirrored_strategy.py's training with checkpoints: a restarted job resumes where it was.
+
+Run it with ``hypertf train --max-restarts N``: when a task dies (a host lost, a process
+killed), HyperTF stops the whole job and starts it again as a new attempt; this script then
+restores the latest checkpoint from ``HYPERTF_CHECKPOINT_DIR`` (the same directory for
+every attempt) and trains only the steps that are left. ``HYPERTF_ATTEMPT`` says which
+attempt this is (1 for the first).
+
+The checkpoint (``tf.train.Checkpoint`` of the model, the optimizer and the step, kept by a
+``CheckpointManager``) is written every ``--save_every`` steps. Under
+MultiWorkerMirroredStrategy every worker must take part in a save: the chief (the "chief"
+task, else worker 0) writes into ``HYPERTF_CHECKPOINT_DIR``, the others into their own
+subdirectory, and every worker restores the chief's, so a multi-worker job needs
+``--checkpoint-dir`` on storage every worker reads (NFS, a shared mount). Workers that
+restored different steps say so and exit 2 instead of hanging in a collective.
+
+The chief prints ``test_accuracy=<x.xxxx>`` last and exits 0 at 0.90 or more, 1 below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+import tensorflow as tf
+from mirrored_strategy import ACCURACY_THRESHOLD, SEED, is_chief, load_data
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--batch_size", type=int, default=64, help="global batch")
+    parser.add_argument("--learning_rate", type=float, default=0.01, help="Adam learning rate")
+    parser.add_argument("--steps", type=int, default=300, help="synchronous training steps")
+    parser.add_argument("--save_every", type=int, default=50, help="steps between checkpoints")
+    parser.add_argument("--step_delay", type=float, default=0.0,
+                        help="seconds to pause after each step (demonstrations and tests: "
+                             "time to interrupt a job mid-training)")
+    args, _unknown = parser.parse_known_args(argv)
+    return args
+
+
+def checkpoint_dirs(resolver: tf.distribute.cluster_resolver.ClusterResolver) -> tuple[str, str]:
+    """(where this task writes, where every task restores from)."""
+    shared = os.environ.get("HYPERTF_CHECKPOINT_DIR") or os.path.join(os.getcwd(), "checkpoints")
+    if is_chief(resolver):
+        return shared, shared
+    return os.path.join(shared, "workers", f"{resolver.task_type}{resolver.task_id}"), shared
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x_train, x_test, y_train, y_test = load_data()
+    keras.utils.set_random_seed(SEED)
+    global_batch = args.batch_size
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        batch = context.get_per_replica_batch_size(global_batch)
+        return dataset.shuffle(len(x_train), seed=SEED).repeat().batch(batch, drop_remainder=True)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input(shape=(64,)),
+                                  keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(10)])
+        optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate)
+        optimizer.build(model.trainable_variables)
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+    write_dir, restore_dir = checkpoint_dirs(strategy.cluster_resolver)
+    latest = tf.train.latest_checkpoint(restore_dir)
+    if latest:
+        checkpoint.restore(latest)
+    attempt = os.environ.get("HYPERTF_ATTEMPT", "1")
+    print(f"attempt {attempt}: " + (f"resumed from step {int(step.numpy())} ({latest})"
+                                    if latest else "no checkpoint: starting at step 0"),
+          flush=True)
+
+    @tf.function
+    def restored_step_sum() -> tf.Tensor:
+        value = strategy.run(lambda: tf.cast(step, tf.float64))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+
+    replicas = strategy.num_replicas_in_sync
+    if int(restored_step_sum().numpy()) != replicas * int(step.numpy()):
+        print(f"the workers restored different steps (this one: {int(step.numpy())}); give "
+              f"--checkpoint-dir on storage every worker reads", file=sys.stderr, flush=True)
+        return 2
+    manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=2)
+
+    @tf.function
+    def train_step(iterator: tf.distribute.DistributedIterator) -> tf.Tensor:
+        def replica_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    y, logits, from_logits=True)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        per_replica_loss = strategy.run(replica_fn, args=next(iterator))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+
+    loss = tf.constant(0.0)
+    while int(step.numpy()) < args.steps:
+        loss = train_step(iterator)
+        step.assign_add(1)
+        done = int(step.numpy())
+        if done % args.save_every == 0 or done == args.steps:
+            manager.save(checkpoint_number=done)  # every worker: the save is collective
+            print(f"checkpoint saved at step {done}", flush=True)
+        if args.step_delay:
+            time.sleep(args.step_delay)
+
+    if not is_chief(strategy.cluster_resolver):
+        return 0
+    print(f"trained to step {args.steps}, last loss={float(loss):.4f}", flush=True)
+    predictions = np.argmax(model(x_test, training=False).numpy(), axis=1)
+    accuracy = float(np.mean(predictions == y_test))
+    print(f"test_accuracy={accuracy:.4f}", flush=True)
+    return 0 if accuracy >= ACCURACY_THRESHOLD else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
