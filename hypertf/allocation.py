@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
-import random
 import secrets
 import socket
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
+from kazoo.retry import ForceRetryError
 
 from hypertf import store
 from hypertf.errors import InsufficientResources, NotAllowed, StoreError, UsageError
@@ -42,6 +42,7 @@ from hypertf.store import (
     owner_of,
     read_leases,
     read_records,
+    until_committed,
 )
 
 
@@ -172,10 +173,6 @@ def _commit_or_conflict(transaction: Any) -> bool:
     raise StoreError(f"ZooKeeper refused the transaction: {real or errors}")
 
 
-def _backoff(attempt: int) -> None:
-    time.sleep(random.uniform(0, min(0.2, 0.005 * 2**min(attempt, 6))))
-
-
 def _place(client: KazooClient, layout: Layout, request: Request,
            ) -> tuple[Matrix, Matrix, int, list[Placement]]:
     """Read the matrix (as stored, and as it should be now) and schedule on it (writes
@@ -213,9 +210,8 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
     if not request.slots:
         raise UsageError("a job needs at least one task")
     acls = store.acls(client)
-    deadline = time.monotonic() + deadline_s
-    attempt = 0
-    while True:
+
+    def attempt(retries: int) -> Grant:
         before, current, version, placements = _place(client, layout, request)
         ports = _pick_ports(current, placements, request.port_ranges, exclude_ports or {})
         gpus: dict[str, list[int]] = {}
@@ -248,14 +244,13 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
         except StoreError:
             _check_registered(client, layout, owner_of(task_key))  # the likely cause, named
             raise
-        if committed:
-            for dead in current.draining_keys() - before.draining_keys():
-                mark_lost(client, layout, dead)  # this write drained them: record why
-            return Grant(task_key, tuple(placements), ports, retries=attempt)
-        attempt += 1
-        if time.monotonic() > deadline:
-            raise StoreError(f"gave up allocating after {attempt} conflicting attempts")
-        _backoff(attempt)
+        if not committed:
+            raise ForceRetryError()
+        for dead in current.draining_keys() - before.draining_keys():
+            mark_lost(client, layout, dead)  # this write drained them: record why
+        return Grant(task_key, tuple(placements), ports, retries=retries)
+
+    return until_committed(attempt, "allocating", deadline_s=deadline_s)
 
 
 ENDED_BY_OTHERS = ("killed", "lost")  # states a launcher's own release does not overwrite
@@ -269,8 +264,7 @@ def release(client: KazooClient, layout: Layout, task_key: str, state: str = "re
     ``stopped_on``: the hosts where the caller has seen the job's processes dead (default
     every host); the job's cells elsewhere turn draining, for their agents to confirm.
     """
-    attempt = 0
-    while True:
+    def attempt(_retries: int) -> bool:
         try:
             matrix, version = read_matrix(client, layout)
         except RootMissing:
@@ -299,33 +293,32 @@ def release(client: KazooClient, layout: Layout, task_key: str, state: str = "re
                 return changed or lease_stat is not None
         except StoreError:
             pass  # the lease or the job vanished between the reads: read again
-        attempt += 1
-        if attempt > 200:
-            raise StoreError(f"could not release {task_key}: too many conflicting writers")
-        _backoff(attempt)
+        raise ForceRetryError()
+
+    return until_committed(attempt, f"releasing {task_key}")
 
 
 def sync_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, dict[str, AgentRecord]]:
     """Bring the stored matrix in line with the records and leases; write only on change.
     Jobs found without a lease are recorded as ``lost`` (unless killed) as their cells
     turn draining."""
-    attempt = 0
-    while True:
+    def attempt(_retries: int) -> tuple[Matrix, dict[str, AgentRecord], set[str]]:
         matrix, version = read_matrix(client, layout)
         records = read_records(client, layout)
         leases = read_leases(client, layout)
         current = synced(matrix, records, leases)
         if same(matrix, current):
-            return current, records
+            return current, records, set()
         try:
             client.set(layout.matrix, current.to_json(), version=version)
         except BadVersionError:
-            attempt += 1
-            _backoff(attempt)
-            continue
-        for task_key in matrix.task_keys() - leases:
-            mark_lost(client, layout, task_key)
-        return current, records
+            raise ForceRetryError() from None
+        return current, records, matrix.task_keys() - leases
+
+    current, records, lost = until_committed(attempt, "syncing the matrix")
+    for task_key in lost:
+        mark_lost(client, layout, task_key)
+    return current, records
 
 
 def mark_lost(client: KazooClient, layout: Layout, task_key: str) -> None:
@@ -342,8 +335,7 @@ def confirm_drained(client: KazooClient, layout: Layout, host: str,
                     task_keys: set[str]) -> bool:
     """The agent of ``host`` has seen these jobs' processes dead there: free their cells
     and ports on ``host`` (only). True if something was freed."""
-    attempt = 0
-    while True:
+    def attempt(_retries: int) -> bool:
         matrix, version = read_matrix(client, layout)
         records = read_records(client, layout, only=[host])
         freed = matrix.release(task_keys & matrix.draining_on(host), records, hosts=[host])
@@ -351,10 +343,11 @@ def confirm_drained(client: KazooClient, layout: Layout, host: str,
             return False
         try:
             client.set(layout.matrix, freed.to_json(), version=version)
-            return True
         except BadVersionError:
-            attempt += 1
-            _backoff(attempt)
+            raise ForceRetryError() from None
+        return True
+
+    return until_committed(attempt, f"freeing drained GPUs on {host}")
 
 
 def read_job(client: KazooClient, layout: Layout, task_key: str) -> dict[str, Any] | None:
@@ -368,19 +361,18 @@ def read_job(client: KazooClient, layout: Layout, task_key: str) -> dict[str, An
 def update_job(client: KazooClient, layout: Layout, task_key: str, **changes: Any) -> None:
     """Merge ``changes`` into the job record, version-checked; a state recorded by someone
     else (``killed``, ``lost``) is never overwritten."""
-    attempt = 0
-    while True:
+    def attempt(_retries: int) -> None:
         data, stat = client.get(layout.job(task_key))
         job = decode(data, "job record")
-        if job.get("state") in ENDED_BY_OTHERS:
-            changes = {k: v for k, v in changes.items() if k != "state"}
-        job.update(changes)
+        kept = ({k: v for k, v in changes.items() if k != "state"}
+                if job.get("state") in ENDED_BY_OTHERS else changes)
+        job.update(kept)
         try:
             client.set(layout.job(task_key), encode(job), version=stat.version)
-            return
         except BadVersionError:
-            attempt += 1
-            _backoff(attempt)
+            raise ForceRetryError() from None
+
+    until_committed(attempt, f"updating job {task_key}")
 
 
 def list_jobs(client: KazooClient, layout: Layout) -> list[dict[str, Any]]:
@@ -444,8 +436,7 @@ def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
         raise NotAllowed(
             f"job {task_key} belongs to {owner}: only {owner} or the cluster admin may end "
             f"it (the admin: HYPERTF_ZK_IDENTITY=admin hypertf kill {task_key})")
-    attempt = 0
-    while True:
+    def attempt(_retries: int) -> bool:
         try:
             data, stat = client.get(layout.job(task_key))
         except NoNodeError:
@@ -460,13 +451,15 @@ def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
         tx.delete(layout.lease(task_key))
         try:
             if _commit_or_conflict(tx):
-                break
+                return True
         except NotAllowed:
             raise NotAllowed(f"ZooKeeper refused to let {identity} end job {task_key} of "
                              f"{owner}") from None
         except StoreError:
             pass  # the lease went meanwhile: read again
-        attempt += 1
-        _backoff(attempt)
+        raise ForceRetryError()
+
+    if not until_committed(attempt, f"killing job {task_key}"):
+        return False
     sync_matrix(client, layout)
     return True

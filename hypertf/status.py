@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from hypertf import zkserver
-from hypertf.allocation import sync_matrix
+from hypertf.allocation import read_matrix
 from hypertf.inventory import Inventory
-from hypertf.matrix import job_of, state_of
-from hypertf.store import Layout, read_leases
+from hypertf.matrix import job_of, state_of, synced
+from hypertf.store import Layout, read_leases, read_records
 
 GIB = 1024**3
 
@@ -39,10 +39,14 @@ def _zookeeper_health(hosts: str) -> list[dict[str, Any]]:
 
 
 def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
-    """Sync the matrix (reclaiming dead jobs' GPUs) and describe every inventory host."""
+    """Describe every inventory host: the matrix as the records and leases say it is now.
+    A read: it writes nothing (bringing the stored matrix in line is the keeper agent's
+    job), so a dead job's GPUs already show as draining here before the keeper has run."""
     layout = Layout(inventory.cluster.zk_root)
-    matrix, records = sync_matrix(client, layout)
+    stored, _ = read_matrix(client, layout)
+    records = read_records(client, layout)
     leases = read_leases(client, layout)
+    matrix = synced(stored, records, leases)
     now = time.time()
     hosts = []
     for name, node in inventory.nodes.items():

@@ -17,22 +17,25 @@ upgrade) what an older one wrote instead of misreading it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry, RetryFailedError
 
 from hypertf import auth
 from hypertf.errors import StoreError, UsageError
 from hypertf.inventory import ClusterSettings
 
+T = TypeVar("T")
 FORMAT = 1
 # ZooKeeper refuses a znode larger than jute.maxbuffer (1 MiB by default); stay under it.
 MAX_ZNODE_BYTES = 1024 * 1024 - 1024
@@ -297,3 +300,18 @@ def read_leases(client: KazooClient, layout: Layout) -> set[str]:
 def job_keys(client: KazooClient, layout: Layout) -> list[str]:
     """Every job record's task key, of every user."""
     return _keys_of_every_user(client, layout.jobs)
+
+
+def until_committed(attempt: Callable[[int], T], what: str, deadline_s: float | None = 30.0,
+                    max_tries: int = 200) -> T:
+    """Run a version-checked read-modify-write until it commits, kazoo's way: ``attempt``
+    (given how many tries lost so far) raises ``ForceRetryError`` when another writer won;
+    ``KazooRetry`` retries that (and a lost connection) with backoff and jitter."""
+    tries = itertools.count()
+    retry = KazooRetry(max_tries=max_tries, delay=0.005, backoff=2, max_jitter=0.8,
+                       max_delay=0.2, deadline=deadline_s)
+    try:
+        return retry(lambda: attempt(next(tries)))
+    except RetryFailedError:
+        raise StoreError(f"gave up {what} after {next(tries) - 1} tries lost to other "
+                         f"writers") from None
