@@ -68,6 +68,11 @@ def uninterruptible() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def ended_by(err: HyperTFError) -> tuple[str, str]:
+    """The result and message a job or an attempt records when ``err`` ends it."""
+    return ("interrupted" if isinstance(err, Interrupted) else "failed"), str(err)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How an attempt ended, when it did not raise: succeeded, or a port clash (retry on
@@ -142,8 +147,7 @@ class Attempt:
             self.result, self.message = "succeeded", "all finishers exited 0"
             return Outcome(verdict, self.message)
         except HyperTFError as err:
-            self.result = "interrupted" if isinstance(err, Interrupted) else "failed"
-            self.message = str(err)
+            self.result, self.message = ended_by(err)
             raise
         finally:
             with uninterruptible():

@@ -33,7 +33,14 @@ from hypertf.allocation import (
     new_task_key,
     plan,
 )
-from hypertf.attempt import Attempt, Interrupted, JobFailed, Outcome, uninterruptible
+from hypertf.attempt import (
+    Attempt,
+    Interrupted,
+    JobFailed,
+    Outcome,
+    ended_by,
+    uninterruptible,
+)
 from hypertf.errors import HyperTFError, InsufficientResources
 from hypertf.inventory import Inventory
 from hypertf.monitor import Verdict
@@ -248,8 +255,7 @@ class Job:
             outcome = self._attempts(live)
             self.result, self.message = "succeeded", outcome.message
         except HyperTFError as err:
-            self.result = "interrupted" if isinstance(err, Interrupted) else "failed"
-            self.message = str(err)
+            self.result, self.message = ended_by(err)
             raise
         finally:
             with uninterruptible():
