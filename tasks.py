@@ -148,6 +148,9 @@ def lab_list(c: Context) -> None:
         "env": "NAME=VALUE for every task (repeatable)",
         "idle_timeout": "warn when every task listens and none writes for this long (300 s)",
         "idle_fail": "end the job at the idle timeout instead of warning",
+        "max_restarts": "restart the whole job after a retryable failure, up to N times (0)",
+        "restart_on_failure": "with max_restarts: also after a task's own non-zero exit",
+        "checkpoint_dir": "HYPERTF_CHECKPOINT_DIR for every task (absolute; shared storage)",
     }
 )
 def train(c: Context, script: str | None = None, worker: int = 1, ps: int = 0, chief: bool = False,
