@@ -144,7 +144,10 @@ def test_agent_record_json_has_the_documented_fields_with_format_first():
     }
     assert set(payload["gpus"][0]) == {
         "index", "name", "uuid", "utilization", "memory_used", "memory_total", "available",
-        "reason", "mig", "processes",
+    }  # an idle GPU: reason, mig and processes say nothing and are left out
+    assert set(payload["gpus"][2]) == {
+        "index", "name", "uuid", "utilization", "memory_used", "memory_total", "available",
+        "reason", "processes",
     }
     assert payload["gpu"] == 4
     assert payload["gpu_avail_list"] == [0, 1, 3]
