@@ -42,7 +42,7 @@ case "${1:-}" in
         install_system
         install_python
         # the packages inventory/local.yml names for the scripts (hypertf_python_packages...)
-        .venv/bin/python -m hypertf.provision local-packages -i inventory/local.yml
+        .venv/bin/hypertf cluster local-packages -i inventory/local.yml
         .venv/bin/invoke zk.start
         .venv/bin/invoke agent.start
         sleep 1

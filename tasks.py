@@ -1,75 +1,78 @@
-"""Invoke tasks: ``invoke --list``. Each task calls the same code as the ``hypertf`` command."""
+"""Invoke tasks: ``invoke --list``. Each task calls the same typed functions as the
+``hypertf`` command (hypertf.commands), with typed values: no command line in between."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable
 
 from invoke import Collection, Context, Exit, task
 
-from hypertf import cli
+from hypertf import cli, commands
+from hypertf.request import TrainRequest
 
-INVENTORY_HELP = {"inventory": "inventory YAML (default inventory/local.yml)"}
+INVENTORY_HELP = {"inventory": "inventory YAML (default $HYPERTF_INVENTORY or inventory/local.yml)"}
+R = TrainRequest  # the defaults of invoke train are the request's own
 
 
-def _hypertf(argv: Sequence[str]) -> None:
-    """Run a hypertf subcommand; a failure becomes invoke.Exit with its message and code."""
-    code = cli.main(list(argv))
+def _call(func: Callable[..., int], **kwargs: object) -> None:
+    """Run a hypertf verb; a failure becomes invoke.Exit with its message's exit code."""
+    cli.quiet_kazoo()
+    code = cli.run(lambda: func(**kwargs))
     if code:
         raise Exit(code=code)
 
 
-def _inv(inventory: str | None) -> list[str]:
-    return ["--inventory", inventory] if inventory else []
-
+def _inv(inventory: str | None) -> str:
+    return inventory or cli.default_inventory()
 
 
 @task(help=INVENTORY_HELP)
 def zk_start(c: Context, inventory: str | None = None) -> None:
     """Start the local standalone ZooKeeper the inventory names."""
-    _hypertf(["zk", "start", *_inv(inventory)])
+    _call(commands.zk, inventory=_inv(inventory), action="start")
 
 
 @task(help=INVENTORY_HELP)
 def zk_stop(c: Context, inventory: str | None = None) -> None:
     """Stop the local ZooKeeper (by its pidfile)."""
-    _hypertf(["zk", "stop", *_inv(inventory)])
+    _call(commands.zk, inventory=_inv(inventory), action="stop")
 
 
 @task(help=INVENTORY_HELP)
 def zk_status(c: Context, inventory: str | None = None) -> None:
     """Say whether the local ZooKeeper serves, and in which mode."""
-    _hypertf(["zk", "status", *_inv(inventory)])
+    _call(commands.zk, inventory=_inv(inventory), action="status")
 
 
 @task(help={**INVENTORY_HELP, "host": "only this node (default: every GPU node)"})
 def agent_start(c: Context, inventory: str | None = None, host: str | None = None) -> None:
     """Start the resource agent on the nodes (over SSH; locally for a local node)."""
-    _hypertf(["agents", "start", *_inv(inventory), *(["--host", host] if host else [])])
+    _call(commands.agents, inventory=_inv(inventory), action="start", host=host)
 
 
 @task(help={**INVENTORY_HELP, "host": "only this node (default: every GPU node)"})
 def agent_stop(c: Context, inventory: str | None = None, host: str | None = None) -> None:
     """Stop the resource agent on the nodes; their records leave ZooKeeper at once."""
-    _hypertf(["agents", "stop", *_inv(inventory), *(["--host", host] if host else [])])
+    _call(commands.agents, inventory=_inv(inventory), action="stop", host=host)
 
 
 @task(help={**INVENTORY_HELP, "last": "how many jobs (default 20)"})
 def jobs(c: Context, inventory: str | None = None, last: int = 20) -> None:
     """List recent jobs, newest first: running, succeeded, failed, interrupted, killed."""
-    _hypertf(["jobs", *_inv(inventory), "--last", str(last)])
+    _call(commands.jobs, inventory=_inv(inventory), last=last)
 
 
 @task(help={**INVENTORY_HELP, "task_key": "the job's task key (see invoke jobs)"})
 def kill(c: Context, task_key: str, inventory: str | None = None) -> None:
     """Stop a running job from anywhere: its tasks stop and its GPUs return."""
-    _hypertf(["kill", *_inv(inventory), task_key])
+    _call(commands.kill, inventory=_inv(inventory), task_key=task_key)
 
 
 @task(help={**INVENTORY_HELP, "json": "print one JSON object instead of the table"})
 def status(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Show hosts x GPUs (free / busy / unavailable), agents and ZooKeeper health."""
-    _hypertf(["status", *_inv(inventory), *(["--json"] if json else [])])
+    _call(commands.status, inventory=_inv(inventory), as_json=json)
 
 
 @task(help={**INVENTORY_HELP, "ask_pass": "ask for the SSH password (first contact; needs sshpass)",
@@ -77,16 +80,7 @@ def status(c: Context, inventory: str | None = None, json: bool = False) -> None
 def cluster_setup(c: Context, inventory: str | None = None, ask_pass: bool = False,
                   check: bool = False) -> None:
     """Provision every node with deploy.yml (SSH keys, virtualenv, ZooKeeper, agents)."""
-    from hypertf import provision
-    from hypertf.inventory import DEFAULT_INVENTORY
-
-    def setup() -> int:
-        provision.setup(inventory or DEFAULT_INVENTORY, ask_pass=ask_pass, check=check)
-        return 0
-
-    code = cli.run(setup)
-    if code:
-        raise Exit(code=code)
+    _call(commands.cluster_setup, inventory=_inv(inventory), ask_pass=ask_pass, check=check)
 
 
 @task(help={**INVENTORY_HELP, "zookeeper": "also stop ZooKeeper and remove its service",
@@ -94,16 +88,8 @@ def cluster_setup(c: Context, inventory: str | None = None, ask_pass: bool = Fal
 def cluster_teardown(c: Context, inventory: str | None = None, zookeeper: bool = False,
                      purge: bool = False) -> None:
     """Stop the agents (and ZooKeeper on request) and remove what cluster.setup installed."""
-    from hypertf import provision
-    from hypertf.inventory import DEFAULT_INVENTORY
-
-    def teardown() -> int:
-        provision.teardown(inventory or DEFAULT_INVENTORY, zookeeper=zookeeper, purge=purge)
-        return 0
-
-    code = cli.run(teardown)
-    if code:
-        raise Exit(code=code)
+    _call(commands.cluster_teardown, inventory=_inv(inventory), zookeeper=zookeeper,
+          purge=purge)
 
 
 @task(help={"hosts": "number of hosts (network namespaces)", "gpus": "static GPUs per host",
@@ -112,21 +98,20 @@ def cluster_teardown(c: Context, inventory: str | None = None, zookeeper: bool =
 def lab_up(c: Context, hosts: int = 3, gpus: int = 4, no_agents: bool = False,
            zookeeper_members: int = 1) -> None:
     """Create a multi-host lab on this machine; the last line printed is its inventory."""
-    _hypertf(["lab", "up", "--hosts", str(hosts), "--gpus", str(gpus),
-              "--zookeeper-members", str(zookeeper_members),
-              *(["--no-agents"] if no_agents else [])])
+    _call(commands.lab_up, hosts=hosts, gpus=gpus, agents=not no_agents,
+          zookeeper_members=zookeeper_members)
 
 
 @task(help={"name": "lab id (default: every lab)"})
 def lab_down(c: Context, name: str | None = None) -> None:
     """Remove the lab(s): hosts, sshd, agents, ZooKeeper, namespaces, bridge, files."""
-    _hypertf(["lab", "down", *(["--name", name] if name else [])])
+    _call(commands.lab_down, name=name)
 
 
 @task
 def lab_list(c: Context) -> None:
     """List the labs that are up."""
-    _hypertf(["lab", "list"])
+    _call(commands.lab_list)
 
 
 @task(
@@ -153,37 +138,31 @@ def lab_list(c: Context) -> None:
         "checkpoint_dir": "HYPERTF_CHECKPOINT_DIR for every task (absolute; shared storage)",
     }
 )
-def train(c: Context, script: str | None = None, worker: int = 1, ps: int = 0, chief: bool = False,
-          inventory: str | None = None, policy: str = "round_robin", gpus_per_worker: int = 1,
-          gpus_per_ps: int = 0, sync: str | None = None, start_timeout: float = 120.0,
-          timeout: float | None = None, grace: float = 5.0, legacy_flags: str = "auto",
-          no_legacy_flags: bool = False, env: list[str] | None = None,
-          idle_timeout: float = 300.0, idle_fail: bool = False, max_restarts: int = 0,
-          restart_on_failure: bool = False, checkpoint_dir: str | None = None) -> None:
+def train(c: Context, script: str | None = None, worker: int = R.workers, ps: int = R.ps,
+          chief: bool = R.chief, inventory: str | None = None, policy: str = R.policy,
+          gpus_per_worker: int = R.gpus_per_worker, gpus_per_ps: int = R.gpus_per_ps,
+          sync: str | None = R.sync_dir, start_timeout: float = R.start_timeout,
+          timeout: float | None = R.timeout, grace: float = R.grace,
+          legacy_flags: str = R.legacy_flags, no_legacy_flags: bool = False,
+          env: list[str] | None = None, idle_timeout: float = R.idle_timeout or 0.0,
+          idle_fail: bool = R.idle_fail, max_restarts: int = R.max_restarts,
+          restart_on_failure: bool = R.restart_on_failure,
+          checkpoint_dir: str | None = R.checkpoint_dir) -> None:
     """Run a distributed TensorFlow job; hyperparameters go after '--'."""
     if not script:
         raise Exit("invoke train: --script is required (the training script, on the nodes "
                    "or inside --sync DIR)", code=2)
-    argv = ["train", "--script", script, "--worker", str(worker), "--ps", str(ps),
-            "--policy", policy, "--gpus-per-worker", str(gpus_per_worker),
-            "--gpus-per-ps", str(gpus_per_ps), "--start-timeout", str(start_timeout),
-            "--grace", str(grace), *_inv(inventory)]
-    argv += ["--chief"] if chief else []
-    argv += ["--sync", sync] if sync else []
-    argv += ["--timeout", str(timeout)] if timeout else []
-    for item in env or []:
-        argv += ["--env", item]
-    argv += ["--idle-timeout", str(idle_timeout)] + (["--idle-fail"] if idle_fail else [])
-    argv += ["--max-restarts", str(max_restarts)]
-    argv += ["--restart-on-failure"] if restart_on_failure else []
-    argv += ["--checkpoint-dir", checkpoint_dir] if checkpoint_dir else []
-    mode = "off" if no_legacy_flags else legacy_flags
-    if mode not in ("auto", "on", "off"):
-        raise Exit(f"--legacy-flags must be auto, on or off, not {mode!r}", code=2)
-    argv += {"on": ["--legacy-flags"], "off": ["--no-legacy-flags"]}.get(mode, [])
     # Invoke joins what follows '--' into one string; take it from argv to keep quoting.
     hyperparameters = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
-    _hypertf([*argv, "--", *hyperparameters])
+    request = TrainRequest(
+        script=script, workers=worker, ps=ps, chief=chief, policy=policy,
+        gpus_per_worker=gpus_per_worker, gpus_per_ps=gpus_per_ps, sync_dir=sync,
+        start_timeout=start_timeout, timeout=timeout, grace=grace,
+        legacy_flags="off" if no_legacy_flags else legacy_flags, env=tuple(env or ()),
+        idle_timeout=idle_timeout or None, idle_fail=idle_fail, max_restarts=max_restarts,
+        restart_on_failure=restart_on_failure, checkpoint_dir=checkpoint_dir,
+        args=tuple(hyperparameters))
+    _call(commands.train, inventory=_inv(inventory), request=request)
 
 
 @task(help={"args": "extra pytest arguments, e.g. '-k allocation -x'"})
@@ -232,13 +211,13 @@ def bench(c: Context, quick: bool = False, only: str | None = None, out: str | N
 @task(help={**INVENTORY_HELP, "reset": "delete a root made without credentials first"})
 def auth_init(c: Context, inventory: str | None = None, reset: bool = False) -> None:
     """As the admin: make the cluster's ZooKeeper credentials and secure its root."""
-    _hypertf(["auth", "init", *_inv(inventory), *(["--reset"] if reset else [])])
+    _call(commands.auth, inventory=_inv(inventory), action="init", reset=reset)
 
 
 @task(help={**INVENTORY_HELP, "user": "the user's name (their login on the machine they use)"})
 def auth_add_user(c: Context, user: str, inventory: str | None = None) -> None:
     """As the admin: register a user and write the credential file to hand them."""
-    _hypertf(["auth", "add-user", user, *_inv(inventory)])
+    _call(commands.auth, inventory=_inv(inventory), action="add-user", user=user)
 
 
 zk = Collection("zk")

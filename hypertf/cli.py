@@ -1,4 +1,6 @@
-"""The ``hypertf`` command. Invoke's tasks.py calls the same functions.
+"""hypertf: distributed TensorFlow on a static GPU cluster, every verb in one tree.
+
+The verbs' code is in hypertf.commands, with typed arguments (Invoke's tasks.py calls it).
 
 A HyperTFError becomes one message on stderr and its exit code; anything else is a bug and
 keeps its traceback.
@@ -7,205 +9,29 @@ keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from hypertf.errors import HyperTFError, UsageError
-from hypertf.inventory import DEFAULT_INVENTORY, load_inventory
+from hypertf import commands
+from hypertf.errors import HyperTFError
+from hypertf.inventory import DEFAULT_INVENTORY
+from hypertf.request import TrainRequest
+
+R = TrainRequest  # every default of a training job lives on the request, once
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from hypertf import status, store
-
-    inventory = load_inventory(args.inventory)
-    client = store.connect(inventory.cluster)
-    try:
-        report = status.collect(client, inventory)
-    finally:
-        store.close(client)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        status.render(report)
-    return 0
+def default_inventory() -> str:
+    """``$HYPERTF_INVENTORY``, else the embedded default (inventory/local.yml)."""
+    return os.environ.get("HYPERTF_INVENTORY", DEFAULT_INVENTORY)
 
 
-def cmd_jobs(args: argparse.Namespace) -> int:
-    from hypertf import store
-    from hypertf.allocation import list_jobs
-
-    inventory = load_inventory(args.inventory)
-    client = store.connect(inventory.cluster)
-    try:
-        jobs = list_jobs(client, store.Layout(inventory.cluster.zk_root))[: args.last]
-    finally:
-        store.close(client)
-    if args.json:
-        print(json.dumps(jobs, indent=2))
-        return 0
-    for job in jobs:
-        owner = job.get("owner", {})
-        tasks = ", ".join(f"{p['role']}:{p['index']}@{p['host']}"
-                          for p in job.get("placements", []))
-        state = "running" if job["alive"] else job.get("state", "?")
-        ended = ""
-        if state == "killed" and job.get("killed_by"):
-            by = job["killed_by"]
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("killed", 0)))
-            who = by.get("identity") or by.get("user", "?")
-            ended = f"  (killed by {who} from {by.get('host', '?')} at {when})"
-        attempt = (f"  attempt {job['attempt']} of {job['job_id']}"
-                   if job.get("attempt", 1) > 1 else "")
-        print(f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
-              f"  {job.get('script', '')}  {tasks}{ended}{attempt}")
-    if not jobs:
-        print("no jobs")
-    return 0
-
-
-def cmd_kill(args: argparse.Namespace) -> int:
-    from hypertf import store
-    from hypertf.allocation import kill
-
-    inventory = load_inventory(args.inventory)
-    client = store.connect(inventory.cluster)
-    try:
-        killed = kill(client, store.Layout(inventory.cluster.zk_root), args.task_key)
-    finally:
-        store.close(client)
-    print(f"job {args.task_key}: " + ("lease dropped; its GPUs drain until the agents have "
-                                      "stopped its tasks" if killed else "was not running"))
-    return 0
-
-
-def cmd_agent(args: argparse.Namespace) -> int:
-    from hypertf import agent
-
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("hypertf.kazoo").setLevel(logging.WARNING)
-    inventory = load_inventory(args.inventory)
-    inventory.node(args.host)
-    if args.once:
-        record = agent.Agent(inventory, args.host).run(once=True)
-        print(record.to_json().decode() if record else "")
-        return 0
-    agent.serve(inventory, args.host)
-    return 0
-
-
-def cmd_agent_ctl(args: argparse.Namespace) -> int:
-    from hypertf import agentctl
-
-    inventory = load_inventory(args.inventory)
-    workdir = inventory.node(args.host).settings.workdir
-    if args.action == "start":
-        pid, started = agentctl.local_start(args.inventory, args.host, workdir)
-        print(f"agent {args.host} {'started' if started else 'already running'} (pid {pid})")
-    elif args.action == "stop":
-        stopped = agentctl.local_stop(workdir)
-        print(f"agent {args.host} {'stopped' if stopped else 'was not running'}")
-    else:
-        pid = agentctl.running_pid(workdir)
-        print(f"agent {args.host} {f'running (pid {pid})' if pid else 'not running'}")
-        return 0 if pid else 1
-    return 0
-
-
-def cmd_agents(args: argparse.Namespace) -> int:
-    from hypertf import agentctl
-
-    inventory = load_inventory(args.inventory)
-    names = [args.host] if args.host else None
-    act = agentctl.start_agents if args.action == "start" else agentctl.stop_agents
-    for name, result in act(inventory, names).items():
-        print(f"{name}: {result.stdout.strip()}")
-    return 0
-
-
-def _local_zk(args: argparse.Namespace):  # -> ZooKeeperServer
-    from hypertf.paths import state_home
-    from hypertf.zkserver import local_server
-
-    inventory = load_inventory(args.inventory)
-    return local_server(inventory.cluster.zookeeper_hosts, state_home())
-
-
-def cmd_zk(args: argparse.Namespace) -> int:
-    server = _local_zk(args)
-    if args.action == "start":
-        from hypertf import auth
-
-        pid = server.start()
-        inventory = load_inventory(args.inventory)
-        directory = auth.initialize(inventory.cluster, list(inventory.nodes))
-        print(f"ZooKeeper {server.mode()} on {server.hosts} (pid {pid}, data {server.directory}); "
-              f"root {inventory.cluster.zk_root} secured, credentials in {directory}")
-    elif args.action == "stop":
-        print(f"ZooKeeper on {server.hosts} {'stopped' if server.stop() else 'was not running'}")
-    else:
-        mode = server.mode()
-        print(f"ZooKeeper on {server.hosts}: {mode or 'not serving'}")
-        return 0 if mode else 1
-    return 0
-
-
-def cmd_auth(args: argparse.Namespace) -> int:
-    from hypertf import auth
-
-    inventory = load_inventory(args.inventory)
-    if args.action == "add-user" and not args.user:
-        raise UsageError("hypertf auth add-user NAME: name the user")
-    users = [auth.check_name("user", args.user)] if args.action == "add-user" else []
-    directory = auth.initialize(inventory.cluster, list(inventory.nodes), users,
-                                reset=args.reset)
-    if args.action == "add-user":
-        path = directory / f"user.{args.user}.yml"
-        print(f"{path}: give this file to {args.user} (mode 0600, in their "
-              f"hypertf_zk_credentials directory, by default "
-              f"~/.hypertf/credentials/{directory.name}/)")
-    else:
-        print(f"ZooKeeper root {inventory.cluster.zk_root} secured; credentials in {directory}")
-    if args.print_dir:
-        print(directory)
-    return 0
-
-
-def cmd_lab(args: argparse.Namespace) -> int:
-    from hypertf import lab
-
-    if args.action == "up":
-        built = lab.up(hosts=args.hosts, gpus=args.gpus, agents=not args.no_agents,
-                       zookeeper_members=args.zookeeper_members)
-        for host in built.hosts:
-            print(f"{host.name} {host.address} (namespace {host.namespace})")
-        print(f"ZooKeeper {built.zookeeper_hosts}" if built.zookeeper else "no ZooKeeper")
-        print(built.inventory)
-    elif args.action == "down":
-        labs = lab.find(args.name)
-        for each in labs:
-            lab.down(each)
-            print(f"lab {each.lab_id} removed")
-        if not labs:
-            print("no lab to remove")
-    else:
-        for each in lab.find(None):
-            print(f"{each.lab_id} {len(each.hosts)} hosts {each.inventory}")
-    return 0
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from hypertf.launcher import TrainRequest, train
-
-    inventory = load_inventory(args.inventory)
-    request = TrainRequest(
+def train_request(args: argparse.Namespace) -> TrainRequest:
+    return TrainRequest(
         script=args.script, workers=args.worker, ps=args.ps, chief=args.chief,
         policy=args.policy, gpus_per_worker=args.gpus_per_worker, gpus_per_ps=args.gpus_per_ps,
         sync_dir=args.sync, start_timeout=args.start_timeout, timeout=args.timeout,
@@ -214,8 +40,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts, restart_on_failure=args.restart_on_failure,
         checkpoint_dir=args.checkpoint_dir, args=tuple(args.hyperparameters),
     )
-    train(inventory, request, say=lambda line: print(line, flush=True))
-    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    return commands.train(args.inventory, train_request(args))
 
 
 def add_train_options(p: argparse.ArgumentParser) -> None:
@@ -223,24 +51,27 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     _inventory_option(p)
     p.add_argument("--script", required=True, help="training script (path on the nodes, "
                    "or inside --sync DIR)")
-    p.add_argument("--worker", type=int, default=1, help="number of workers (default 1)")
-    p.add_argument("--ps", type=int, default=0, help="parameter servers (0: mirrored job)")
+    p.add_argument("--worker", type=int, default=R.workers, help="number of workers (default 1)")
+    p.add_argument("--ps", type=int, default=R.ps, help="parameter servers (0: mirrored job)")
     p.add_argument("--chief", action="store_true", help="add a chief (TF2 ParameterServer)")
-    p.add_argument("--policy", default="round_robin", help="round_robin or pack")
-    p.add_argument("--gpus-per-worker", type=int, default=1, help="GPUs per worker/chief")
-    p.add_argument("--gpus-per-ps", type=int, default=0, help="GPUs per ps (default none)")
+    p.add_argument("--policy", default=R.policy, help="round_robin or pack")
+    p.add_argument("--gpus-per-worker", type=int, default=R.gpus_per_worker,
+                   help="GPUs per worker/chief")
+    p.add_argument("--gpus-per-ps", type=int, default=R.gpus_per_ps,
+                   help="GPUs per ps (default none)")
     p.add_argument("--sync", help="upload this directory into the job's run dir first")
-    p.add_argument("--start-timeout", type=float, default=120.0,
+    p.add_argument("--start-timeout", type=float, default=R.start_timeout,
                    help="seconds for every task to listen on its port (default 120)")
-    p.add_argument("--timeout", type=float, help="seconds for the whole job (default none)")
-    p.add_argument("--grace", type=float, default=5.0,
+    p.add_argument("--timeout", type=float, default=R.timeout,
+                   help="seconds for the whole job (default none)")
+    p.add_argument("--grace", type=float, default=R.grace,
                    help="seconds between SIGTERM and SIGKILL when stopping tasks")
-    p.add_argument("--idle-timeout", type=float, default=300.0,
+    p.add_argument("--idle-timeout", type=float, default=R.idle_timeout,
                    help="warn when every task listens and none has written a line for this "
                         "many seconds (default 300; 0: never)")
     p.add_argument("--idle-fail", action="store_true",
                    help="end the job (failed) at the idle timeout instead of warning")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+    p.add_argument("--max-restarts", type=int, default=R.max_restarts, metavar="N",
                    help="after a retryable failure (a host lost, a task killed by a signal, "
                         "the start-up deadline) stop the whole job and start it again, up to "
                         "N times (default 0); tasks see HYPERTF_ATTEMPT")
@@ -255,8 +86,9 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
                         "inventory's hypertf_task_env)")
     legacy = p.add_mutually_exclusive_group()
     legacy.add_argument("--legacy-flags", dest="legacy_flags", action="store_const", const="on",
-                        default="auto", help="always pass --ps_hosts/--worker_hosts/--job_name/"
-                        "--task_index (default: only if the script reads them)")
+                        default=R.legacy_flags,
+                        help="always pass --ps_hosts/--worker_hosts/--job_name/--task_index "
+                             "(default: only if the script reads them)")
     legacy.add_argument("--no-legacy-flags", dest="legacy_flags", action="store_const",
                         const="off", help="never pass the legacy flags")
 
@@ -278,77 +110,104 @@ def parse_train(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _inventory_option(parser: argparse.ArgumentParser) -> None:
-    default = os.environ.get("HYPERTF_INVENTORY", DEFAULT_INVENTORY)
-    parser.add_argument("-i", "--inventory", default=default,
+    parser.add_argument("-i", "--inventory", default=default_inventory(),
                         help=f"inventory YAML (default $HYPERTF_INVENTORY or {DEFAULT_INVENTORY})")
+
+
+def _verb(sub: argparse._SubParsersAction, name: str, func: Callable[..., int], help: str,
+          inventory: bool = True) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help)
+    if inventory:
+        _inventory_option(p)
+    p.set_defaults(func=func)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hypertf", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("status", help="hosts x GPUs, agents and ZooKeeper health")
-    _inventory_option(p)
-    p.add_argument("--json", action="store_true", help="one JSON object for scripts")
-    p.set_defaults(func=cmd_status)
+    p = _verb(sub, "status", commands.status, "hosts x GPUs, agents and ZooKeeper health")
+    p.add_argument("--json", dest="as_json", action="store_true", help="one JSON object")
 
-    p = sub.add_parser("jobs", help="recent jobs, newest first")
-    _inventory_option(p)
+    p = _verb(sub, "jobs", commands.jobs, "recent jobs, newest first")
     p.add_argument("--last", type=int, default=20, help="how many (default 20)")
-    p.add_argument("--json", action="store_true", help="the job records as JSON")
-    p.set_defaults(func=cmd_jobs)
+    p.add_argument("--json", dest="as_json", action="store_true", help="the records as JSON")
 
-    p = sub.add_parser("kill", help="stop a running job from anywhere (by task key)")
-    _inventory_option(p)
+    p = _verb(sub, "kill", commands.kill, "stop a running job from anywhere (by task key)")
     p.add_argument("task_key")
-    p.set_defaults(func=cmd_kill)
 
-    p = sub.add_parser("agent", help="run this node's resource agent in the foreground")
-    _inventory_option(p)
+    p = _verb(sub, "agent", commands.agent, "run this node's resource agent in the foreground")
     p.add_argument("--host", required=True, help="this node's name in the inventory")
     p.add_argument("--once", action="store_true", help="publish one record, print it, exit")
-    p.set_defaults(func=cmd_agent)
 
-    p = sub.add_parser("agent-ctl", help="start/stop this node's agent in the background")
+    p = _verb(sub, "agent-ctl", commands.agent_ctl,
+              "start/stop this node's agent in the background")
     p.add_argument("action", choices=("start", "stop", "status"))
-    _inventory_option(p)
     p.add_argument("--host", required=True, help="this node's name in the inventory")
-    p.set_defaults(func=cmd_agent_ctl)
 
-    p = sub.add_parser("agents", help="start/stop the agents of many nodes (over SSH)")
+    p = _verb(sub, "agents", commands.agents, "start/stop the agents of many nodes (over SSH)")
     p.add_argument("action", choices=("start", "stop"))
-    _inventory_option(p)
     p.add_argument("--host", help="only this node (default: every GPU node)")
-    p.set_defaults(func=cmd_agents)
 
-    p = sub.add_parser("zk", help="the local standalone ZooKeeper the inventory names")
+    p = _verb(sub, "zk", commands.zk, "the local standalone ZooKeeper the inventory names")
     p.add_argument("action", choices=("start", "stop", "status"))
-    _inventory_option(p)
-    p.set_defaults(func=cmd_zk)
 
-    p = sub.add_parser("auth", help="credentials and the secured ZooKeeper root (the admin)")
+    p = _verb(sub, "auth", commands.auth,
+              "credentials and the secured ZooKeeper root (the admin)")
     p.add_argument("action", choices=("init", "add-user"))
     p.add_argument("user", nargs="?", help="the user to register (add-user)")
-    _inventory_option(p)
     p.add_argument("--reset", action="store_true",
                    help="delete a root made without credentials, then secure it (init)")
     p.add_argument("--print-dir", action="store_true",
                    help="end with the credentials directory alone on a line (for Ansible)")
-    p.set_defaults(func=cmd_auth)
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
                    add_help=False)
 
-    p = sub.add_parser("lab", help="a multi-host test cluster of network namespaces")
-    p.add_argument("action", choices=("up", "down", "list"))
-    p.add_argument("--hosts", type=int, default=3, help="number of hosts (up)")
-    p.add_argument("--gpus", type=int, default=4, help="static GPUs per host (up)")
-    p.add_argument("--no-agents", action="store_true", help="bare hosts, no agents (up)")
+    cluster = sub.add_parser("cluster", help="provision or tear down the inventory's nodes")
+    verbs = cluster.add_subparsers(dest="action", required=True)
+    p = _verb(verbs, "setup", commands.cluster_setup,
+              "provision every node with deploy.yml (keys, venv, ZooKeeper, agents)")
+    p.add_argument("--ask-pass", action="store_true",
+                   help="ask for the SSH password (first contact; needs sshpass)")
+    p.add_argument("--check", action="store_true", help="dry run: change nothing")
+    p = _verb(verbs, "teardown", commands.cluster_teardown,
+              "stop the agents and remove what setup installed")
+    p.add_argument("--zookeeper", action="store_true", help="also stop and remove ZooKeeper")
+    p.add_argument("--purge", action="store_true",
+                   help="also remove virtualenvs, work directories and ZooKeeper data")
+    _verb(verbs, "local-packages", commands.local_packages,
+          "install the inventory's hypertf_python_packages into this virtualenv")
+
+    lab = sub.add_parser("lab", help="a multi-host test cluster of network namespaces")
+    verbs = lab.add_subparsers(dest="action", required=True)
+    p = _verb(verbs, "up", commands.lab_up, "create a lab", inventory=False)
+    p.add_argument("--hosts", type=int, default=3, help="number of hosts")
+    p.add_argument("--gpus", type=int, default=4, help="static GPUs per host")
+    p.add_argument("--no-agents", dest="agents", action="store_false", help="bare hosts")
     p.add_argument("--zookeeper-members", type=int, default=1,
-                   help="1: standalone ZooKeeper; 3 or 5: a quorum ensemble (up)")
-    p.add_argument("--name", help="lab id to remove (down; default all)")
-    p.set_defaults(func=cmd_lab)
+                   help="1: standalone ZooKeeper; 3 or 5: a quorum ensemble")
+    p = _verb(verbs, "down", commands.lab_down, "remove labs", inventory=False)
+    p.add_argument("--name", help="lab id to remove (default all)")
+    _verb(verbs, "list", commands.lab_list, "the labs that are up", inventory=False)
+    p = _verb(verbs, "inventory", commands.lab_inventory,
+              "an inventory that provisions a lab's bare hosts; prints its path",
+              inventory=False)
+    p.add_argument("inventory", help="the lab's inventory.yml (printed by hypertf lab up)")
+    p.add_argument("--zookeeper", default="h1",
+                   help="lab hosts that run ZooKeeper, comma-separated ('' for the lab's own)")
+    p.add_argument("--tensorflow", default="tensorflow-cpu", help="TensorFlow package, '' none")
+    p.add_argument("--operator-dir", help="make a fresh operator key and known_hosts here")
+    p.add_argument("--name", default="provision.yml", help="file name in the lab directory")
     return parser
+
+
+def quiet_kazoo() -> None:
+    """kazoo's connection warnings are noise for a one-shot command: our error says it."""
+    kazoo_log = logging.getLogger("hypertf.kazoo")
+    kazoo_log.addHandler(logging.NullHandler())
+    kazoo_log.propagate = False
 
 
 def run(func: Callable[[], int]) -> int:
@@ -371,11 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_train(argv[1:]) if argv[:1] == ["train"] else build_parser().parse_args(argv)
     if args.command != "agent":
-        # kazoo's connection warnings are noise for a one-shot command: our error says it.
-        kazoo_log = logging.getLogger("hypertf.kazoo")
-        kazoo_log.addHandler(logging.NullHandler())
-        kazoo_log.propagate = False
-    return run(lambda: args.func(args))
+        quiet_kazoo()
+    if args.command == "train":
+        return run(lambda: args.func(args))
+    kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    if args.command in ("cluster", "lab"):
+        kwargs.pop("action")  # the sub-verb, already chosen as func
+    return run(lambda: args.func(**kwargs))
 
 
 if __name__ == "__main__":

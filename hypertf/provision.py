@@ -14,7 +14,6 @@ once on this machine (lab hosts have no internet).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -447,37 +446,3 @@ def install_local_packages(inventory_path: str) -> int:
     named = [*(settings.python_packages or ()), *(settings.python_packages_no_deps or ())]
     print(f"local packages: {', '.join(named) if named else 'none named'}")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hypertf.provision lab-inventory LAB_INVENTORY``: print the new path."""
-    parser = argparse.ArgumentParser(prog="python -m hypertf.provision")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("lab-inventory", help="inventory that provisions a lab's bare hosts")
-    p.add_argument("inventory", help="the lab's inventory.yml (printed by invoke lab.up)")
-    p.add_argument("--zookeeper", default="h1",
-                   help="lab hosts that run ZooKeeper, comma-separated ('' for the lab's own)")
-    p.add_argument("--tensorflow", default="tensorflow-cpu", help="TensorFlow package, '' none")
-    p.add_argument("--operator-dir", help="make a fresh operator key and known_hosts here")
-    p.add_argument("--name", default="provision.yml", help="file name in the lab directory")
-    p = sub.add_parser("local-packages", help="install the inventory's hypertf_python_packages "
-                       "(and _no_deps) into this virtualenv, as python_env does on nodes")
-    p.add_argument("-i", "--inventory", default="inventory/local.yml")
-    args = parser.parse_args(argv)
-    from hypertf import cli
-
-    def write() -> int:
-        print(lab_inventory(
-            Path(args.inventory).resolve().parent, name=args.name,
-            zookeeper=[h for h in args.zookeeper.split(",") if h],
-            tensorflow=args.tensorflow, operator_dir=args.operator_dir,
-        ))
-        return 0
-
-    if args.command == "local-packages":
-        return cli.run(lambda: install_local_packages(args.inventory))
-    return cli.run(write)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

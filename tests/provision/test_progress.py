@@ -137,11 +137,11 @@ def test_dev_up_installs_the_local_inventorys_packages_into_this_venv(tmp_path):
                  "hypertf_python_packages_no_deps": ["pyyaml"]},
         "children": {"gpu_nodes": {"hosts": {"localhost": {"ansible_connection": "local"}}}},
     }}))
-    done = subprocess.run([sys.executable, "-m", "hypertf.provision", "local-packages", "-i",
+    done = subprocess.run([sys.executable, "-m", "hypertf.cli", "cluster", "local-packages", "-i",
                            str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "local packages: absl-py, pyyaml" in done.stdout
     path.write_text(path.read_text().replace("- absl-py", "- 7"))
-    bad = subprocess.run([sys.executable, "-m", "hypertf.provision", "local-packages", "-i",
+    bad = subprocess.run([sys.executable, "-m", "hypertf.cli", "cluster", "local-packages", "-i",
                           str(path)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "hypertf_python_packages must be a list" in bad.stderr

@@ -1,0 +1,240 @@
+"""Every ``hypertf`` verb as a function with typed arguments.
+
+``hypertf`` (hypertf.cli) parses a command line into these arguments; Invoke's tasks.py
+calls the same functions with typed values (no argv round trip). Each returns the exit code;
+a HyperTFError is turned into one message and its code by ``cli.run``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from hypertf.errors import UsageError
+from hypertf.inventory import load_inventory
+from hypertf.request import TrainRequest
+
+
+def status(inventory: str, as_json: bool = False) -> int:
+    from hypertf import status as cluster_status
+    from hypertf import store
+
+    inv = load_inventory(inventory)
+    client = store.connect(inv.cluster)
+    try:
+        report = cluster_status.collect(client, inv)
+    finally:
+        store.close(client)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        cluster_status.render(report)
+    return 0
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    owner = job.get("owner", {})
+    tasks = ", ".join(f"{p['role']}:{p['index']}@{p['host']}" for p in job.get("placements", []))
+    state = "running" if job["alive"] else job.get("state", "?")
+    ended = ""
+    if state == "killed" and job.get("killed_by"):
+        by = job["killed_by"]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("killed", 0)))
+        who = by.get("identity") or by.get("user", "?")
+        ended = f"  (killed by {who} from {by.get('host', '?')} at {when})"
+    attempt = (f"  attempt {job['attempt']} of {job['job_id']}"
+               if job.get("attempt", 1) > 1 else "")
+    return (f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
+            f"  {job.get('script', '')}  {tasks}{ended}{attempt}")
+
+
+def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
+    from hypertf import store
+    from hypertf.allocation import list_jobs
+
+    inv = load_inventory(inventory)
+    client = store.connect(inv.cluster)
+    try:
+        found = list_jobs(client, store.Layout(inv.cluster.zk_root))[:last]
+    finally:
+        store.close(client)
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return 0
+    for job in found:
+        print(_job_line(job))
+    if not found:
+        print("no jobs")
+    return 0
+
+
+def kill(inventory: str, task_key: str) -> int:
+    from hypertf import store
+    from hypertf.allocation import kill as kill_job
+
+    inv = load_inventory(inventory)
+    client = store.connect(inv.cluster)
+    try:
+        killed = kill_job(client, store.Layout(inv.cluster.zk_root), task_key)
+    finally:
+        store.close(client)
+    print(f"job {task_key}: " + ("lease dropped; its GPUs drain until the agents have "
+                                 "stopped its tasks" if killed else "was not running"))
+    return 0
+
+
+def agent(inventory: str, host: str, once: bool = False) -> int:
+    from hypertf import agent as resource_agent
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hypertf.kazoo").setLevel(logging.WARNING)
+    inv = load_inventory(inventory)
+    inv.node(host)
+    if once:
+        record = resource_agent.Agent(inv, host).run(once=True)
+        print(record.to_json().decode() if record else "")
+        return 0
+    resource_agent.serve(inv, host)
+    return 0
+
+
+def agent_ctl(inventory: str, host: str, action: str) -> int:
+    from hypertf import agentctl
+
+    workdir = load_inventory(inventory).node(host).settings.workdir
+    if action == "start":
+        pid, started = agentctl.local_start(inventory, host, workdir)
+        print(f"agent {host} {'started' if started else 'already running'} (pid {pid})")
+    elif action == "stop":
+        stopped = agentctl.local_stop(workdir)
+        print(f"agent {host} {'stopped' if stopped else 'was not running'}")
+    else:
+        pid = agentctl.running_pid(workdir)
+        print(f"agent {host} {f'running (pid {pid})' if pid else 'not running'}")
+        return 0 if pid else 1
+    return 0
+
+
+def agents(inventory: str, action: str, host: str | None = None) -> int:
+    from hypertf import agentctl
+
+    act = agentctl.start_agents if action == "start" else agentctl.stop_agents
+    for name, result in act(load_inventory(inventory), [host] if host else None).items():
+        print(f"{name}: {result.stdout.strip()}")
+    return 0
+
+
+def zk(inventory: str, action: str) -> int:
+    from hypertf import auth
+    from hypertf.paths import state_home
+    from hypertf.zkserver import local_server
+
+    inv = load_inventory(inventory)
+    server = local_server(inv.cluster.zookeeper_hosts, state_home())
+    if action == "start":
+        pid = server.start()
+        directory = auth.initialize(inv.cluster, list(inv.nodes))
+        print(f"ZooKeeper {server.mode()} on {server.hosts} (pid {pid}, data {server.directory}); "
+              f"root {inv.cluster.zk_root} secured, credentials in {directory}")
+    elif action == "stop":
+        print(f"ZooKeeper on {server.hosts} {'stopped' if server.stop() else 'was not running'}")
+    else:
+        mode = server.mode()
+        print(f"ZooKeeper on {server.hosts}: {mode or 'not serving'}")
+        return 0 if mode else 1
+    return 0
+
+
+def auth(inventory: str, action: str, user: str | None = None, reset: bool = False,
+         print_dir: bool = False) -> int:
+    from hypertf import auth as credentials
+
+    inv = load_inventory(inventory)
+    if action == "add-user" and not user:
+        raise UsageError("hypertf auth add-user NAME: name the user")
+    users = [credentials.check_name("user", user)] if action == "add-user" and user else []
+    directory = credentials.initialize(inv.cluster, list(inv.nodes), users, reset=reset)
+    if action == "add-user":
+        print(f"{directory / f'user.{user}.yml'}: give this file to {user} (mode 0600, in "
+              f"their hypertf_zk_credentials directory, by default "
+              f"~/.hypertf/credentials/{directory.name}/)")
+    else:
+        print(f"ZooKeeper root {inv.cluster.zk_root} secured; credentials in {directory}")
+    if print_dir:
+        print(directory)
+    return 0
+
+
+def lab_up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper_members: int = 1) -> int:
+    from hypertf import lab
+
+    built = lab.up(hosts=hosts, gpus=gpus, agents=agents, zookeeper_members=zookeeper_members)
+    for host in built.hosts:
+        print(f"{host.name} {host.address} (namespace {host.namespace})")
+    print(f"ZooKeeper {built.zookeeper_hosts}" if built.zookeeper else "no ZooKeeper")
+    print(built.inventory)
+    return 0
+
+
+def lab_down(name: str | None = None) -> int:
+    from hypertf import lab
+
+    labs = lab.find(name)
+    for each in labs:
+        lab.down(each)
+        print(f"lab {each.lab_id} removed")
+    if not labs:
+        print("no lab to remove")
+    return 0
+
+
+def lab_list() -> int:
+    from hypertf import lab
+
+    for each in lab.find(None):
+        print(f"{each.lab_id} {len(each.hosts)} hosts {each.inventory}")
+    return 0
+
+
+def lab_inventory(inventory: str, zookeeper: str = "h1", tensorflow: str = "tensorflow-cpu",
+                  operator_dir: str | None = None, name: str = "provision.yml") -> int:
+    """An inventory that provisions a lab's bare hosts; prints its path."""
+    from hypertf.provision import lab_inventory as write
+
+    print(write(Path(inventory).resolve().parent, name=name,
+                zookeeper=[h for h in zookeeper.split(",") if h], tensorflow=tensorflow,
+                operator_dir=operator_dir))
+    return 0
+
+
+def cluster_setup(inventory: str, ask_pass: bool = False, check: bool = False) -> int:
+    from hypertf import provision
+
+    provision.setup(inventory, ask_pass=ask_pass, check=check)
+    return 0
+
+
+def cluster_teardown(inventory: str, zookeeper: bool = False, purge: bool = False) -> int:
+    from hypertf import provision
+
+    provision.teardown(inventory, zookeeper=zookeeper, purge=purge)
+    return 0
+
+
+def local_packages(inventory: str) -> int:
+    """The inventory's hypertf_python_packages in this virtualenv (as python_env does on
+    nodes): ./dev.sh up uses it for the embedded default."""
+    from hypertf.provision import install_local_packages
+
+    return install_local_packages(inventory)
+
+
+def train(inventory: str, request: TrainRequest) -> int:
+    from hypertf.launcher import train as run_job
+
+    run_job(load_inventory(inventory), request, say=lambda line: print(line, flush=True))
+    return 0
