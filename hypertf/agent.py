@@ -2,9 +2,9 @@
 
 It refreshes the record every ``hypertf_agent_interval`` seconds, re-registers after a lost
 session (a ZooKeeper restart, a long network cut), and deletes the record on SIGTERM. The
-agent of the lowest-named live host is the *matrix keeper*: it brings the stored matrix in
-line with the records and leases, so a dead agent's row turns unavailable and a dead
-launcher's GPUs return to the pool without anyone running a command.
+agent holding the keeper lease (``keeper/lease``) is the *matrix keeper*: it brings the
+stored matrix in line with the records and leases, so a dead agent's row turns unavailable
+and a dead launcher's GPUs return to the pool without anyone running a command.
 """
 
 from __future__ import annotations
@@ -123,6 +123,10 @@ class Agent:
             log.warning("ZooKeeper session lost: the record is gone, re-registering")
         self._wake.set()
 
+    def _on_keeper_change(self, _event: object) -> None:
+        """One bound method, so kazoo keeps one watcher however often we look."""
+        self._wake.set()
+
     def _on_children(self, _children: list[str]) -> None:
         self._wake.set()
 
@@ -219,8 +223,24 @@ class Agent:
             log.info("pruned %d finished job records", pruned)
 
     def is_keeper(self, client: KazooClient) -> bool:
-        live = client.get_children(self.layout.resources)
-        return bool(live) and min(live) == self.node.name
+        """The keeper holds ``keeper/lease``, an ephemeral znode of its own session: the
+        first agent to create it keeps the matrix until its session ends (a clean stop at
+        once, a SIGKILL or a cut-off host after the session timeout); then the next agent
+        to try (all watch it) takes over."""
+        path = self.layout.keeper_lease
+        try:
+            stat = client.exists(path, watch=self._on_keeper_change)
+            if stat is not None:
+                return stat.ephemeralOwner == client.client_id[0]
+            client.create(path, self.node.name.encode(), acl=store.acls(client).keeper_lease(),
+                          ephemeral=True)
+        except NodeExistsError:
+            return False  # another agent took it first
+        except NoNodeError:  # a root secured by an older HyperTF: no keeper/ yet
+            live = client.get_children(self.layout.resources)
+            return bool(live) and min(live) == self.node.name
+        log.info("this agent now keeps the matrix (keeper lease taken)")
+        return True
 
     def stop(self, *_: object) -> None:
         self._stop.set()

@@ -154,6 +154,13 @@ class Acls:
         """Made by the agent itself: only it (and the admin) may change it."""
         return self._with(_acl(self.credential.digest_id, self.R | self.W))
 
+    def keeper(self) -> list[ACL]:
+        """Any agent may take the keeper's lease (create it), none may change the parent."""
+        return self._with(_acl(self.credential.agents_id, self.R | self.C))
+
+    def keeper_lease(self) -> list[ACL]:
+        return self._with(_acl(self.credential.digest_id, self.R | self.W))
+
     def user_leases(self, user_id: str) -> list[ACL]:
         # W: see resources()
         return self._with(_acl(user_id, self.R | self.W | self.C | self.D))
@@ -278,7 +285,8 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
     agents = [c.digest_id for c in known(directory, "agent").values()]
     users = known(directory, "user")
     nodes = [(root, acls.root()), (layout.resources, acls.resources(agents)),
-             (layout.leases, acls.root()), (layout.jobs, acls.root())]
+             (layout.leases, acls.root()), (layout.jobs, acls.root()),
+             (layout.keeper, acls.keeper())]
     for name, user in users.items():
         nodes.append((layout.user_leases(name), acls.user_leases(user.digest_id)))
         nodes.append((layout.user_jobs(name), acls.user_jobs(user.digest_id)))

@@ -6,6 +6,7 @@
     <root>/matrix              persistent Matrix: servers x GPUs (free / unavailable / task key)
     <root>/jobs/<user>/<task_key>    persistent JobRecord: request, placement, ports, state
     <root>/leases/<user>/<task_key>  ephemeral  held by the launcher's session while the job lives
+    <root>/keeper/lease        ephemeral  held by the session of the agent that keeps the matrix
 
 A task key ends with its owner (``20261122-085000-a1b2c3.alice``), so the owner's parents
 are found from the key alone; every znode carries an ACL (hypertf.auth).
@@ -63,6 +64,15 @@ class Layout:
     @property
     def leases(self) -> str:
         return f"{self.root}/leases"
+
+    @property
+    def keeper(self) -> str:
+        return f"{self.root}/keeper"
+
+    @property
+    def keeper_lease(self) -> str:
+        """Ephemeral, held by the matrix keeper's session (its data: the keeper's host)."""
+        return f"{self.keeper}/lease"
 
     def resource(self, host: str) -> str:
         return f"{self.resources}/{host}"

@@ -154,15 +154,24 @@ def test_an_agent_can_neither_take_gpus_nor_end_a_job_nor_touch_another_host(clu
                 lambda: agent.set(layout.resource("n1"), b"{}"),
                 lambda: agent.delete(layout.resource("n1")),
                 lambda: agent.create(layout.user_leases("mallory"), b""),
-                lambda: agent.create(f"{layout.root}/x", b"")):
+                lambda: agent.create(f"{layout.root}/x", b""),
+                lambda: agent.set(layout.keeper, b"n2")):
             with pytest.raises(NoAuthError):
                 attempt()
-        # what it needs: its own record, and reading everything
+        # what it needs: its own record, the keeper's lease, and reading everything
         agent.create(layout.resource("n2"), b"{}", acl=acls.agent_record(), ephemeral=True)
         agent.set(layout.resource("n2"), b"{}")
+        agent.create(layout.keeper_lease, b"n2", acl=acls.keeper_lease(), ephemeral=True)
         assert agent.get(layout.job(job))[0]
     finally:
         store.close(agent)
+    user_client = store.connect(inventory.cluster)  # a user may not keep the matrix
+    try:
+        with pytest.raises(NoAuthError):
+            user_client.create(layout.keeper_lease, b"me",
+                               acl=store.acls(user_client).keeper_lease(), ephemeral=True)
+    finally:
+        store.close(user_client)
 
 
 def test_credentials_are_private_files_in_a_private_directory(cluster):

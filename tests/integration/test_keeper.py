@@ -1,6 +1,6 @@
 """The matrix keeper, judged by the stored matrix alone: nothing in these tests syncs it.
 
-The keeper is the live agent with the lowest host name; it brings ``matrix`` in line with the
+The keeper is the agent holding the keeper lease; it brings ``matrix`` in line with the
 agents' records and the live leases. Every assertion here reads the znode as it is stored,
 so these tests fail if no agent keeps the matrix (or if the keeper role does not move when
 the keeper dies).
@@ -94,18 +94,28 @@ def test_keeper_writes_each_agents_row_and_follows_changes(keeper_lab, agents, s
 
 
 def test_keeper_role_moves_when_the_keeper_dies(keeper_lab, agents, stored):
-    """node1 is the keeper (lowest name). Killed outright, its record expires; only node2
-    can then mark node1's row unavailable, and only if it took over the keeper's job."""
+    """One agent holds the keeper lease. Killed outright, its session (and so its lease and
+    its record) expires; only the other agent can then mark the dead keeper's row
+    unavailable, and only if it took the lease over."""
     wait_for(lambda: stored().gpus == {"node1": [1, 1, 0], "node2": [1, 1, 0]}, 60,
              "both rows in the stored matrix")
-    agents["node1"].send_signal(signal.SIGKILL)
-    agents["node1"].wait()
-    wait_for(lambda: stored().gpus.get("node1") == [0, 0, 0], 60,
-             "the surviving agent to mark the dead keeper's row unavailable")
-    _, gpu_files = keeper_lab
-    gpu_files["node2"].write_text(json.dumps([{}, {}, {}]))
-    wait_for(lambda: stored().gpus.get("node2") == [1, 1, 1], 60,
-             "the new keeper to keep its own row current")
+    path, gpu_files = keeper_lab
+    inventory = load_inventory(path)
+    layout = store.Layout(inventory.cluster.zk_root)
+    client = store.connect(inventory.cluster)
+    try:
+        keeper = client.get(layout.keeper_lease)[0].decode()
+        survivor = next(host for host in HOSTS if host != keeper)
+        agents[keeper].send_signal(signal.SIGKILL)
+        agents[keeper].wait()
+        wait_for(lambda: stored().gpus.get(keeper) == [0, 0, 0], 60,
+                 "the surviving agent to mark the dead keeper's row unavailable")
+        assert client.get(layout.keeper_lease)[0].decode() == survivor
+        gpu_files[survivor].write_text(json.dumps([{}, {}, {}]))
+        wait_for(lambda: stored().gpus.get(survivor) == [1, 1, 1], 60,
+                 "the new keeper to keep its own row current")
+    finally:
+        store.close(client)
 
 
 def test_keeper_frees_the_cells_of_a_job_whose_lease_vanished(keeper_lab, agents, stored):
