@@ -31,9 +31,9 @@ import common
 from hypertf import auth, store
 from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
 from hypertf.errors import StoreError
-from hypertf.inventory import ClusterSettings
 from hypertf.matrix import FREE
 from hypertf.scheduler import TaskSlot
+from hypertf.settings import ClusterSettings
 from hypertf.store import AgentRecord, Layout
 
 HOSTS = tuple(f"n{i:02d}" for i in range(1, 17))

@@ -34,9 +34,10 @@ from rich.console import Console
 from hypertf import auth, status, store
 from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
 from hypertf.errors import StoreError
-from hypertf.inventory import ClusterSettings, load_inventory
+from hypertf.inventory import load_inventory
 from hypertf.matrix import Matrix
 from hypertf.scheduler import TaskSlot
+from hypertf.settings import ClusterSettings
 from hypertf.store import AgentRecord, GpuInfo, Layout, read_records
 
 GPUS = 8

@@ -34,8 +34,8 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNo
 from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 from hypertf.errors import StoreError, UsageError
-from hypertf.inventory import ClusterSettings
 from hypertf.paths import state_home
+from hypertf.settings import ClusterSettings
 
 IDENTITY_ENV = "HYPERTF_ZK_IDENTITY"
 # A user or host name inside an identity, a ZooKeeper path element and a task key.

@@ -19,8 +19,8 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import commands
 from hypertf.errors import HyperTFError
-from hypertf.inventory import DEFAULT_INVENTORY
 from hypertf.request import TrainRequest
+from hypertf.settings import DEFAULT_INVENTORY
 
 R = TrainRequest  # every default of a training job lives on the request, once
 

@@ -10,21 +10,23 @@ keys); Ansible's own messages for such mistakes are warnings that are easy to mi
 from __future__ import annotations
 
 import difflib
-import errno
 import ipaddress
 import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hypertf import yamlguard
 from hypertf.errors import InventoryError
+from hypertf.settings import (
+    CLUSTER_KEYS,
+    DEFAULT_INVENTORY,
+    SETTINGS,
+    ClusterSettings,
+    NodeSettings,
+)
 
-DEFAULT_INVENTORY = "inventory/local.yml"
 GROUP_KEYS = ("hosts", "vars", "children")
 ZOOKEEPER_GROUP = "zookeeper"
 # Variables of the hypertf_agent Ansible role: they share the hypertf_ prefix and may sit in
@@ -46,205 +48,6 @@ ANSIBLE_KEYS = frozenset(
         "ansible_ssh_host", "ansible_ssh_port", "ansible_ssh_user", "ansible_timeout",
     }
 )
-
-
-def _positive(kind: type) -> Callable[[str, Any], Any]:
-    def parse(key: str, value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"{key} must be a positive number, not {value!r}")
-        return kind(value)
-
-    return parse
-
-
-def _port(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
-        raise ValueError(f"{key} must be a port number 1-65535, not {value!r}")
-    return value
-
-
-def _port_or_off(key: str, value: Any) -> int:
-    if value == 0 and not isinstance(value, bool):
-        return 0
-    return _port(key, value)
-
-
-def _percent(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
-        raise ValueError(f"{key} must be a percentage between 0 and 100, not {value!r}")
-    return float(value)
-
-
-def _text(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{key} must be a non-empty string, not {value!r}")
-    return value.strip()
-
-
-def _optional_text(key: str, value: Any) -> str | None:
-    return None if value is None else _text(key, value)
-
-
-def _gpu_source(key: str, value: Any) -> str:
-    if value not in ("nvml", "static", "none"):
-        raise ValueError(f"{key} must be one of nvml, static, none, not {value!r}")
-    return value
-
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Set by HyperTF for every task: a user value would break the job's wiring.
-RESERVED_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-                          "HYPERTF_GPUS", "HYPERTF_TASK_KEY", "HYPERTF_TASK",
-                          "HYPERTF_ATTEMPT", "HYPERTF_CHECKPOINT_DIR"})
-
-
-def check_env(name: str, value: Any, where: str) -> str:
-    """One task environment variable: a shell-safe name, a string value, not one of ours."""
-    if not isinstance(name, str) or not ENV_NAME.match(name):
-        raise ValueError(f"{where}: {name!r} is not an environment variable name (letters, "
-                         f"digits and '_', not starting with a digit)")
-    if name in RESERVED_ENV:
-        raise ValueError(f"{where}: {name} is set by HyperTF for every task; it cannot be "
-                         f"overridden")
-    if isinstance(value, (dict, list, tuple)) or value is None:
-        raise ValueError(f"{where}: {name} must be a plain value, not {value!r}")
-    text = str(value).lower() if isinstance(value, bool) else str(value)
-    if "\0" in text:
-        raise ValueError(f"{where}: the value of {name} holds a NUL byte")
-    return text
-
-
-def _packages(key: str, value: Any) -> tuple[str, ...] | None:
-    """pip requirements for the nodes' virtualenv (read by the python_env role)."""
-    if value is None:
-        return None
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
-            isinstance(item, str) and item.strip() and "\0" not in item for item in value):
-        raise ValueError(f"{key} must be a list of pip requirements such as "
-                         f"[scikit-learn, 'tensorboard>=2.16'], not {value!r}")
-    return tuple(value)
-
-
-def _task_env(key: str, value: Any) -> tuple[tuple[str, str], ...]:
-    if value in (None, ""):
-        return ()
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{key} must be a mapping of NAME: value, not {value!r}")
-    return tuple((name, check_env(name, item, key)) for name, item in value.items())
-
-
-def _static_gpus(key: str, value: Any) -> int | str | tuple[dict[str, Any], ...]:
-    """A count of idle fake GPUs, a list of GPU mappings, or a JSON file path (probes)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 64:
-        return value
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
-        return tuple(value)
-    raise ValueError(
-        f"{key} must be a GPU count (0-64), a list of GPU mappings or a JSON file, not {value!r}"
-    )
-
-
-def _port_range(key: str, value: Any) -> tuple[int, int]:
-    try:
-        low, high = (int(part) for part in str(value).split("-"))
-    except ValueError:
-        raise ValueError(f"{key} must look like 20000-20999, not {value!r}") from None
-    if not 1024 <= low <= high <= 65535:
-        raise ValueError(f"{key} must lie within 1024-65535 with low <= high, not {value!r}")
-    return low, high
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One ``hypertf_*`` variable: how to parse it and its default."""
-
-    parse: Callable[[str, Any], Any]
-    default: Any
-
-
-SETTINGS: dict[str, Setting] = {
-    "hypertf_venv": Setting(_text, "/opt/hypertf/venv"),
-    "hypertf_workdir": Setting(_text, "/var/lib/hypertf"),
-    "hypertf_gpu_group": Setting(_text, "gpu_nodes"),
-    "hypertf_zookeeper_hosts": Setting(_optional_text, None),
-    "hypertf_zookeeper_port": Setting(_port, 2181),
-    "hypertf_zk_root": Setting(_text, "/hypertf"),
-    "hypertf_zk_session_timeout": Setting(_positive(float), 10.0),
-    "hypertf_data_network": Setting(_optional_text, None),
-    "hypertf_mgmt_network": Setting(_optional_text, None),
-    "hypertf_gpu_source": Setting(_gpu_source, "nvml"),
-    "hypertf_static_gpus": Setting(_static_gpus, 0),
-    "hypertf_gpu_util_max": Setting(_percent, 10.0),
-    "hypertf_gpu_mem_max": Setting(_percent, 10.0),
-    "hypertf_port_range": Setting(_port_range, "20000-20999"),
-    "hypertf_agent_interval": Setting(_positive(float), 5.0),
-    # The agent's Prometheus /metrics, on the management address (0: none). 9400 is the
-    # port of NVIDIA's DCGM exporter, which ops teams already scrape.
-    "hypertf_agent_metrics_port": Setting(_port_or_off, 9400),
-    "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts"),
-    "hypertf_ssh_timeout": Setting(_positive(float), 10.0),
-    # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
-    "hypertf_job_retention_days": Setting(_positive(float), 30.0),
-    "hypertf_job_records_max": Setting(_positive(int), 10000),
-    # Packages for the training scripts in the nodes' virtualenv (python_env role,
-    # cluster.setup; ./dev.sh up for this machine): the default is scikit-learn (examples).
-    "hypertf_python_packages": Setting(_packages, None),
-    # ... installed without their dependencies (tf-keras: its 'tensorflow' dependency would
-    # pull the full TensorFlow wheel over tensorflow-cpu).
-    "hypertf_python_packages_no_deps": Setting(_packages, None),
-    # Environment variables for every task on the node (group and host vars merge as usual).
-    "hypertf_task_env": Setting(_task_env, None),
-    # The directory of ZooKeeper credential files on the machine that runs the command
-    # (default $HYPERTF_HOME/credentials/<zookeeper>_<root>); relative to the inventory.
-    "hypertf_zk_credentials": Setting(_optional_text, None),
-    # A CA certificate (PEM): talk TLS to ZooKeeper's secure client port and verify it.
-    "hypertf_zk_tls_ca": Setting(_optional_text, None),
-}
-# Settings that describe the whole cluster: every host must agree on them.
-CLUSTER_KEYS = (
-    "hypertf_gpu_group", "hypertf_zookeeper_hosts", "hypertf_zk_root",
-    "hypertf_zk_session_timeout", "hypertf_known_hosts", "hypertf_ssh_timeout",
-    "hypertf_job_retention_days", "hypertf_job_records_max", "hypertf_zk_credentials",
-    "hypertf_zk_tls_ca",
-)
-
-
-@dataclass(frozen=True)
-class NodeSettings:
-    """What the agent and the launcher need to know about one node."""
-
-    venv: str
-    workdir: str
-    data_network: str | None
-    mgmt_network: str | None
-    gpu_source: str
-    static_gpus: int | str | tuple[dict[str, Any], ...]
-    gpu_util_max: float
-    gpu_mem_max: float
-    port_range: tuple[int, int]
-    agent_interval: float
-    metrics_port: int = 0  # 0: no /metrics
-    task_env: tuple[tuple[str, str], ...] = ()
-    python_packages: tuple[str, ...] | None = None  # None: the role's default
-    python_packages_no_deps: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class ClusterSettings:
-    """Settings shared by every node (ZooKeeper, SSH trust)."""
-
-    gpu_group: str
-    zookeeper_hosts: str
-    zk_root: str
-    zk_session_timeout: float
-    known_hosts: str
-    ssh_timeout: float
-    job_retention_days: float = 30.0
-    job_records_max: int = 10000
-    zk_credentials: str | None = None  # directory of credential files; None: the default
-    zk_tls_ca: str | None = None  # CA certificate: TLS to ZooKeeper
 
 
 @dataclass(frozen=True)
@@ -281,125 +84,6 @@ class Inventory:
                 f"{self.cluster.gpu_group!r}: {known}).{guess}"
             )
         return self.nodes[name]
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML keeps the last of two equal keys silently; a duplicated host is a mistake."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                hash(key)
-            except TypeError:
-                mark = key_node.start_mark
-                raise InventoryError(
-                    f"line {mark.line + 1}, column {mark.column + 1}: a mapping key must be "
-                    f"a plain value, not {key!r}"
-                ) from None
-            if key in seen:
-                mark = key_node.start_mark
-                raise InventoryError(
-                    f"line {mark.line + 1}, column {mark.column + 1}: "
-                    f"{key!r} appears twice in the same mapping; keep one"
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-YAML_SUFFIXES = (".yml", ".yaml", ".json")
-
-
-def _source_files(path: Path) -> list[Path]:
-    """The inventory's files (the file, or every file of an inventory directory), each
-    checked for size, NUL bytes and YAML expansion limits before anything parses it."""
-    try:
-        path.stat()
-    except FileNotFoundError:
-        raise InventoryError(
-            f"inventory {path} not found: pass an existing file or directory with "
-            f"-i/--inventory (the default is {DEFAULT_INVENTORY})"
-        ) from None
-    except OSError as err:
-        why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
-        raise InventoryError(f"inventory {path} cannot be read: {why}") from None
-    if path.is_dir():
-        files = []
-        for folder, dirs, names in os.walk(path):  # symlinked folders are not followed
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            files += [Path(folder) / n for n in sorted(names) if not n.startswith(".")]
-            if len(files) > yamlguard.MAX_FILES:
-                raise InventoryError(
-                    f"inventory directory {path} has more than {yamlguard.MAX_FILES} files"
-                )
-    elif path.is_file():
-        files = [path]  # and the group_vars/host_vars Ansible reads beside it
-        for folder in (path.parent / "group_vars", path.parent / "host_vars"):
-            if folder.is_dir():
-                files += [f for f in sorted(folder.rglob("*")) if not f.name.startswith(".")]
-        if len(files) > yamlguard.MAX_FILES:
-            raise InventoryError(f"inventory {path}: more than {yamlguard.MAX_FILES} files "
-                                 f"in its group_vars and host_vars")
-    else:
-        raise InventoryError(f"inventory {path} is neither a file nor a directory")
-    for file in files:
-        try:
-            if not file.is_file():
-                continue
-            yamlguard.check_size(str(file), file.stat().st_size)
-            yamlguard.check_text(str(file), file.read_bytes().decode("utf-8", "replace"))
-        except OSError as err:
-            why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
-            raise InventoryError(f"inventory file {file} cannot be read: {why}") from None
-    return files
-
-
-def _yaml_inventories(path: Path, files: list[Path]) -> list[tuple[Path, Any]]:
-    """The YAML inventories among the files, read strictly (line and column, duplicate
-    keys). Other files (INI inventories, files of unknown type) are left to Ansible."""
-    if path.is_file():
-        candidates = [path]
-    else:  # Ansible reads the directory's own files; group_vars/host_vars are variables
-        candidates = [f for f in files if f.parent == path and f.suffix in YAML_SUFFIXES]
-    found = []
-    for file in candidates:
-        if file.suffix in YAML_SUFFIXES:
-            found.append((file, _read_yaml(file)))
-            continue
-        try:  # no YAML suffix: YAML if it reads as a mapping, else (INI) Ansible's
-            found.append((file, _read_yaml(file)))
-        except InventoryError:
-            continue
-    return found
-
-
-def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InventoryError(
-            f"{path}: byte {err.start} is not UTF-8 text; save the inventory as UTF-8"
-        ) from None
-    except OSError as err:
-        raise InventoryError(f"inventory {path} cannot be read: {err.strerror}") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except InventoryError as err:
-        raise InventoryError(f"{path}: {err}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise InventoryError(f"{path}: malformed YAML at {where}{problem}") from None
-    if data is None:
-        raise InventoryError(f"{path}: the inventory is empty; see inventory/example.yml")
-    if not isinstance(data, dict):
-        raise InventoryError(
-            f"{path}: the top level must be a mapping of groups (usually 'all:'), "
-            f"not a {type(data).__name__}"
-        )
-    return data
 
 
 def _check_group(path: Path, name: str, group: Any) -> None:
@@ -562,8 +246,8 @@ def _ansible_hosts(path: Path) -> dict[str, tuple[dict[str, Any], tuple[str, ...
 def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventory:
     """Read and validate an inventory; every mistake raises one InventoryError naming it."""
     path = Path(path).expanduser()
-    files = _source_files(path)
-    for source, raw in _yaml_inventories(path, files):
+    files = yamlguard.source_files(path)
+    for source, raw in yamlguard.yaml_inventories(path, files):
         for name, group in raw.items():
             _check_group(source, str(name), group)
     hosts = _ansible_hosts(path.resolve())

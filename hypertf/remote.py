@@ -21,7 +21,8 @@ from invoke import Context
 from invoke.exceptions import UnexpectedExit
 
 from hypertf.errors import RemoteError
-from hypertf.inventory import ClusterSettings, Node
+from hypertf.inventory import Node
+from hypertf.settings import ClusterSettings
 
 T = TypeVar("T")
 

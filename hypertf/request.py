@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypertf.errors import UsageError
-from hypertf.inventory import check_env
 from hypertf.scheduler import POLICIES
+from hypertf.settings import check_env
 
 LEGACY_FLAG_MODES = ("auto", "on", "off")
 MAX_PATH_BYTES = 4096  # PATH_MAX

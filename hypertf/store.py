@@ -34,7 +34,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 
 from hypertf import auth
 from hypertf.errors import StoreError, UsageError
-from hypertf.inventory import ClusterSettings
+from hypertf.settings import ClusterSettings
 
 T = TypeVar("T")
 FORMAT = 1

@@ -1,4 +1,6 @@
-"""Limits on an inventory file, checked before anything parses or expands it.
+"""Reading an inventory's YAML safely: limits first, then precise messages.
+
+Limits on an inventory file are checked before anything parses or expands it.
 
 An inventory is user input that ansible-core and PyYAML will expand: a few hundred bytes of
 nested aliases (a "billion laughs") or a huge file would take every CPU and gigabytes of
@@ -9,9 +11,15 @@ depth. The limits are far above any real cluster's inventory.
 
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
 import yaml
 
 from hypertf.errors import InventoryError
+from hypertf.settings import DEFAULT_INVENTORY
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # a 10,000-host inventory with variables is about 2 MB
 MAX_FILES = 1000  # files of an inventory directory (group_vars and host_vars included)
@@ -68,3 +76,122 @@ def check_text(where: str, text: str) -> None:
                 )
     except yaml.YAMLError:
         return  # malformed: the parser that reads it next says where, with its message
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys silently; a duplicated host is a mistake."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                mark = key_node.start_mark
+                raise InventoryError(
+                    f"line {mark.line + 1}, column {mark.column + 1}: a mapping key must be "
+                    f"a plain value, not {key!r}"
+                ) from None
+            if key in seen:
+                mark = key_node.start_mark
+                raise InventoryError(
+                    f"line {mark.line + 1}, column {mark.column + 1}: "
+                    f"{key!r} appears twice in the same mapping; keep one"
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+YAML_SUFFIXES = (".yml", ".yaml", ".json")
+
+
+def source_files(path: Path) -> list[Path]:
+    """The inventory's files (the file, or every file of an inventory directory), each
+    checked for size, NUL bytes and YAML expansion limits before anything parses it."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise InventoryError(
+            f"inventory {path} not found: pass an existing file or directory with "
+            f"-i/--inventory (the default is {DEFAULT_INVENTORY})"
+        ) from None
+    except OSError as err:
+        why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
+        raise InventoryError(f"inventory {path} cannot be read: {why}") from None
+    if path.is_dir():
+        files = []
+        for folder, dirs, names in os.walk(path):  # symlinked folders are not followed
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            files += [Path(folder) / n for n in sorted(names) if not n.startswith(".")]
+            if len(files) > MAX_FILES:
+                raise InventoryError(
+                    f"inventory directory {path} has more than {MAX_FILES} files"
+                )
+    elif path.is_file():
+        files = [path]  # and the group_vars/host_vars Ansible reads beside it
+        for folder in (path.parent / "group_vars", path.parent / "host_vars"):
+            if folder.is_dir():
+                files += [f for f in sorted(folder.rglob("*")) if not f.name.startswith(".")]
+        if len(files) > MAX_FILES:
+            raise InventoryError(f"inventory {path}: more than {MAX_FILES} files "
+                                 f"in its group_vars and host_vars")
+    else:
+        raise InventoryError(f"inventory {path} is neither a file nor a directory")
+    for file in files:
+        try:
+            if not file.is_file():
+                continue
+            check_size(str(file), file.stat().st_size)
+            check_text(str(file), file.read_bytes().decode("utf-8", "replace"))
+        except OSError as err:
+            why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
+            raise InventoryError(f"inventory file {file} cannot be read: {why}") from None
+    return files
+
+
+def yaml_inventories(path: Path, files: list[Path]) -> list[tuple[Path, Any]]:
+    """The YAML inventories among the files, read strictly (line and column, duplicate
+    keys). Other files (INI inventories, files of unknown type) are left to Ansible."""
+    if path.is_file():
+        candidates = [path]
+    else:  # Ansible reads the directory's own files; group_vars/host_vars are variables
+        candidates = [f for f in files if f.parent == path and f.suffix in YAML_SUFFIXES]
+    found = []
+    for file in candidates:
+        if file.suffix in YAML_SUFFIXES:
+            found.append((file, read_yaml(file)))
+            continue
+        try:  # no YAML suffix: YAML if it reads as a mapping, else (INI) Ansible's
+            found.append((file, read_yaml(file)))
+        except InventoryError:
+            continue
+    return found
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InventoryError(
+            f"{path}: byte {err.start} is not UTF-8 text; save the inventory as UTF-8"
+        ) from None
+    except OSError as err:
+        raise InventoryError(f"inventory {path} cannot be read: {err.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except InventoryError as err:
+        raise InventoryError(f"{path}: {err}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise InventoryError(f"{path}: malformed YAML at {where}{problem}") from None
+    if data is None:
+        raise InventoryError(f"{path}: the inventory is empty; see inventory/example.yml")
+    if not isinstance(data, dict):
+        raise InventoryError(
+            f"{path}: the top level must be a mapping of groups (usually 'all:'), "
+            f"not a {type(data).__name__}"
+        )
+    return data

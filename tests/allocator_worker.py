@@ -14,8 +14,8 @@ import time
 from hypertf import store
 from hypertf.allocation import Request, allocate, new_task_key, release
 from hypertf.errors import InsufficientResources
-from hypertf.inventory import ClusterSettings
 from hypertf.scheduler import TaskSlot
+from hypertf.settings import ClusterSettings
 
 
 def main() -> None:

@@ -18,8 +18,9 @@ from kazoo.client import KazooClient
 
 from hypertf import auth, store
 from hypertf import lab as lab_module
-from hypertf.inventory import ClusterSettings, Inventory, load_inventory
+from hypertf.inventory import Inventory, load_inventory
 from hypertf.remote import Session
+from hypertf.settings import ClusterSettings
 from hypertf.store import AgentRecord, Layout
 from hypertf.zkserver import ZooKeeperServer, free_port
 

@@ -112,7 +112,7 @@ def test_the_agent_role_carries_every_node_setting():
     """roles/hypertf_agent copies these hypertf_* settings into the node's agent inventory:
     a setting added to hypertf.inventory.SETTINGS must be added there (or here, if the
     role sets it itself or the agent does not read it)."""
-    from hypertf.inventory import SETTINGS
+    from hypertf.settings import SETTINGS
 
     role_vars = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "hypertf_agent"
                                 / "vars" / "main.yml").read_text())
