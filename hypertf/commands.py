@@ -203,7 +203,7 @@ def lab_list() -> int:
 def lab_inventory(inventory: str, zookeeper: str = "h1", tensorflow: str = "tensorflow-cpu",
                   operator_dir: str | None = None, name: str = "provision.yml") -> int:
     """An inventory that provisions a lab's bare hosts; prints its path."""
-    from hypertf.provision import lab_inventory as write
+    from hypertf.labprovision import lab_inventory as write
 
     print(write(Path(inventory).resolve().parent, name=name,
                 zookeeper=[h for h in zookeeper.split(",") if h], tensorflow=tensorflow,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hypertf import lab as lab_module
-from hypertf import provision
+from hypertf import labprovision, provision
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -38,11 +38,11 @@ def hypertf_source(state_home: Path) -> Path:
 
 @pytest.fixture
 def lab_inventory(hypertf_source: Path) -> Callable[..., Path]:
-    """provision.lab_inventory, building HyperTF from the snapshot."""
+    """labprovision.lab_inventory, building HyperTF from the snapshot."""
 
     def write(lab_dir: Path, **kwargs: object) -> Path:
         kwargs.setdefault("hypertf_source", hypertf_source)
-        return provision.lab_inventory(lab_dir, **kwargs)
+        return labprovision.lab_inventory(lab_dir, **kwargs)
 
     return write
 

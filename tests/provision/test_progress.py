@@ -6,7 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from hypertf.provision import PlaybookRun, Progress, lab_inventory, recap
+from hypertf.labprovision import lab_inventory
+from hypertf.provision import PlaybookRun, Progress, recap
 
 
 def feed(*events: dict) -> tuple[Progress, list[str]]:
