@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     _verb(verbs, "local-packages", commands.local_packages,
           "install the inventory's hypertf_python_packages into this virtualenv")
 
+    inventory = sub.add_parser("inventory", help="what HyperTF reads from an inventory")
+    verbs = inventory.add_subparsers(dest="action", required=True)
+    _verb(verbs, "agent-settings", commands.agent_settings,
+          "the hypertf_* settings a node's agent reads (JSON; the agent role's list)",
+          inventory=False)
+
     lab = sub.add_parser("lab", help="a multi-host test cluster of network namespaces")
     verbs = lab.add_subparsers(dest="action", required=True)
     p = _verb(verbs, "up", commands.lab_up, "create a lab", inventory=False)
@@ -234,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "train":
         return run(lambda: args.func(args))
     kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-    if args.command in ("cluster", "lab"):
+    if args.command in ("cluster", "lab", "inventory"):
         kwargs.pop("action")  # the sub-verb, already chosen as func
     return run(lambda: args.func(**kwargs))
 

@@ -211,6 +211,15 @@ def lab_inventory(inventory: str, zookeeper: str = "h1", tensorflow: str = "tens
     return 0
 
 
+def agent_settings() -> int:
+    """The hypertf_* settings a node's agent reads, as JSON: the hypertf_agent role copies
+    exactly these from the inventory into the node's agent inventory (one source)."""
+    from hypertf.settings import AGENT_SETTINGS
+
+    print(json.dumps(list(AGENT_SETTINGS)))
+    return 0
+
+
 def cluster_setup(inventory: str, ask_pass: bool = False, check: bool = False) -> int:
     from hypertf import provision
 

@@ -1,6 +1,7 @@
 """HyperTF's ``hypertf_*`` inventory variables: how each is parsed, its default, and the
 typed settings a node and the cluster end up with. The inventory reader (hypertf.inventory)
-applies them; the agent role takes them from ``hypertf inventory agent`` (one source).
+applies them; the hypertf_agent role asks ``hypertf inventory agent-settings`` which of them
+a node's agent reads (one source, no copy in the role).
 """
 
 from __future__ import annotations
@@ -123,10 +124,12 @@ def _port_range(key: str, value: Any) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Setting:
-    """One ``hypertf_*`` variable: how to parse it and its default."""
+    """One ``hypertf_*`` variable: how to parse it, its default, and whether a node's agent
+    reads it (the agent role copies exactly those into the node's agent inventory)."""
 
     parse: Callable[[str, Any], Any]
     default: Any
+    agent: bool = True
 
 
 SETTINGS: dict[str, Setting] = {
@@ -148,25 +151,28 @@ SETTINGS: dict[str, Setting] = {
     # The agent's Prometheus /metrics, on the management address (0: none). 9400 is the
     # port of NVIDIA's DCGM exporter, which ops teams already scrape.
     "hypertf_agent_metrics_port": Setting(_port_or_off, 9400),
-    "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts"),
-    "hypertf_ssh_timeout": Setting(_positive(float), 10.0),
+    "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts", agent=False),
+    "hypertf_ssh_timeout": Setting(_positive(float), 10.0, agent=False),
     # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
     "hypertf_job_retention_days": Setting(_positive(float), 30.0),
     "hypertf_job_records_max": Setting(_positive(int), 10000),
     # Packages for the training scripts in the nodes' virtualenv (python_env role,
     # cluster.setup; ./dev.sh up for this machine): the default is scikit-learn (examples).
-    "hypertf_python_packages": Setting(_packages, None),
+    "hypertf_python_packages": Setting(_packages, None, agent=False),
     # ... installed without their dependencies (tf-keras: its 'tensorflow' dependency would
     # pull the full TensorFlow wheel over tensorflow-cpu).
-    "hypertf_python_packages_no_deps": Setting(_packages, None),
+    "hypertf_python_packages_no_deps": Setting(_packages, None, agent=False),
     # Environment variables for every task on the node (group and host vars merge as usual).
-    "hypertf_task_env": Setting(_task_env, None),
+    "hypertf_task_env": Setting(_task_env, None, agent=False),
     # The directory of ZooKeeper credential files on the machine that runs the command
     # (default $HYPERTF_HOME/credentials/<zookeeper>_<root>); relative to the inventory.
     "hypertf_zk_credentials": Setting(_optional_text, None),
     # A CA certificate (PEM): talk TLS to ZooKeeper's secure client port and verify it.
     "hypertf_zk_tls_ca": Setting(_optional_text, None),
 }
+# What a node's agent reads: the hypertf_agent role asks for this list
+# ('hypertf inventory agent-settings') instead of keeping a copy.
+AGENT_SETTINGS = tuple(key for key, setting in SETTINGS.items() if setting.agent)
 # Settings that describe the whole cluster: every host must agree on them.
 CLUSTER_KEYS = (
     "hypertf_gpu_group", "hypertf_zookeeper_hosts", "hypertf_zk_root",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -109,20 +112,23 @@ def test_lab_inventory_puts_state_under_srv_and_zookeeper_on_the_named_hosts(tmp
     assert children["gpu_nodes"]["hosts"]["h1"]["python_env_python"] == "/x"
 
 
-def test_the_agent_role_carries_every_node_setting():
-    """roles/hypertf_agent copies these hypertf_* settings into the node's agent inventory:
-    a setting added to hypertf.inventory.SETTINGS must be added there (or here, if the
-    role sets it itself or the agent does not read it)."""
-    from hypertf.settings import SETTINGS
+def test_the_agent_role_takes_its_settings_from_hypertf():
+    """One source: the hypertf_agent role asks 'hypertf inventory agent-settings' which
+    hypertf_* settings a node's agent reads (those marked agent=True in hypertf.settings)
+    instead of keeping its own list; the controller's own settings stay out."""
+    from hypertf.settings import AGENT_SETTINGS, SETTINGS
 
-    role_vars = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "hypertf_agent"
-                                / "vars" / "main.yml").read_text())
-    set_by_role = {"hypertf_venv", "hypertf_workdir", "hypertf_zookeeper_hosts",
-                   "hypertf_gpu_group", "hypertf_zk_credentials", "hypertf_zk_tls_ca"}
-    not_for_agents = {"hypertf_known_hosts", "hypertf_ssh_timeout", "hypertf_task_env",
-                      "hypertf_python_packages", "hypertf_python_packages_no_deps"}
-    assert set(role_vars["__hypertf_agent_settings"]) == (
-        set(SETTINGS) - set_by_role - not_for_agents)
+    done = subprocess.run([sys.executable, "-m", "hypertf.cli", "inventory", "agent-settings"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == list(AGENT_SETTINGS)
+    assert {"hypertf_known_hosts", "hypertf_ssh_timeout", "hypertf_task_env",
+            "hypertf_python_packages"}.isdisjoint(AGENT_SETTINGS)
+    assert {"hypertf_zk_root", "hypertf_agent_metrics_port", "hypertf_port_range"} <= set(
+        AGENT_SETTINGS) <= set(SETTINGS)
+    role = Path(__file__).resolve().parents[2] / "roles" / "hypertf_agent"
+    role_vars = yaml.safe_load((role / "vars" / "main.yml").read_text())
+    assert "__hypertf_agent_settings" not in role_vars, "no hand-kept copy in the role"
+    assert "'inventory', 'agent-settings'" in (role / "tasks" / "main.yml").read_text()
 
 
 def test_dev_up_installs_the_local_inventorys_packages_into_this_venv(tmp_path):
