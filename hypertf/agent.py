@@ -189,21 +189,8 @@ class Agent:
         ended = matrix.ended_on(host, leases)
         if not ended:
             return
-        dead = set()
-        for task_key in ended:
-            run = RunDir.of(self.node.settings.workdir, task_key, local=True)
-            try:
-                tasknode.mark_drained(run)  # before looking: see task.sh
-            except OSError as err:  # a full or read-only disk: cannot be sure, keep draining
-                log.error("cannot mark %s drained (%s): its GPUs stay draining", run.path, err)
-                continue
-            if tasknode.run_alive(run):
-                result = tasknode.stop(run, grace=STOP_GRACE_S)
-                log.warning("job %s ended without its launcher's stop: stopped its tasks %s",
-                            task_key, result)
-                if tasknode.run_alive(run):
-                    continue
-            dead.add(task_key)
+        dead = {key for key in ended if tasknode.drain(
+            RunDir.of(self.node.settings.workdir, key, local=True), grace=STOP_GRACE_S)}
         if dead:
             # Freed cells follow the record: probe again, so the dead tasks' processes
             # (NVML's list) no longer keep their GPUs unavailable for a heartbeat.

@@ -15,7 +15,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -237,7 +237,7 @@ class Attempt:
                         idle_timeout=request.idle_timeout, idle_fail=request.idle_fail,
                         host_silence=max(2 * job.inventory.cluster.ssh_timeout, 10.0))
         monitor = Monitor(self.tasks, limits, time.monotonic(), logs_hint=f"{self.local_dir}/",
-                          idle_causes=job.idle_causes())
+                          idle_causes=job.request.idle_causes())
         while True:
             try:
                 event = self.events.get(timeout=0.2)
@@ -283,15 +283,6 @@ class Attempt:
                          f"agent stops them once the job's lease is released")
         return results
 
-    def _confirmed_dead(self, stopped: GroupResult[dict[str, str]]) -> list[str]:
-        """Hosts where the stop saw every task of the job dead: only their GPUs go back
-        now; the others drain until their agent has confirmed."""
-        hosts = {t.placement.host for t in self.tasks.values()}
-        if not hosts:
-            return sorted({p.host for p in self.grant.placements}) if self.grant else []
-        return sorted(host for host in hosts if host in stopped.succeeded
-                      and "survived SIGKILL" not in stopped.succeeded[host].values())
-
     def _release(self, stopped_on: list[str], wait_s: float = 15.0) -> None:
         """Release, or explain why the GPUs come back anyway when ZooKeeper is out of reach."""
         client = self.job.client
@@ -302,7 +293,7 @@ class Attempt:
             if not client.connected:
                 raise StoreError("not connected")
             release(client, self.job.layout, self.task_key, state=self.result,
-                    extra={"summary": self.summary()}, stopped_on=stopped_on)
+                    extra={"summary": summary_of(self)}, stopped_on=stopped_on)
         except (StoreError, KazooException, KazooTimeoutError) as err:
             self.job.say(f"hypertf: warning: could not reach ZooKeeper to release job "
                          f"{self.task_key} ({err or type(err).__name__}); its lease ends with "
@@ -332,32 +323,46 @@ class Attempt:
             stopped = self.stop()
         finally:
             if self.job.client is not None and self.grant is not None:
-                self._release(self._confirmed_dead(stopped))
+                self._release(confirmed_dead(self.tasks.values(), stopped, self.grant))
             self.collect_logs()
             if self.tasks:
                 self.local_dir.mkdir(parents=True, exist_ok=True)
-                (self.local_dir / "summary.json").write_text(json.dumps(self.summary(), indent=2))
+                (self.local_dir / "summary.json").write_text(json.dumps(summary_of(self), indent=2))
 
-    def summary(self) -> dict[str, Any]:
-        job = self.job
-        return {
-            "task_key": self.task_key,
-            "result": self.result,
-            "message": self.message,
-            "script": job.request.script,
-            "args": list(job.request.args),
-            "inventory": str(job.inventory.path),
-            "policy": job.request.policy,
-            "cpu_only": job.cpu_only,
-            "env": {host: job.task_env(host)
-                    for host in sorted({t.placement.host for t in self.tasks.values()})},
-            "wall_s": round(time.time() - job.started_at, 2),
-            "tasks": [
-                {"task": t.name, "host": t.placement.host, "gpus": list(t.placement.gpus),
-                 "port": t.port, "exit_code": t.exit_code, "killed": t.killed,
-                 "end": t.end(t.placement.host in self.lost_hosts),
-                 "duration_s": round(t.ended - t.started, 2) if t.ended and t.started else None}
-                for t in self.tasks.values()
-            ],
-            "attempts": job.attempts_summary(),
-        }
+
+def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, str]],
+                   grant: Grant | None) -> list[str]:
+    """Hosts where the stop saw every task of the job dead: only their GPUs go back now;
+    the others drain until their agent has confirmed."""
+    hosts = {t.placement.host for t in tasks}
+    if not hosts:
+        return sorted({p.host for p in grant.placements}) if grant else []
+    return sorted(host for host in hosts if host in stopped.succeeded
+                  and "survived SIGKILL" not in stopped.succeeded[host].values())
+
+
+def summary_of(attempt: Attempt) -> dict[str, Any]:
+    """An attempt as summary.json and its job record say it: placement, ports, how each task
+    ended, and the job's attempts so far."""
+    job = attempt.job
+    return {
+        "task_key": attempt.task_key,
+        "result": attempt.result,
+        "message": attempt.message,
+        "script": job.request.script,
+        "args": list(job.request.args),
+        "inventory": str(job.inventory.path),
+        "policy": job.request.policy,
+        "cpu_only": job.cpu_only,
+        "env": {host: job.task_env(host)
+                for host in sorted({t.placement.host for t in attempt.tasks.values()})},
+        "wall_s": round(time.time() - job.started_at, 2),
+        "tasks": [
+            {"task": t.name, "host": t.placement.host, "gpus": list(t.placement.gpus),
+             "port": t.port, "exit_code": t.exit_code, "killed": t.killed,
+             "end": t.end(t.placement.host in attempt.lost_hosts),
+             "duration_s": round(t.ended - t.started, 2) if t.ended and t.started else None}
+            for t in attempt.tasks.values()
+        ],
+        "attempts": job.attempts_summary(),
+    }

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import random
 import signal
 import threading
@@ -23,8 +22,7 @@ from typing import Any
 
 from kazoo.client import KazooState
 
-from hypertf import auth, diagnose, store
-from hypertf import spec as specs
+from hypertf import auth, store
 from hypertf.allocation import (
     Grant,
     PortsExhausted,
@@ -39,6 +37,7 @@ from hypertf.attempt import (
     JobFailed,
     Outcome,
     ended_by,
+    summary_of,
     uninterruptible,
 )
 from hypertf.errors import HyperTFError, InsufficientResources
@@ -55,7 +54,6 @@ __all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
 MAX_PORT_RETRIES = 3
 MAX_PLACE_ATTEMPTS = 20  # lost allocation races before giving up
 MAX_RESTART_PAUSE_S = 30.0  # restarts wait 1, 2, 4 ... seconds, at most this
-MAX_SYNC_SOURCES = 2000  # Python files of --sync DIR scanned for the legacy flags
 
 
 class Job:
@@ -130,33 +128,14 @@ class Job:
         self.script_reads_flags |= any(v.get("legacy_flags") for v in results.succeeded.values())
         self.preflighted.update(hosts)
 
-    @property
-    def legacy_flags(self) -> bool:
-        """Pass --ps_hosts/--worker_hosts/--job_name/--task_index? In ``auto`` only when the
-        script reads them: absl and strict argparse scripts die of flags they do not know."""
-        mode = self.request.legacy_flags
-        if mode != "auto":
-            return mode == "on"
-        if self.request.sync_dir:
-            sources = itertools.islice(Path(self.request.sync_dir).rglob("*.py"),
-                                       MAX_SYNC_SOURCES)
-            return diagnose.files_read_legacy_flags(sources)
-        return self.script_reads_flags
-
-    def _say_legacy_flags(self, passed: bool) -> None:
-        why = {"on": "--legacy-flags", "off": "--no-legacy-flags"}.get(
-            self.request.legacy_flags,
-            "the script reads them" if passed else
-            "the script does not read them; --legacy-flags forces them")
-        self.say(f"hypertf: legacy flags (--ps_hosts, --worker_hosts, --job_name, --task_index) "
-                 f"{'passed' if passed else 'not passed'}: {why}")
-
     def announce_flags(self) -> bool:
         """Whether the legacy flags are passed; said once per job, with what ends it."""
-        passed = self.legacy_flags
+        passed = self.request.passes_legacy_flags(self.script_reads_flags)
         if not self.flags_announced:
-            self._say_legacy_flags(passed)
-            self.say_topology()
+            self.say(f"hypertf: {self.request.legacy_flags_note(passed)}")
+            notice = self.request.topology_notice()
+            if notice:
+                self.say(f"hypertf: {notice}")
             self.flags_announced = True
         return passed
 
@@ -166,11 +145,8 @@ class Job:
 
     # -- allocate -----------------------------------------------------------------------
     def _allocation_request(self, hosts: list[str]) -> Request:
-        gpus = 0 if self.cpu_only else self.request.gpus_per_worker
-        ps_gpus = 0 if self.cpu_only else self.request.gpus_per_ps
-        slots = specs.slots_for(self.request.ps, self.request.workers, self.request.chief,
-                                gpus, ps_gpus)
-        return Request(slots=slots, hosts=tuple(hosts), policy=self.request.policy,
+        return Request(slots=self.request.slots(self.cpu_only), hosts=tuple(hosts),
+                       policy=self.request.policy,
                        port_ranges={h: self.inventory.node(h).settings.port_range
                                     for h in hosts})
 
@@ -222,21 +198,6 @@ class Job:
         hypertf_task_env, then --env over it."""
         node = self.inventory.node(host)
         return {**dict(node.settings.task_env), **self.request.env_vars()}
-
-    def idle_causes(self) -> str:
-        if self.request.ps and not self.request.chief:
-            return ("with ps and no chief the workers are the finishers (TF1 between-graph); "
-                    "a TF2 ParameterServerStrategy script needs --chief, or every task only "
-                    "serves")
-        return ("a task waiting for a peer that never connects (a wrong address or network), "
-                "a collective stuck on a dead peer, or a script that only serves")
-
-    def say_topology(self) -> None:
-        """What ends the job, said before it starts: a wrong guess here is a silent hang."""
-        if self.request.ps and not self.request.chief:
-            self.say("hypertf: ps and no chief: the job ends when every worker has exited 0 "
-                     "(TF1 between-graph); a TF2 ParameterServerStrategy script needs "
-                     "--chief (its workers and ps only serve)")
 
     # -- the lifecycle ------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -329,7 +290,7 @@ class Job:
                 for a in self.attempts]
 
     def summary(self) -> dict[str, Any]:
-        return {**self.attempts[-1].summary(), "result": self.result, "message": self.message}
+        return {**summary_of(self.attempts[-1]), "result": self.result, "message": self.message}
 
 
 def train(inventory: Inventory, request: TrainRequest, say: Callable[[str], None] = print,

@@ -6,17 +6,21 @@ build a ``TrainRequest`` and the launcher reads it.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypertf import diagnose
 from hypertf.errors import UsageError
-from hypertf.scheduler import POLICIES
+from hypertf.scheduler import POLICIES, TaskSlot
 from hypertf.settings import check_env
+from hypertf.spec import slots_for
 
 LEGACY_FLAG_MODES = ("auto", "on", "off")
 MAX_PATH_BYTES = 4096  # PATH_MAX
 MAX_ARG_BYTES = 131072 - 1  # MAX_ARG_STRLEN: one argument the kernel passes to a program
 MAX_ARGS_BYTES = 1024 * 1024  # all of them, well under ARG_MAX with TF_CONFIG beside
+MAX_SYNC_SOURCES = 2000  # Python files of --sync DIR scanned for the legacy flags
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,48 @@ class TrainRequest:
             except ValueError as err:
                 raise UsageError(str(err)) from None
         return result
+
+    def slots(self, cpu_only: bool) -> list[TaskSlot]:
+        """The tasks to place (no GPUs asked on a cluster without any)."""
+        return slots_for(self.ps, self.workers, self.chief,
+                         0 if cpu_only else self.gpus_per_worker,
+                         0 if cpu_only else self.gpus_per_ps)
+
+    def passes_legacy_flags(self, script_reads_flags: bool) -> bool:
+        """Pass --ps_hosts/--worker_hosts/--job_name/--task_index? In ``auto`` only when the
+        script reads them (preflight looked at it; --sync: every .py of the directory):
+        absl and strict argparse scripts die of flags they do not know."""
+        if self.legacy_flags != "auto":
+            return self.legacy_flags == "on"
+        if self.sync_dir:
+            sources = itertools.islice(Path(self.sync_dir).rglob("*.py"), MAX_SYNC_SOURCES)
+            return diagnose.files_read_legacy_flags(sources)
+        return script_reads_flags
+
+    def legacy_flags_note(self, passed: bool) -> str:
+        why = {"on": "--legacy-flags", "off": "--no-legacy-flags"}.get(
+            self.legacy_flags,
+            "the script reads them" if passed else
+            "the script does not read them; --legacy-flags forces them")
+        return (f"legacy flags (--ps_hosts, --worker_hosts, --job_name, --task_index) "
+                f"{'passed' if passed else 'not passed'}: {why}")
+
+    def topology_notice(self) -> str | None:
+        """What ends the job, said before it starts: a wrong guess here is a silent hang."""
+        if self.ps and not self.chief:
+            return ("ps and no chief: the job ends when every worker has exited 0 (TF1 "
+                    "between-graph); a TF2 ParameterServerStrategy script needs --chief (its "
+                    "workers and ps only serve)")
+        return None
+
+    def idle_causes(self) -> str:
+        """What usually keeps every task listening and silent, for this shape of job."""
+        if self.ps and not self.chief:
+            return ("with ps and no chief the workers are the finishers (TF1 between-graph); "
+                    "a TF2 ParameterServerStrategy script needs --chief, or every task only "
+                    "serves")
+        return ("a task waiting for a peer that never connects (a wrong address or network), "
+                "a collective stuck on a dead peer, or a script that only serves")
 
     def validate(self) -> None:
         if self.workers < 0 or self.ps < 0 or self.gpus_per_worker < 0 or self.gpus_per_ps < 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ from hypertf.procs import alive
 from hypertf.rundir import RunDir
 
 WRAPPER = "task.sh"
+log = logging.getLogger(__name__)
 
 
 def wrapper_path() -> str:
@@ -220,6 +222,21 @@ def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0) ->
     if not survivors and run.local.is_dir():
         Path(run.stopped).touch()
     return result
+
+
+def drain(run: RunDir, grace: float) -> bool:
+    """For the agent, a job whose GPUs it frees: mark the run drained (before looking: see
+    task.sh), stop whatever of it is left here; True once nothing of it lives here."""
+    try:
+        mark_drained(run)
+    except OSError as err:  # a full or read-only disk: cannot be sure, keep draining
+        log.error("cannot mark %s drained (%s): its GPUs stay draining", run.path, err)
+        return False
+    if run_alive(run):
+        result = stop(run, grace=grace)
+        log.warning("job %s ended without its launcher's stop: stopped its tasks %s",
+                    run.task_key, result)
+    return not run_alive(run)
 
 
 def run_alive(run: RunDir) -> bool:
