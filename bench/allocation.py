@@ -34,7 +34,7 @@ from hypertf.errors import StoreError
 from hypertf.matrix import FREE
 from hypertf.scheduler import TaskSlot
 from hypertf.settings import ClusterSettings
-from hypertf.store import AgentRecord, Layout
+from hypertf.store import AgentRecord, Layout, Store
 
 HOSTS = tuple(f"n{i:02d}" for i in range(1, 17))
 GPUS_PER_HOST = 8
@@ -80,7 +80,7 @@ def worker(args: argparse.Namespace) -> int:
             key = new_task_key(auth.login_user())
             t0 = time.monotonic()
             try:
-                grant = allocate(client, layout, one_gpu(), key)
+                grant = allocate(Store(client, layout), one_gpu(), key)
             except StoreError as err:
                 mine.append({"failed": str(err)})
                 continue
@@ -90,7 +90,7 @@ def worker(args: argparse.Namespace) -> int:
             time.sleep(HOLD_S)
             releasing = time.time()
             t2 = time.monotonic()
-            release(client, layout, key)
+            release(Store(client, layout), key)
             t3 = time.monotonic()
             mine.append({"key": key, "host": placement.host, "gpu": placement.gpus[0],
                          "granted": granted, "releasing": releasing, "retries": grant.retries,
@@ -119,9 +119,9 @@ def latency(client, layout: Layout, cycles: int) -> dict[str, list[float]]:
     for _ in range(cycles):
         key = new_task_key(auth.login_user())
         t0 = time.monotonic()
-        allocate(client, layout, one_gpu(), key)
+        allocate(Store(client, layout), one_gpu(), key)
         t1 = time.monotonic()
-        release(client, layout, key)
+        release(Store(client, layout), key)
         t2 = time.monotonic()
         client.set(set_path, payload)
         t3 = time.monotonic()
@@ -170,9 +170,9 @@ def double_bookings(events: list[dict]) -> int:
 
 
 def all_free(client, layout: Layout) -> bool:
-    matrix, _ = sync_matrix(client, layout)
+    matrix, _ = sync_matrix(Store(client, layout))
     free = all(cell == FREE for row in matrix.gpus.values() for cell in row)
-    return free and not matrix.ports and not store.read_leases(client, layout)
+    return free and not matrix.ports and not store.Store(client, layout).leases()
 
 
 def main() -> int:
@@ -204,11 +204,11 @@ def main() -> int:
         try:
             publish_agents(agents, layout)
             agents.create(f"{root}/plain-set", b"", acl=store.acls(agents).matrix())
-            sync_matrix(client, layout)
+            sync_matrix(Store(client, layout))
             for _ in range(20):  # warm up: JIT in ZooKeeper, imports, connections
                 key = new_task_key(auth.login_user())
-                allocate(client, layout, one_gpu(), key)
-                release(client, layout, key)
+                allocate(Store(client, layout), one_gpu(), key)
+                release(Store(client, layout), key)
             lat = latency(client, layout, cycles)
             matrix_bytes = lat.pop("matrix_bytes")[0]
             print()

@@ -68,7 +68,7 @@ def wait_agent(inventory: str) -> None:
     client = store.connect(inv.cluster)
     try:
         layout = store.Layout(inv.cluster.zk_root)
-        common.wait_until(lambda: "localhost" in store.read_records(client, layout), 30,
+        common.wait_until(lambda: "localhost" in store.Store(client, layout).records(), 30,
                           "the local agent to register", interval=0.1)
     finally:
         store.close(client)

@@ -38,7 +38,7 @@ from hypertf.inventory import load_inventory
 from hypertf.matrix import Matrix
 from hypertf.scheduler import TaskSlot
 from hypertf.settings import ClusterSettings
-from hypertf.store import AgentRecord, GpuInfo, Layout, read_records
+from hypertf.store import AgentRecord, GpuInfo, Layout, Store
 
 GPUS = 8
 JUTE_MAXBUFFER = 0xFFFFF  # ZooKeeper's default, 1 MiB - 1 byte
@@ -82,7 +82,7 @@ def timed(action: Callable[[], object], repeat: int = 3) -> float:
 
 
 def read_records_pipelined(client, layout: Layout) -> dict[str, AgentRecord]:
-    """What store.read_records could do: every get sent at once, answers collected after."""
+    """What Store.records could do: every get sent at once, answers collected after."""
     hosts = client.get_children(layout.resources)
     pending = [(host, client.get_async(layout.resource(host))) for host in hosts]
     return {host: AgentRecord.from_json(result.get(timeout=30)[0]) for host, result in pending}
@@ -120,12 +120,13 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
         rows["publish every record (async, 4 sessions)"] = time.monotonic() - t0
         rows["one agent record"] = len(record(0).to_json())
         t0 = time.monotonic()
-        sync_matrix(client, layout)
+        sync_matrix(Store(client, layout))
         rows["build the matrix (first sync, writes it)"] = time.monotonic() - t0
-        rows["read every agent record"] = timed(lambda: read_records(client, layout))
+        rows["read every agent record"] = timed(lambda: Store(client, layout).records())
         rows["read every agent record, pipelined (get_async)"] = timed(
             lambda: read_records_pipelined(client, layout))
-        rows["sync the matrix again (no change)"] = timed(lambda: sync_matrix(client, layout))
+        rows["sync the matrix again (no change)"] = timed(
+            lambda: sync_matrix(Store(client, layout)))
         rows["plain get of the matrix (1 round trip)"] = timed(
             lambda: client.get(layout.matrix), 20)
         rows["matrix znode, all free"] = len(client.get(layout.matrix)[0])
@@ -134,9 +135,9 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
         def cycle(request: Request) -> tuple[float, float]:
             key = new_task_key(auth.login_user())
             t0 = time.monotonic()
-            allocate(client, layout, request, key)
+            allocate(Store(client, layout), request, key)
             t1 = time.monotonic()
-            release(client, layout, key)
+            release(Store(client, layout), key)
             return t1 - t0, time.monotonic() - t1
 
         small = Request(slots=(TaskSlot("worker", 0, 1),), hosts=hosts)
@@ -207,7 +208,7 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
         request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=(agent.host,))
         t0 = time.monotonic()
         try:
-            allocate(client, layout, request, new_task_key(auth.login_user()))
+            allocate(Store(client, layout), request, new_task_key(auth.login_user()))
             outcome = "granted"
         except Exception as err:
             outcome = f"{type(err).__module__}.{type(err).__name__}" + (

@@ -37,7 +37,7 @@ from hypertf.probes import (
     select_address,
 )
 from hypertf.rundir import RunDir
-from hypertf.store import AgentRecord, Layout
+from hypertf.store import AgentRecord, Layout, Store
 
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 PRUNE_INTERVAL_S = 60.0  # how often the keeper looks for job records past their retention
@@ -135,21 +135,21 @@ class Agent:
         self._users = set(users)
         self._wake.set()
 
-    def publish(self, client: KazooClient, record: AgentRecord) -> None:
+    def publish(self, zk: Store, record: AgentRecord) -> None:
         """Write the record; create it if missing. A record left by this agent's older
         session (a restart within the session timeout) cannot be deleted by an agent
         (no DELETE on ``resources``): it expires with that session, then we create ours."""
         path = self.layout.resource(self.node.name)
         data = record.to_json()
-        stat = client.exists(path)
-        if stat is not None and stat.ephemeralOwner != client.client_id[0]:
+        stat = zk.client.exists(path)
+        if stat is not None and stat.ephemeralOwner != zk.client.client_id[0]:
             log.info("the record of an older session of this agent is still there: "
                      "waiting for it to expire")
             self._republish = True
             return
         if stat is None:
             try:
-                client.create(path, data, acl=store.acls(client).agent_record(),
+                zk.client.create(path, data, acl=zk.acls.agent_record(),
                               ephemeral=True)
             except NodeExistsError:
                 self._republish = True  # another session's record: look again next pass
@@ -157,33 +157,33 @@ class Agent:
             log.info("registered %s: %d GPUs, %s available", self.node.name, record.gpu,
                      record.gpu_avail_list)
         else:
-            client.set(path, data)
+            zk.client.set(path, data)
 
-    def _publish_probe(self, client: KazooClient) -> AgentRecord:
+    def _publish_probe(self, zk: Store) -> AgentRecord:
         """Probe the node, publish the record, and serve it as metrics."""
         self._republish = False
         record = self.prober.probe()
-        self.publish(client, record)
+        self.publish(zk, record)
         self.metrics.update(record=record)
         self.metrics_server.start(record.mgmt_addr, self.node.settings.metrics_port)
         return record
 
-    def reap_orphans(self, client: KazooClient) -> None:
+    def reap_orphans(self, zk: Store) -> None:
         """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
         runs = tasknode.unstopped_runs(self.node.settings.workdir)
         if not runs:
             return
-        leases = store.read_leases(client, self.layout)  # read after listing: see reap()
+        leases = zk.leases()  # read after listing: see reap()
         for task_key, result in tasknode.reap(runs, leases).items():
             log.warning("job %s has no lease any more: stopped its tasks %s", task_key, result)
 
-    def confirm_drained(self, client: KazooClient) -> None:
+    def confirm_drained(self, zk: Store) -> None:
         """Free this host's draining cells (and cells of jobs whose lease is gone) once no
         process of the job is left here: stop what is left first (TERM, KILL after the
         grace). Nothing is freed while a process lives: a GPU is free only when this node
         says so."""
-        matrix, _ = read_matrix(client, self.layout)
-        leases = store.read_leases(client, self.layout)  # after the matrix: see allocation
+        matrix, _ = read_matrix(zk)
+        leases = zk.leases()  # after the matrix: see allocation
         host = self.node.name
         self.metrics.update(row=matrix.gpus.get(host, []))
         ended = matrix.ended_on(host, leases)
@@ -194,37 +194,37 @@ class Agent:
         if dead:
             # Freed cells follow the record: probe again, so the dead tasks' processes
             # (NVML's list) no longer keep their GPUs unavailable for a heartbeat.
-            self._publish_probe(client)
-        if dead and confirm_drained(client, self.layout, host, dead):
+            self._publish_probe(zk)
+        if dead and confirm_drained(zk, host, dead):
             log.info("confirmed the tasks of %s dead on %s: GPUs free", sorted(dead), host)
 
-    def prune(self, client: KazooClient) -> None:
+    def prune(self, zk: Store) -> None:
         """The keeper drops finished job records past their retention, once a minute."""
         if time.monotonic() < self._next_prune:
             return
         self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
         cluster = self.inventory.cluster
-        pruned = prune_jobs(client, self.layout, cluster.job_retention_days * 86400,
+        pruned = prune_jobs(zk, cluster.job_retention_days * 86400,
                             cluster.job_records_max)
         if pruned:
             log.info("pruned %d finished job records", pruned)
 
-    def is_keeper(self, client: KazooClient) -> bool:
+    def is_keeper(self, zk: Store) -> bool:
         """The keeper holds ``keeper/lease``, an ephemeral znode of its own session: the
         first agent to create it keeps the matrix until its session ends (a clean stop at
         once, a SIGKILL or a cut-off host after the session timeout); then the next agent
         to try (all watch it) takes over."""
         path = self.layout.keeper_lease
         try:
-            stat = client.exists(path, watch=self._on_keeper_change)
+            stat = zk.client.exists(path, watch=self._on_keeper_change)
             if stat is not None:
-                return stat.ephemeralOwner == client.client_id[0]
-            client.create(path, self.node.name.encode(), acl=store.acls(client).keeper_lease(),
+                return stat.ephemeralOwner == zk.client.client_id[0]
+            zk.client.create(path, self.node.name.encode(), acl=zk.acls.keeper_lease(),
                           ephemeral=True)
         except NodeExistsError:
             return False  # another agent took it first
         except NoNodeError:  # a root secured by an older HyperTF: no keeper/ yet
-            live = client.get_children(self.layout.resources)
+            live = zk.client.get_children(self.layout.resources)
             return bool(live) and min(live) == self.node.name
         log.info("this agent now keeps the matrix (keeper lease taken)")
         return True
@@ -264,6 +264,7 @@ class Agent:
     def _serve(self, client: KazooClient, once: bool) -> AgentRecord | None:
         """Publish every interval (or after a reconnect); on a watch wake-up only sync the
         matrix and reap, so job starts and ends cost no write per node."""
+        zk = Store(client, self.layout)
         record = None
         watching = False
         watched_users: set[str] = set()
@@ -284,16 +285,16 @@ class Agent:
                     client.ChildrenWatch(self.layout.user_leases(user), self._on_children)
                     watched_users.add(user)
                 if self._republish or time.monotonic() >= next_beat:
-                    record = self._publish_probe(client)
+                    record = self._publish_probe(zk)
                     next_beat = time.monotonic() + self.node.settings.agent_interval
-                if self.is_keeper(client):
+                if self.is_keeper(zk):
                     try:
-                        sync_matrix(client, self.layout)
+                        sync_matrix(zk)
                     except StoreError as err:  # e.g. the matrix outgrew its znode
                         log.error("cannot sync the matrix: %s", err)
-                    self.prune(client)
-                self.reap_orphans(client)
-                self.confirm_drained(client)
+                    self.prune(zk)
+                self.reap_orphans(zk)
+                self.confirm_drained(zk)
             except NoNodeError:
                 log.error("ZooKeeper has no HyperTF root %s (did it lose its data?): the admin "
                           "runs 'hypertf auth init'; retrying", self.layout.root)

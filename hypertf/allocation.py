@@ -25,23 +25,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.retry import ForceRetryError
 
-from hypertf import store
 from hypertf.errors import InsufficientResources, NotAllowed, StoreError, UsageError
 from hypertf.matrix import Matrix, same, synced
 from hypertf.scheduler import NoFit, Placement, TaskSlot, schedule
 from hypertf.store import (
     AgentRecord,
-    Layout,
+    Store,
     decode,
     encode,
-    job_keys,
     owner_of,
-    read_leases,
-    read_records,
     until_committed,
 )
 
@@ -64,10 +59,10 @@ def new_task_key(user: str, now: float | None = None) -> str:
     return f"{stamp}-{secrets.token_hex(3)}.{user}"
 
 
-def _check_registered(client: KazooClient, layout: Layout, user: str) -> None:
+def _check_registered(store: Store, user: str) -> None:
     """Asked only after a refused allocation: a user without parents cannot hold a job."""
-    if client.exists(layout.user_leases(user)) is None:
-        raise StoreError(f"user {user!r} is not registered in ZooKeeper root {layout.root}: "
+    if store.client.exists(store.layout.user_leases(user)) is None:
+        raise StoreError(f"user {user!r} is not registered in ZooKeeper root {store.layout.root}: "
                          f"the cluster admin runs 'hypertf auth add-user {user}'")
 
 
@@ -125,12 +120,12 @@ def describe_free(matrix: Matrix, records: Mapping[str, AgentRecord], hosts: Seq
     return "; ".join(parts) or "no hosts"
 
 
-def read_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, int]:
+def read_matrix(store: Store) -> tuple[Matrix, int]:
     """The stored matrix and its version (the admin's ``auth init`` creates it)."""
     try:
-        data, stat = client.get(layout.matrix)
+        data, stat = store.client.get(store.layout.matrix)
     except NoNodeError:
-        raise RootMissing(f"ZooKeeper has no matrix under {layout.root}: run 'hypertf auth "
+        raise RootMissing(f"ZooKeeper has no matrix under {store.layout.root}: run 'hypertf auth "
                          f"init -i INVENTORY' as the admin") from None
     return Matrix.from_json(data), stat.version
 
@@ -173,13 +168,13 @@ def _commit_or_conflict(transaction: Any) -> bool:
     raise StoreError(f"ZooKeeper refused the transaction: {real or errors}")
 
 
-def _place(client: KazooClient, layout: Layout, request: Request,
+def _place(store: Store, request: Request,
            ) -> tuple[Matrix, Matrix, int, list[Placement]]:
     """Read the matrix (as stored, and as it should be now) and schedule on it (writes
     nothing)."""
-    matrix, version = read_matrix(client, layout)
-    records = read_records(client, layout, only=request.hosts)
-    current = synced(matrix, records, read_leases(client, layout))
+    matrix, version = read_matrix(store)
+    records = store.records(only=request.hosts)
+    current = synced(matrix, records, store.leases())
     live = [host for host in request.hosts if host in records]
     free = {host: current.free(host) for host in live}
     try:
@@ -196,23 +191,23 @@ def _place(client: KazooClient, layout: Layout, request: Request,
     return matrix, current, version, placements
 
 
-def plan(client: KazooClient, layout: Layout, request: Request) -> list[Placement]:
+def plan(store: Store, request: Request) -> list[Placement]:
     """Where the request would go now: used to preflight only the hosts a job needs."""
     if not request.slots:
         raise UsageError("a job needs at least one task")
-    return _place(client, layout, request)[3]
+    return _place(store, request)[3]
 
 
-def allocate(client: KazooClient, layout: Layout, request: Request, task_key: str,
+def allocate(store: Store, request: Request, task_key: str,
              job: Mapping[str, Any] | None = None, deadline_s: float = 30.0,
              exclude_ports: Mapping[str, set[int]] | None = None) -> Grant:
     """Take GPUs and ports for ``request`` atomically, or raise InsufficientResources."""
     if not request.slots:
         raise UsageError("a job needs at least one task")
-    acls = store.acls(client)
+    acls = store.acls
 
     def attempt(retries: int) -> Grant:
-        before, current, version, placements = _place(client, layout, request)
+        before, current, version, placements = _place(store, request)
         ports = _pick_ports(current, placements, request.port_ranges, exclude_ports or {})
         gpus: dict[str, list[int]] = {}
         host_ports: dict[str, list[int]] = {}
@@ -234,20 +229,20 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
             ],
             **(job or {}),
         }
-        tx = client.transaction()
-        tx.set_data(layout.matrix, taken.to_json(), version=version)
-        tx.create(layout.lease(task_key), encode(owner), acl=acls.lease(),
+        tx = store.client.transaction()
+        tx.set_data(store.layout.matrix, taken.to_json(), version=version)
+        tx.create(store.layout.lease(task_key), encode(owner), acl=acls.lease(),
                   ephemeral=True)
-        tx.create(layout.job(task_key), encode(record), acl=acls.job())
+        tx.create(store.layout.job(task_key), encode(record), acl=acls.job())
         try:
             committed = _commit_or_conflict(tx)
         except StoreError:
-            _check_registered(client, layout, owner_of(task_key))  # the likely cause, named
+            _check_registered(store, owner_of(task_key))  # the likely cause, named
             raise
         if not committed:
             raise ForceRetryError()
         for dead in current.draining_keys() - before.draining_keys():
-            mark_lost(client, layout, dead)  # this write drained them: record why
+            mark_lost(store, dead)  # this write drained them: record why
         return Grant(task_key, tuple(placements), ports, retries=retries)
 
     return until_committed(attempt, "allocating", deadline_s=deadline_s)
@@ -256,7 +251,7 @@ def allocate(client: KazooClient, layout: Layout, request: Request, task_key: st
 ENDED_BY_OTHERS = ("killed", "lost")  # states a launcher's own release does not overwrite
 
 
-def release(client: KazooClient, layout: Layout, task_key: str, state: str = "released",
+def release(store: Store, task_key: str, state: str = "released",
             extra: Mapping[str, Any] | None = None,
             stopped_on: Sequence[str] | None = None) -> bool:
     """Give back what ``task_key`` holds; idempotent. True if something was freed.
@@ -266,28 +261,28 @@ def release(client: KazooClient, layout: Layout, task_key: str, state: str = "re
     """
     def attempt(_retries: int) -> bool:
         try:
-            matrix, version = read_matrix(client, layout)
+            matrix, version = read_matrix(store)
         except RootMissing:
             return False  # ZooKeeper lost everything, this job's cells with it
-        records = read_records(client, layout, only=matrix.hosts_of(task_key))
+        records = store.records(only=matrix.hosts_of(task_key))
         freed = matrix.release({task_key}, records, hosts=stopped_on)
         freed = freed.drain({task_key})  # what is still held: hosts not confirmed
         changed = not same(matrix, freed)
-        lease_stat = client.exists(layout.lease(task_key))
-        job_stat = client.exists(layout.job(task_key))
-        tx = client.transaction()
+        lease_stat = store.client.exists(store.layout.lease(task_key))
+        job_stat = store.client.exists(store.layout.job(task_key))
+        tx = store.client.transaction()
         if changed:
-            tx.set_data(layout.matrix, freed.to_json(), version=version)
+            tx.set_data(store.layout.matrix, freed.to_json(), version=version)
         else:
-            tx.check(layout.matrix, version)
+            tx.check(store.layout.matrix, version)
         if lease_stat is not None:
-            tx.delete(layout.lease(task_key))
+            tx.delete(store.layout.lease(task_key))
         if job_stat is not None:
-            data, _ = client.get(layout.job(task_key))
+            data, _ = store.client.get(store.layout.job(task_key))
             job = decode(data, "job record")
             ended = job.get("state") if job.get("state") in ENDED_BY_OTHERS else state
             job.update({"released": time.time(), **(extra or {}), "state": ended})
-            tx.set_data(layout.job(task_key), encode(job), version=job_stat.version)
+            tx.set_data(store.layout.job(task_key), encode(job), version=job_stat.version)
         try:
             if _commit_or_conflict(tx):
                 return changed or lease_stat is not None
@@ -298,51 +293,51 @@ def release(client: KazooClient, layout: Layout, task_key: str, state: str = "re
     return until_committed(attempt, f"releasing {task_key}")
 
 
-def sync_matrix(client: KazooClient, layout: Layout) -> tuple[Matrix, dict[str, AgentRecord]]:
+def sync_matrix(store: Store) -> tuple[Matrix, dict[str, AgentRecord]]:
     """Bring the stored matrix in line with the records and leases; write only on change.
     Jobs found without a lease are recorded as ``lost`` (unless killed) as their cells
     turn draining."""
     def attempt(_retries: int) -> tuple[Matrix, dict[str, AgentRecord], set[str]]:
-        matrix, version = read_matrix(client, layout)
-        records = read_records(client, layout)
-        leases = read_leases(client, layout)
+        matrix, version = read_matrix(store)
+        records = store.records()
+        leases = store.leases()
         current = synced(matrix, records, leases)
         if same(matrix, current):
             return current, records, set()
         try:
-            client.set(layout.matrix, current.to_json(), version=version)
+            store.client.set(store.layout.matrix, current.to_json(), version=version)
         except BadVersionError:
             raise ForceRetryError() from None
         return current, records, matrix.task_keys() - leases
 
     current, records, lost = until_committed(attempt, "syncing the matrix")
     for task_key in lost:
-        mark_lost(client, layout, task_key)
+        mark_lost(store, task_key)
     return current, records
 
 
-def mark_lost(client: KazooClient, layout: Layout, task_key: str) -> None:
+def mark_lost(store: Store, task_key: str) -> None:
     """A job whose lease vanished without a release or a kill: its launcher died."""
     with contextlib.suppress(NoNodeError, BadVersionError, StoreError, NoAuthError):
-        data, stat = client.get(layout.job(task_key))
+        data, stat = store.client.get(store.layout.job(task_key))
         job = decode(data, "job record")
         if job.get("state") in LIVE_STATES:
             job.update(state="lost", lost=time.time())
-            client.set(layout.job(task_key), encode(job), version=stat.version)
+            store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
 
 
-def confirm_drained(client: KazooClient, layout: Layout, host: str,
+def confirm_drained(store: Store, host: str,
                     task_keys: set[str]) -> bool:
     """The agent of ``host`` has seen these jobs' processes dead there: free their cells
     and ports on ``host`` (only). True if something was freed."""
     def attempt(_retries: int) -> bool:
-        matrix, version = read_matrix(client, layout)
-        records = read_records(client, layout, only=[host])
+        matrix, version = read_matrix(store)
+        records = store.records(only=[host])
         freed = matrix.release(task_keys & matrix.draining_on(host), records, hosts=[host])
         if same(matrix, freed):
             return False
         try:
-            client.set(layout.matrix, freed.to_json(), version=version)
+            store.client.set(store.layout.matrix, freed.to_json(), version=version)
         except BadVersionError:
             raise ForceRetryError() from None
         return True
@@ -350,37 +345,37 @@ def confirm_drained(client: KazooClient, layout: Layout, host: str,
     return until_committed(attempt, f"freeing drained GPUs on {host}")
 
 
-def read_job(client: KazooClient, layout: Layout, task_key: str) -> dict[str, Any] | None:
+def read_job(store: Store, task_key: str) -> dict[str, Any] | None:
     try:
-        data, _ = client.get(layout.job(task_key))
+        data, _ = store.client.get(store.layout.job(task_key))
     except NoNodeError:
         return None
     return decode(data, "job record")
 
 
-def update_job(client: KazooClient, layout: Layout, task_key: str, **changes: Any) -> None:
+def update_job(store: Store, task_key: str, **changes: Any) -> None:
     """Merge ``changes`` into the job record, version-checked; a state recorded by someone
     else (``killed``, ``lost``) is never overwritten."""
     def attempt(_retries: int) -> None:
-        data, stat = client.get(layout.job(task_key))
+        data, stat = store.client.get(store.layout.job(task_key))
         job = decode(data, "job record")
         kept = ({k: v for k, v in changes.items() if k != "state"}
                 if job.get("state") in ENDED_BY_OTHERS else changes)
         job.update(kept)
         try:
-            client.set(layout.job(task_key), encode(job), version=stat.version)
+            store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
         except BadVersionError:
             raise ForceRetryError() from None
 
     until_committed(attempt, f"updating job {task_key}")
 
 
-def list_jobs(client: KazooClient, layout: Layout) -> list[dict[str, Any]]:
+def list_jobs(store: Store) -> list[dict[str, Any]]:
     """Every job record, newest first, with ``alive`` telling whether its lease exists."""
-    leases = read_leases(client, layout)
+    leases = store.leases()
     jobs = []
-    for key in sorted(job_keys(client, layout), reverse=True):
-        job = read_job(client, layout, key)
+    for key in sorted(store.job_keys(), reverse=True):
+        job = read_job(store, key)
         if job is not None:
             job["alive"] = key in leases
             jobs.append(job)
@@ -392,26 +387,26 @@ def _ended_at(job: Mapping[str, Any]) -> float:
     return max((float(t) for t in times if isinstance(t, (int, float))), default=0.0)
 
 
-def prune_jobs(client: KazooClient, layout: Layout, max_age_s: float, max_records: int,
+def prune_jobs(store: Store, max_age_s: float, max_records: int,
                now: float | None = None) -> int:
     """Delete the records of finished jobs (no lease) that ended more than ``max_age_s`` ago,
     and the oldest finished ones beyond ``max_records``; running jobs are never pruned.
     Returns how many were deleted."""
     now = time.time() if now is None else now
-    keys = job_keys(client, layout)
-    leases = read_leases(client, layout)  # after the list: a listed job without one is over
+    keys = store.job_keys()
+    leases = store.leases()  # after the list: a listed job without one is over
     finished = []
     for key in keys:
         if key in leases:
             continue
         try:
-            job = read_job(client, layout, key)
+            job = read_job(store, key)
         except StoreError:
             job = None  # another format or damaged: left for a person to look at
         if job is None:
             continue
         if job.get("state") in LIVE_STATES:
-            mark_lost(client, layout, key)  # missed when its cells drained
+            mark_lost(store, key)  # missed when its cells drained
         finished.append((_ended_at(job), key))
     finished.sort()
     excess = max(0, len(finished) + len(leases) - max_records)
@@ -419,18 +414,18 @@ def prune_jobs(client: KazooClient, layout: Layout, max_age_s: float, max_record
               if i < excess or now - ended > max_age_s]
     for key in doomed:
         with contextlib.suppress(NoNodeError, NoAuthError):
-            client.delete(layout.job(key))
+            store.client.delete(store.layout.job(key))
     return len(doomed)
 
 
-def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
+def kill(store: Store, task_key: str) -> bool:
     """End a job from anywhere: record who killed it and drop its lease, in one
     transaction. Its cells turn draining; the agents stop its tasks and free them; its
     launcher sees the lease gone and exits. False if it was not running.
 
     Only the job's owner and the admin may: ZooKeeper enforces it (DELETE on
     ``leases/<owner>``); the check here only makes the message clear."""
-    identity = store.credential_of(client).identity
+    identity = store.credential.identity
     owner = owner_of(task_key)
     if identity not in ("admin", f"user.{owner}"):
         raise NotAllowed(
@@ -438,17 +433,17 @@ def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
             f"it (the admin: HYPERTF_ZK_IDENTITY=admin hypertf kill {task_key})")
     def attempt(_retries: int) -> bool:
         try:
-            data, stat = client.get(layout.job(task_key))
+            data, stat = store.client.get(store.layout.job(task_key))
         except NoNodeError:
             raise UsageError(f"no job {task_key!r}; list them with 'hypertf jobs'") from None
-        if client.exists(layout.lease(task_key)) is None:
+        if store.client.exists(store.layout.lease(task_key)) is None:
             return False
         job = decode(data, "job record")
         job.update(state="killed", killed=time.time(),
                    killed_by={**owner_info(), "identity": identity})
-        tx = client.transaction()
-        tx.set_data(layout.job(task_key), encode(job), version=stat.version)
-        tx.delete(layout.lease(task_key))
+        tx = store.client.transaction()
+        tx.set_data(store.layout.job(task_key), encode(job), version=stat.version)
+        tx.delete(store.layout.lease(task_key))
         try:
             if _commit_or_conflict(tx):
                 return True
@@ -461,5 +456,5 @@ def kill(client: KazooClient, layout: Layout, task_key: str) -> bool:
 
     if not until_committed(attempt, f"killing job {task_key}"):
         return False
-    sync_matrix(client, layout)
+    sync_matrix(store)
     return True

@@ -199,7 +199,7 @@ class Attempt:
                               "env": env, "argv": argv})
             NodeClient(session).start(run, tasks, make_dirs=[job.checkpoint_dir(host)])
 
-        update_job(job.client, job.layout, self.task_key, state="starting")
+        update_job(job.store, self.task_key, state="starting")
         results = cluster.each(launch, list(by_host))
         busy = {h: v.ports for h, v in results.failed.items() if isinstance(v, PortsBusy)}
         failed = {h: v for h, v in results.failed.items() if not isinstance(v, PortsBusy)}
@@ -292,7 +292,7 @@ class Attempt:
         try:
             if not client.connected:
                 raise StoreError("not connected")
-            release(client, self.job.layout, self.task_key, state=self.result,
+            release(self.job.store, self.task_key, state=self.result,
                     extra={"summary": summary_of(self)}, stopped_on=stopped_on)
         except (StoreError, KazooException, KazooTimeoutError) as err:
             self.job.say(f"hypertf: warning: could not reach ZooKeeper to release job "

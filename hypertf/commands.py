@@ -58,7 +58,7 @@ def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
     inv = load_inventory(inventory)
     client = store.connect(inv.cluster)
     try:
-        found = list_jobs(client, store.Layout(inv.cluster.zk_root))[:last]
+        found = list_jobs(store.Store(client, store.Layout(inv.cluster.zk_root)))[:last]
     finally:
         store.close(client)
     if as_json:
@@ -78,7 +78,7 @@ def kill(inventory: str, task_key: str) -> int:
     inv = load_inventory(inventory)
     client = store.connect(inv.cluster)
     try:
-        killed = kill_job(client, store.Layout(inv.cluster.zk_root), task_key)
+        killed = kill_job(store.Store(client, store.Layout(inv.cluster.zk_root)), task_key)
     finally:
         store.close(client)
     print(f"job {task_key}: " + ("lease dropped; its GPUs drain until the agents have "

@@ -338,10 +338,10 @@ def start_lab_agents(lab: Lab, wait_s: float = 30.0) -> None:
         layout = store.Layout(inventory.cluster.zk_root)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if set(inventory.nodes) <= set(store.read_records(client, layout)):
+            if set(inventory.nodes) <= set(store.Store(client, layout).records()):
                 return
             time.sleep(0.1)
-        missing = set(inventory.nodes) - set(store.read_records(client, layout))
+        missing = set(inventory.nodes) - set(store.Store(client, layout).records())
         raise LabError(f"agents of {', '.join(sorted(missing))} did not register within "
                        f"{wait_s:.0f} s; see /srv/hypertf/agent.log under {lab.dir}/<host>/srv")
     finally:

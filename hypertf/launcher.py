@@ -70,6 +70,7 @@ class Job:
         self.layout = Layout(inventory.cluster.zk_root)
         self.owner = auth.job_owner()
         self.client: Any = None
+        self.store: Any = None  # store.Store once connected
         self.cluster: Cluster | None = None
         self.records: dict[str, store.AgentRecord] = {}
         self.lost_session = threading.Event()
@@ -86,6 +87,7 @@ class Job:
     def plan(self) -> list[str]:
         """Connect, and find the candidate hosts (inventory GPU nodes with a live agent)."""
         self.client = store.connect(self.inventory.cluster)
+        self.store = store.Store(self.client, self.layout)
         self.client.add_listener(self._on_state)
         hosts = self.live_hosts()
         self.cpu_only = sum(self.records[h].gpu for h in hosts) == 0
@@ -95,7 +97,7 @@ class Job:
 
     def live_hosts(self) -> list[str]:
         """The inventory's GPU nodes whose agent is up (their records kept for the start)."""
-        self.records = store.read_records(self.client, self.layout)
+        self.records = self.store.records()
         hosts = [name for name in self.inventory.nodes if name in self.records]
         if not hosts:
             raise HyperTFError(
@@ -153,7 +155,7 @@ class Job:
     def needed_hosts(self, hosts: list[str]) -> list[str]:
         """The hosts the job would use now (a dry run): only those are preflighted, so a
         broken node the job does not need does not fail it."""
-        placements = plan(self.client, self.layout, self._allocation_request(hosts))
+        placements = plan(self.store, self._allocation_request(hosts))
         used = {p.host for p in placements}
         return [host for host in hosts if host in used]
 
@@ -177,7 +179,7 @@ class Job:
                 self.preflight(new)
             try:
                 hosts = [h for h in live if h in self.preflighted]
-                return allocate(self.client, self.layout, self._allocation_request(hosts),
+                return allocate(self.store, self._allocation_request(hosts),
                                 task_key, job=self._record(), exclude_ports=exclude)
             except PortsExhausted:
                 raise

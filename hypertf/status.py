@@ -22,7 +22,7 @@ from hypertf import zkserver
 from hypertf.allocation import read_matrix
 from hypertf.inventory import Inventory
 from hypertf.matrix import job_of, state_of, synced
-from hypertf.store import Layout, read_leases, read_records
+from hypertf.store import Layout, Store
 
 GIB = 1024**3
 
@@ -43,9 +43,10 @@ def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
     A read: it writes nothing (bringing the stored matrix in line is the keeper agent's
     job), so a dead job's GPUs already show as draining here before the keeper has run."""
     layout = Layout(inventory.cluster.zk_root)
-    stored, _ = read_matrix(client, layout)
-    records = read_records(client, layout)
-    leases = read_leases(client, layout)
+    zk = Store(client, layout)
+    stored, _ = read_matrix(zk)
+    records = zk.records()
+    leases = zk.leases()
     matrix = synced(stored, records, leases)
     now = time.time()
     hosts = []

@@ -276,50 +276,62 @@ def close(client: KazooClient) -> None:
         client.close()
 
 
-def read_records(client: KazooClient, layout: Layout,
-                 only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
-    """Every live agent's record (or those of the ``only`` hosts), keyed by host name."""
-    records: dict[str, AgentRecord] = {}
+def _children(client: KazooClient, path: str) -> list[str]:
     try:
-        hosts = client.get_children(layout.resources)
-    except NoNodeError:
-        return records
-    if only is not None:
-        hosts = sorted(set(hosts) & set(only))
-    for host in hosts:
-        try:
-            data, _ = client.get(layout.resource(host))
-        except NoNodeError:
-            continue  # the agent went away between the two reads
-        records[host] = AgentRecord.from_json(data)
-    return records
-
-
-def users(client: KazooClient, parent: str) -> list[str]:
-    """The registered users (children of ``leases`` or ``jobs``)."""
-    try:
-        return sorted(client.get_children(parent))
+        return sorted(client.get_children(path))
     except NoNodeError:
         return []
 
 
-def _keys_of_every_user(client: KazooClient, parent: str) -> list[str]:
-    """The task keys under ``<parent>/<user>/`` for every registered user."""
-    keys: list[str] = []
-    for user in users(client, parent):
-        with contextlib.suppress(NoNodeError):  # a user removed meanwhile
-            keys.extend(client.get_children(f"{parent}/{user}"))
-    return keys
+@dataclass(frozen=True)
+class Store:
+    """One cluster's ZooKeeper: the client and the layout of its root, always together.
+    The reads are here; hypertf.allocation's version-checked writes take a Store."""
 
+    client: KazooClient
+    layout: Layout
 
-def read_leases(client: KazooClient, layout: Layout) -> set[str]:
-    """Task keys whose launcher is still alive."""
-    return set(_keys_of_every_user(client, layout.leases))
+    @property
+    def acls(self) -> auth.Acls:
+        """The ACLs this client writes on the znodes it creates."""
+        return acls(self.client)
 
+    @property
+    def credential(self) -> auth.Credential:
+        return credential_of(self.client)
 
-def job_keys(client: KazooClient, layout: Layout) -> list[str]:
-    """Every job record's task key, of every user."""
-    return _keys_of_every_user(client, layout.jobs)
+    def records(self, only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
+        """Every live agent's record (or those of the ``only`` hosts), keyed by host name."""
+        hosts = _children(self.client, self.layout.resources)
+        if only is not None:
+            hosts = sorted(set(hosts) & set(only))
+        records: dict[str, AgentRecord] = {}
+        for host in hosts:
+            try:
+                data, _ = self.client.get(self.layout.resource(host))
+            except NoNodeError:
+                continue  # the agent went away between the two reads
+            records[host] = AgentRecord.from_json(data)
+        return records
+
+    def users(self) -> list[str]:
+        """The registered users (their folders under ``leases``)."""
+        return _children(self.client, self.layout.leases)
+
+    def _keys_of_every_user(self, parent: str) -> list[str]:
+        keys: list[str] = []
+        for user in _children(self.client, parent):
+            with contextlib.suppress(NoNodeError):  # a user removed meanwhile
+                keys.extend(self.client.get_children(f"{parent}/{user}"))
+        return keys
+
+    def leases(self) -> set[str]:
+        """Task keys whose launcher is still alive."""
+        return set(self._keys_of_every_user(self.layout.leases))
+
+    def job_keys(self) -> list[str]:
+        """Every job record's task key, of every user."""
+        return self._keys_of_every_user(self.layout.jobs)
 
 
 def until_committed(attempt: Callable[[int], T], what: str, deadline_s: float | None = 30.0,

@@ -16,6 +16,7 @@ from hypertf.allocation import Request, allocate, new_task_key, release
 from hypertf.errors import InsufficientResources
 from hypertf.scheduler import TaskSlot
 from hypertf.settings import ClusterSettings
+from hypertf.store import Store
 
 
 def main() -> None:
@@ -30,7 +31,7 @@ def main() -> None:
         key = new_task_key("root")
         while True:
             try:
-                grant = allocate(client, layout, request, key)
+                grant = allocate(Store(client, layout), request, key)
                 break
             except InsufficientResources:
                 time.sleep(0.01)
@@ -42,7 +43,7 @@ def main() -> None:
             time.sleep(3600)
         time.sleep(0.02)
         end = time.time()
-        release(client, layout, key)
+        release(Store(client, layout), key)
         print(json.dumps({"key": key, "end": end}), flush=True)
     store.close(client)
 

@@ -25,6 +25,7 @@ from hypertf.errors import HyperTFError
 from hypertf.inventory import load_inventory
 from hypertf.matrix import FREE
 from hypertf.remote import Cluster
+from hypertf.store import Store
 
 JOB_MARKER = "HYPERTF_TASK_KEY="
 
@@ -91,10 +92,10 @@ def check(lab: lab_module.Lab) -> Health:
         health.problems.append(f"cannot connect to ZooKeeper: {err}")
         return health
     try:
-        records = store.read_records(client, layout)
+        records = store.Store(client, layout).records()
         health.missing_agents = set(inventory.nodes) - set(records)
-        health.leases = store.read_leases(client, layout)
-        matrix, _ = read_matrix(client, layout)
+        health.leases = store.Store(client, layout).leases()
+        matrix, _ = read_matrix(Store(client, layout))
     finally:
         store.close(client)
     if health.missing_agents:
@@ -138,12 +139,12 @@ def repair(lab: lab_module.Lab, health: Health) -> None:
     client = store.connect(inventory.cluster, identity="admin")  # may end anyone's job
     try:
         layout = store.Layout(inventory.cluster.zk_root)
-        for key in store.read_leases(client, layout):
+        for key in store.Store(client, layout).leases():
             with contextlib.suppress(KazooException, KazooTimeoutError):
                 client.delete(layout.lease(key))
         # Always: an agent killed a moment ago still has its record until its session ends.
         lab_module.start_lab_agents(lab, wait_s=60)
-        sync_matrix(client, layout)
+        sync_matrix(Store(client, layout))
     finally:
         store.close(client)
 

@@ -18,6 +18,7 @@ from rich.console import Console
 from hypertf import auth, status, store
 from hypertf.allocation import sync_matrix
 from hypertf.inventory import load_inventory
+from hypertf.store import Store
 from tests.conftest import wait_for
 
 
@@ -46,27 +47,27 @@ def test_agent_publishes_refreshes_and_deletes_on_sigterm(agent_inventory):
                               "--host", "node1"], stderr=subprocess.PIPE, text=True)
     client = store.connect(inventory.cluster)
     try:
-        records = wait_for(lambda: store.read_records(client, layout), 20, "the record")
+        records = wait_for(lambda: store.Store(client, layout).records(), 20, "the record")
         record = records["node1"]
         assert (record.gpu, record.gpu_avail_list) == (3, [0, 1])  # GPU 2 is 95 % busy
         assert record.data_addr == record.mgmt_addr == "127.0.0.1"
         assert 20000 <= record.port <= 20999
         assert [g.available for g in record.gpus] == [True, True, False]
-        matrix, _ = sync_matrix(client, layout)
+        matrix, _ = sync_matrix(Store(client, layout))
         assert matrix.gpus["node1"] == [1, 1, 0]
         # The static source is re-read every heartbeat: GPU 0 gets busy, GPU 2 idle.
         gpus.write_text(json.dumps([{"memory_used": 15 * 1024**3}, {}, {}]))
-        wait_for(lambda: store.read_records(client, layout)["node1"].gpu_avail_list == [1, 2],
+        wait_for(lambda: store.Store(client, layout).records()["node1"].gpu_avail_list == [1, 2],
                  10, "the new availability")
-        wait_for(lambda: sync_matrix(client, layout)[0].gpus["node1"] == [0, 1, 1], 10,
+        wait_for(lambda: sync_matrix(Store(client, layout))[0].gpus["node1"] == [0, 1, 1], 10,
                  "the matrix to follow (keeper agent)")
-        beat = store.read_records(client, layout)["node1"].heartbeat
-        wait_for(lambda: store.read_records(client, layout)["node1"].heartbeat > beat, 5,
+        beat = store.Store(client, layout).records()["node1"].heartbeat
+        wait_for(lambda: store.Store(client, layout).records()["node1"].heartbeat > beat, 5,
                  "a newer heartbeat")
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=10) == 0
         started = time.monotonic()
-        assert "node1" not in store.read_records(client, layout)
+        assert "node1" not in store.Store(client, layout).records()
         assert time.monotonic() - started < 1
     finally:
         if agent.poll() is None:
@@ -109,13 +110,13 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
                               "--host", "node1"], stderr=subprocess.PIPE, text=True)
     client = store.connect(inventory.cluster)
     try:
-        record = wait_for(lambda: store.read_records(client, layout).get("node1"), 20,
+        record = wait_for(lambda: store.Store(client, layout).records().get("node1"), 20,
                           "the record")
         assert record.gpu_avail_list == [2]
         assert record.gpus[0].reason == f"foreign process pid {foreign.pid}"
         assert record.gpus[1].reason == f"in use by {key}"
         assert record.gpus[1].processes == [store.GpuProcess(stray.pid, None, key)]
-        wait_for(lambda: sync_matrix(client, layout)[0].gpus["node1"] == [0, 0, 1], 10,
+        wait_for(lambda: sync_matrix(Store(client, layout))[0].gpus["node1"] == [0, 0, 1], 10,
                  "the matrix to follow")
         view = status.collect(client, inventory)
         first, second, third = view["hosts"][0]["gpus"]
@@ -137,7 +138,7 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
         foreign.kill()
         stray.kill()
         gpus.write_text(json.dumps([{}, {}, {}]))
-        wait_for(lambda: sync_matrix(client, layout)[0].gpus["node1"] == [1, 1, 1], 10,
+        wait_for(lambda: sync_matrix(Store(client, layout))[0].gpus["node1"] == [1, 1, 1], 10,
                  "the GPUs to free when the processes are gone")
     finally:
         for process in (agent, foreign, stray):

@@ -26,6 +26,7 @@ from hypertf.allocation import (
 from hypertf.errors import InsufficientResources
 from hypertf.matrix import DRAINING, FREE
 from hypertf.scheduler import TaskSlot
+from hypertf.store import Store
 from tests.conftest import wait_for
 
 WORKER = Path(__file__).resolve().parent.parent / "allocator_worker.py"
@@ -37,7 +38,7 @@ def one_gpu() -> Request:
 
 
 def all_free(zk, layout) -> bool:
-    matrix, _ = sync_matrix(zk, layout)
+    matrix, _ = sync_matrix(Store(zk, layout))
     return all(cell == FREE for row in matrix.gpus.values() for cell in row) and not matrix.ports
 
 
@@ -50,7 +51,7 @@ def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents):
         port_ranges={"n1": (21000, 21010), "n2": (21000, 21010)},
     )
     key = new_task_key("root")
-    grant = allocate(zk, layout, request, key)
+    grant = allocate(Store(zk, layout), request, key)
     assert [(p.name, p.host, p.gpus) for p in grant.placements] == [
         ("chief:0", "n1", (0,)), ("worker:0", "n2", (0,)), ("worker:1", "n1", (1,)),
         ("ps:0", "n1", ()),
@@ -58,8 +59,8 @@ def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents):
     assert len({(p.host, grant.ports[p.name]) for p in grant.placements}) == 4
     assert all(21000 <= port <= 21010 for port in grant.ports.values())
     assert zk.exists(layout.lease(key)) and zk.exists(layout.job(key))
-    assert release(zk, layout, key) is True
-    assert release(zk, layout, key) is False
+    assert release(Store(zk, layout), key) is True
+    assert release(Store(zk, layout), key) is False
     assert all_free(zk, layout)
     job = json.loads(zk.get(layout.job(key))[0])
     assert job["state"] == "released"
@@ -68,16 +69,17 @@ def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents):
 
 def test_impossible_request_says_what_is_free_where(zk, layout, fake_agents):
     fake_agents({"n1": 2, "n2": 1})
-    allocate(zk, layout, Request((TaskSlot("worker", 0, 1),), ("n1", "n2")), new_task_key("root"))
+    allocate(Store(zk, layout), Request((TaskSlot("worker", 0, 1),), ("n1", "n2")),
+             new_task_key("root"))
     request = Request(tuple(TaskSlot("worker", i, 1) for i in range(3)), ("n1", "n2", "n3"))
     with pytest.raises(InsufficientResources) as err:
-        allocate(zk, layout, request, new_task_key("root"))
+        allocate(Store(zk, layout), request, new_task_key("root"))
     assert str(err.value) == (
         "cannot place worker:2 (1 GPU on one host): asked for 3 worker (1 GPU each): "
         "3 GPUs in all; free now: n1: 1 of 2 free (GPU 1); n2: 1 of 1 free (GPU 0); "
         "n3: agent down. Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status)."
     )
-    matrix, _ = sync_matrix(zk, layout)
+    matrix, _ = sync_matrix(Store(zk, layout))
     assert matrix.free("n1") == [1] and matrix.free("n2") == [0]  # nothing taken by the failure
 
 
@@ -97,7 +99,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
         client = store.connect(cluster_settings)
         try:
             key = new_task_key("root")
-            grant = allocate(client, layout, one_gpu(), key)
+            grant = allocate(Store(client, layout), one_gpu(), key)
             with lock:
                 held.extend((p.host, g) for p in grant.placements for g in p.gpus)
             everyone_holds.wait(timeout=120)
@@ -120,7 +122,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
         wait_for(lambda: len(held) == 32, 60, "32 grants")
         assert len(set(held)) == 32, "a GPU was granted twice"
         with pytest.raises(InsufficientResources):
-            allocate(zk, layout, one_gpu(), new_task_key("root"))
+            allocate(Store(zk, layout), one_gpu(), new_task_key("root"))
         everyone_holds.set()
         for thread in threads:
             thread.join(60)
@@ -131,7 +133,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
             proc.wait()
     # Their sessions closed: the cells drain (no agent here has seen processes die) until
     # each host's agent confirms; these hosts' agents are fakes, so the test confirms.
-    wait_for(lambda: not sync_matrix(zk, layout)[0].task_keys(), 60,
+    wait_for(lambda: not sync_matrix(Store(zk, layout))[0].task_keys(), 60,
              "every lease-less grant to turn draining")
     assert not all_free(zk, layout)
     confirm_all(zk, layout)
@@ -167,25 +169,25 @@ def test_sigkilled_allocator_gpus_return(zk, layout, fake_agents, cluster_settin
     proc = subprocess.Popen([sys.executable, str(WORKER), cluster_settings.zookeeper_hosts,
                              layout.root, "n1", "hold"], stdout=subprocess.PIPE, text=True)
     grant = json.loads(proc.stdout.readline())
-    matrix, _ = sync_matrix(zk, layout)
+    matrix, _ = sync_matrix(Store(zk, layout))
     assert matrix.gpus["n1"][grant["gpu"]] == grant["key"]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # Session timeout is 2 s: the lease expires, the next sync drains the cell; it is free
     # only once the host's agent confirms (here a fake agent: the test confirms).
     drained = f"{DRAINING}{grant['key']}"
-    wait_for(lambda: sync_matrix(zk, layout)[0].gpus["n1"][grant["gpu"]] == drained, 60,
+    wait_for(lambda: sync_matrix(Store(zk, layout))[0].gpus["n1"][grant["gpu"]] == drained, 60,
              "the killed allocator's GPU to drain")
-    assert not confirm_drained(zk, layout, "n1", {"someone-else"})
-    assert confirm_drained(zk, layout, "n1", {grant["key"]})
+    assert not confirm_drained(Store(zk, layout), "n1", {"someone-else"})
+    assert confirm_drained(Store(zk, layout), "n1", {grant["key"]})
     assert all_free(zk, layout)
 
 
 def confirm_all(zk, layout) -> None:
     """What every host's agent does once it has seen the ended jobs' processes dead."""
-    matrix, _ = sync_matrix(zk, layout)
+    matrix, _ = sync_matrix(Store(zk, layout))
     for host in matrix.gpus:
-        confirm_drained(zk, layout, host, matrix.draining_on(host))
+        confirm_drained(Store(zk, layout), host, matrix.draining_on(host))
 
 
 def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layout):
@@ -202,11 +204,11 @@ def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layo
     for key, job in records.items():
         zk.create(layout.job(key), encode({"task_key": key, **job}))
     zk.create(layout.lease("b-old-running.root"), b"{}", ephemeral=True, makepath=True)
-    assert prune_jobs(zk, layout, max_age_s=30 * day, max_records=100, now=now) == 2
+    assert prune_jobs(Store(zk, layout), max_age_s=30 * day, max_records=100, now=now) == 2
     assert sorted(zk.get_children(layout.user_jobs("root"))) == [
         "b-old-running.root", "c-recent.root", "e-new.root"]
     # over the cap: the oldest finished go first; the running job stays whatever its age
-    assert prune_jobs(zk, layout, max_age_s=30 * day, max_records=2, now=now) == 1
+    assert prune_jobs(Store(zk, layout), max_age_s=30 * day, max_records=2, now=now) == 1
     assert sorted(zk.get_children(layout.user_jobs("root"))) == ["b-old-running.root", "e-new.root"]
 
 
@@ -217,11 +219,11 @@ def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents):
 
     fake_agents({"n1": 1})
     key = new_task_key("root")
-    allocate(zk, layout, one_gpu(), key)
-    assert kill(zk, layout, key) is True
-    update_job(zk, layout, key, state="starting", note="still here")
-    release(zk, layout, key, state="failed")
-    job = read_job(zk, layout, key)
+    allocate(Store(zk, layout), one_gpu(), key)
+    assert kill(Store(zk, layout), key) is True
+    update_job(Store(zk, layout), key, state="starting", note="still here")
+    release(Store(zk, layout), key, state="failed")
+    job = read_job(Store(zk, layout), key)
     assert job["state"] == "killed" and job["note"] == "still here"
     assert job["killed_by"]["pid"] > 0 and job["killed"] > 0
-    assert kill(zk, layout, key) is False
+    assert kill(Store(zk, layout), key) is False

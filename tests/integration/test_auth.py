@@ -22,7 +22,7 @@ from hypertf import auth, store
 from hypertf.allocation import Request, allocate, new_task_key
 from hypertf.inventory import Inventory, load_inventory
 from hypertf.scheduler import TaskSlot
-from hypertf.store import AgentRecord, Layout
+from hypertf.store import AgentRecord, Layout, Store
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def job(cluster) -> Iterator[str]:
                  acl=store.acls(admin).agent_record(), ephemeral=True)
     launcher = store.connect(inventory.cluster)
     key = new_task_key(auth.login_user())
-    allocate(launcher, layout, Request((TaskSlot("worker", 0, 1),), ("n1",)), key)
+    allocate(Store(launcher, layout), Request((TaskSlot("worker", 0, 1),), ("n1",)), key)
     yield key
     store.close(launcher)
     store.close(admin)
@@ -130,7 +130,7 @@ def test_another_user_cannot_end_a_job_and_the_admin_can(cluster, job):
                 attempt()
         assert bob.exists(layout.lease(job)) is not None
         # bob can run his own jobs: his parents exist and are his
-        allocate(bob, layout, Request((TaskSlot("worker", 0, 1),), ("n1",)),
+        allocate(Store(bob, layout), Request((TaskSlot("worker", 0, 1),), ("n1",)),
                  new_task_key("bob"))
     finally:
         store.close(bob)

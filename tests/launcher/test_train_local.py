@@ -38,7 +38,7 @@ def local_inventory(zk_server, tmp_path):
     client = store.connect(inv.cluster)
     try:
         layout = store.Layout(inv.cluster.zk_root)
-        wait_for(lambda: "localhost" in store.read_records(client, layout), 20,
+        wait_for(lambda: "localhost" in store.Store(client, layout).records(), 20,
                  "the local agent to register")
     finally:
         store.close(client)
