@@ -22,9 +22,10 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store, tasknode
-from hypertf.allocation import confirm_drained, prune_jobs, read_matrix, sync_matrix
+from hypertf.allocation import confirm_drained, read_matrix, sync_matrix
 from hypertf.errors import HyperTFError, StoreError
 from hypertf.inventory import Inventory, Node
+from hypertf.jobs import prune_jobs
 from hypertf.metrics import AgentCollector, MetricsServer
 from hypertf.probes import (
     GpuSource,

@@ -15,7 +15,6 @@ then stops the job's process groups there and frees its own host's cells
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import os
 import secrets
@@ -29,6 +28,7 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.retry import ForceRetryError
 
 from hypertf.errors import InsufficientResources, NotAllowed, StoreError, UsageError
+from hypertf.jobs import ENDED_BY_OTHERS, mark_lost
 from hypertf.matrix import Matrix, same, synced
 from hypertf.scheduler import NoFit, Placement, TaskSlot, schedule
 from hypertf.store import (
@@ -49,7 +49,7 @@ class PortsExhausted(InsufficientResources):
     """A host's port range is used up: planning again elsewhere does not help."""
 
 
-LIVE_STATES = ("allocated", "starting", "running")
+
 
 
 def new_task_key(user: str, now: float | None = None) -> str:
@@ -248,7 +248,7 @@ def allocate(store: Store, request: Request, task_key: str,
     return until_committed(attempt, "allocating", deadline_s=deadline_s)
 
 
-ENDED_BY_OTHERS = ("killed", "lost")  # states a launcher's own release does not overwrite
+
 
 
 def release(store: Store, task_key: str, state: str = "released",
@@ -316,16 +316,6 @@ def sync_matrix(store: Store) -> tuple[Matrix, dict[str, AgentRecord]]:
     return current, records
 
 
-def mark_lost(store: Store, task_key: str) -> None:
-    """A job whose lease vanished without a release or a kill: its launcher died."""
-    with contextlib.suppress(NoNodeError, BadVersionError, StoreError, NoAuthError):
-        data, stat = store.client.get(store.layout.job(task_key))
-        job = decode(data, "job record")
-        if job.get("state") in LIVE_STATES:
-            job.update(state="lost", lost=time.time())
-            store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
-
-
 def confirm_drained(store: Store, host: str,
                     task_keys: set[str]) -> bool:
     """The agent of ``host`` has seen these jobs' processes dead there: free their cells
@@ -343,79 +333,6 @@ def confirm_drained(store: Store, host: str,
         return True
 
     return until_committed(attempt, f"freeing drained GPUs on {host}")
-
-
-def read_job(store: Store, task_key: str) -> dict[str, Any] | None:
-    try:
-        data, _ = store.client.get(store.layout.job(task_key))
-    except NoNodeError:
-        return None
-    return decode(data, "job record")
-
-
-def update_job(store: Store, task_key: str, **changes: Any) -> None:
-    """Merge ``changes`` into the job record, version-checked; a state recorded by someone
-    else (``killed``, ``lost``) is never overwritten."""
-    def attempt(_retries: int) -> None:
-        data, stat = store.client.get(store.layout.job(task_key))
-        job = decode(data, "job record")
-        kept = ({k: v for k, v in changes.items() if k != "state"}
-                if job.get("state") in ENDED_BY_OTHERS else changes)
-        job.update(kept)
-        try:
-            store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
-        except BadVersionError:
-            raise ForceRetryError() from None
-
-    until_committed(attempt, f"updating job {task_key}")
-
-
-def list_jobs(store: Store) -> list[dict[str, Any]]:
-    """Every job record, newest first, with ``alive`` telling whether its lease exists."""
-    leases = store.leases()
-    jobs = []
-    for key in sorted(store.job_keys(), reverse=True):
-        job = read_job(store, key)
-        if job is not None:
-            job["alive"] = key in leases
-            jobs.append(job)
-    return jobs
-
-
-def _ended_at(job: Mapping[str, Any]) -> float:
-    times = [job.get(k) for k in ("created", "released", "killed", "lost")]
-    return max((float(t) for t in times if isinstance(t, (int, float))), default=0.0)
-
-
-def prune_jobs(store: Store, max_age_s: float, max_records: int,
-               now: float | None = None) -> int:
-    """Delete the records of finished jobs (no lease) that ended more than ``max_age_s`` ago,
-    and the oldest finished ones beyond ``max_records``; running jobs are never pruned.
-    Returns how many were deleted."""
-    now = time.time() if now is None else now
-    keys = store.job_keys()
-    leases = store.leases()  # after the list: a listed job without one is over
-    finished = []
-    for key in keys:
-        if key in leases:
-            continue
-        try:
-            job = read_job(store, key)
-        except StoreError:
-            job = None  # another format or damaged: left for a person to look at
-        if job is None:
-            continue
-        if job.get("state") in LIVE_STATES:
-            mark_lost(store, key)  # missed when its cells drained
-        finished.append((_ended_at(job), key))
-    finished.sort()
-    excess = max(0, len(finished) + len(leases) - max_records)
-    doomed = [key for i, (ended, key) in enumerate(finished)
-              if i < excess or now - ended > max_age_s]
-    for key in doomed:
-        with contextlib.suppress(NoNodeError, NoAuthError):
-            store.client.delete(store.layout.job(key))
-    return len(doomed)
 
 
 def kill(store: Store, task_key: str) -> bool:

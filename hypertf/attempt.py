@@ -24,8 +24,9 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import spec as specs
-from hypertf.allocation import Grant, release, update_job
+from hypertf.allocation import Grant, release
 from hypertf.errors import HyperTFError, StoreError
+from hypertf.jobs import update_job
 from hypertf.monitor import Event, Limits, Monitor, TaskState, Verdict
 from hypertf.nodeclient import NodeClient, PortsBusy
 from hypertf.remote import GroupResult, Session
@@ -119,9 +120,14 @@ class Attempt:
         self._over = False
 
     @property
+    def local(self) -> RunDir:
+        """The same layout on this machine, under the launcher's working directory: where
+        the task logs and summary.json land."""
+        return RunDir.of(".", self.task_key, local=True)
+
+    @property
     def local_dir(self) -> Path:
-        """Where the task logs and summary.json land on this machine."""
-        return Path("runs") / self.task_key
+        return self.local.local
 
     def run_dir(self, host: str) -> RunDir:
         return RunDir.of(self.job.inventory.node(host).settings.workdir, self.task_key)
@@ -310,7 +316,7 @@ class Attempt:
             for task in self.tasks.values():
                 if task.placement.host == session.node.name:
                     log = node.fetch_log(self.run_dir(session.node.name), task.file_name)
-                    (self.local_dir / f"{task.file_name}.log").write_text(log)
+                    Path(self.local.log(task.file_name)).write_text(log)
 
         cluster.each(fetch, sorted({t.placement.host for t in self.tasks.values()}
                                    - self.lost_hosts))
@@ -327,7 +333,7 @@ class Attempt:
             self.collect_logs()
             if self.tasks:
                 self.local_dir.mkdir(parents=True, exist_ok=True)
-                (self.local_dir / "summary.json").write_text(json.dumps(summary_of(self), indent=2))
+                Path(self.local.summary).write_text(json.dumps(summary_of(self), indent=2))
 
 
 def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, str]],

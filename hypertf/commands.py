@@ -53,7 +53,7 @@ def _job_line(job: dict[str, Any]) -> str:
 
 def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
     from hypertf import store
-    from hypertf.allocation import list_jobs
+    from hypertf.jobs import list_jobs
 
     inv = load_inventory(inventory)
     client = store.connect(inv.cluster)

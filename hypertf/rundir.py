@@ -13,6 +13,7 @@ as an argument (it spells nothing itself).
     <workdir>/runs/<task key>/code/         the --sync upload
     <workdir>/runs/<task key>.start.json    the start request, while it is being read
     <workdir>/runs/<task key>.code.tar.gz   the --sync archive, while it is unpacked
+    ./runs/<task key>/{<task>.log,summary.json}  the launcher's local copy (its working dir)
     <workdir>/checkpoints/<job id>/         HYPERTF_CHECKPOINT_DIR when --checkpoint-dir is not
                                             given (the job id: its first attempt's task key)
 """
@@ -78,6 +79,11 @@ class RunDir:
     @property
     def drained(self) -> PurePath:
         return self.path / "drained"
+
+    @property
+    def summary(self) -> PurePath:
+        """summary.json: in the launcher's local copy of a run (its logs beside it)."""
+        return self.path / "summary.json"
 
     @property
     def stopped(self) -> PurePath:

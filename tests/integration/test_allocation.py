@@ -191,7 +191,7 @@ def confirm_all(zk, layout) -> None:
 
 
 def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layout):
-    from hypertf.allocation import prune_jobs
+    from hypertf.jobs import prune_jobs
     from hypertf.store import encode
 
     now = 1_800_000_000.0
@@ -215,7 +215,8 @@ def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layo
 def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents):
     """'hypertf kill' during a launcher's start: the launcher's later state updates and its
     release keep 'killed' (who killed it, and when)."""
-    from hypertf.allocation import kill, read_job, update_job
+    from hypertf.allocation import kill
+    from hypertf.jobs import read_job, update_job
 
     fake_agents({"n1": 1})
     key = new_task_key("root")
