@@ -6,13 +6,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from invoke import Collection, Context, Exit, task
+from invoke import Collection, Context, Exit, Task, task
 
 from hypertf import cli, commands
 from hypertf.request import TrainRequest
 
 INVENTORY_HELP = {"inventory": "inventory YAML (default $HYPERTF_INVENTORY or inventory/local.yml)"}
 R = TrainRequest  # the defaults of invoke train are the request's own
+
+
+class _KeepsHelp(Task):
+    """Invoke's Task whose automatic short flags never take -h: 'invoke train -h' is help."""
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, object]:
+        return super().arg_opts(name, default, {*taken_names, "h"})
 
 
 def _call(func: Callable[..., int], **kwargs: object) -> None:
@@ -115,6 +122,7 @@ def lab_list(c: Context) -> None:
 
 
 @task(
+    klass=_KeepsHelp,
     iterable=["env"],
     help={
         **INVENTORY_HELP,
