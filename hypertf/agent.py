@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store, tasknode
@@ -124,11 +124,9 @@ class Agent:
             log.warning("ZooKeeper session lost: the record is gone, re-registering")
         self._wake.set()
 
-    def _on_keeper_change(self, _event: object) -> None:
-        """One bound method, so kazoo keeps one watcher however often we look."""
-        self._wake.set()
-
-    def _on_children(self, _children: list[str]) -> None:
+    def _wake_up(self, *_: object) -> None:
+        """A watch fired: look again now. One bound method, so kazoo keeps one watcher
+        per path however often the loop sets it."""
         self._wake.set()
 
     def _on_users(self, users: list[str]) -> None:
@@ -137,28 +135,16 @@ class Agent:
         self._wake.set()
 
     def publish(self, zk: Store, record: AgentRecord) -> None:
-        """Write the record; create it if missing. A record left by this agent's older
-        session (a restart within the session timeout) cannot be deleted by an agent
-        (no DELETE on ``resources``): it expires with that session, then we create ours."""
-        path = self.layout.resource(self.node.name)
-        data = record.to_json()
-        stat = zk.client.exists(path)
-        if stat is not None and stat.ephemeralOwner != zk.client.client_id[0]:
-            log.info("the record of an older session of this agent is still there: "
-                     "waiting for it to expire")
-            self._republish = True
-            return
-        if stat is None:
-            try:
-                zk.client.create(path, data, acl=zk.acls.agent_record(),
-                              ephemeral=True)
-            except NodeExistsError:
-                self._republish = True  # another session's record: look again next pass
-                return
+        """Write the record (Store.publish_record); try again next pass if it cannot yet."""
+        outcome = zk.publish_record(record)
+        if outcome == "created":
             log.info("registered %s: %d GPUs, %s available", self.node.name, record.gpu,
                      record.gpu_avail_list)
-        else:
-            zk.client.set(path, data)
+        elif outcome == "older-session":
+            log.info("the record of an older session of this agent is still there: "
+                     "waiting for it to expire")
+        if outcome in ("older-session", "taken"):
+            self._republish = True  # look again next pass
 
     def _publish_probe(self, zk: Store) -> AgentRecord:
         """Probe the node, publish the record, and serve it as metrics."""
@@ -211,24 +197,11 @@ class Agent:
             log.info("pruned %d finished job records", pruned)
 
     def is_keeper(self, zk: Store) -> bool:
-        """The keeper holds ``keeper/lease``, an ephemeral znode of its own session: the
-        first agent to create it keeps the matrix until its session ends (a clean stop at
-        once, a SIGKILL or a cut-off host after the session timeout); then the next agent
-        to try (all watch it) takes over."""
-        path = self.layout.keeper_lease
-        try:
-            stat = zk.client.exists(path, watch=self._on_keeper_change)
-            if stat is not None:
-                return stat.ephemeralOwner == zk.client.client_id[0]
-            zk.client.create(path, self.node.name.encode(), acl=zk.acls.keeper_lease(),
-                          ephemeral=True)
-        except NodeExistsError:
-            return False  # another agent took it first
-        except NoNodeError:  # a root secured by an older HyperTF: no keeper/ yet
-            live = zk.client.get_children(self.layout.resources)
-            return bool(live) and min(live) == self.node.name
-        log.info("this agent now keeps the matrix (keeper lease taken)")
-        return True
+        """Whether this agent keeps the matrix (it takes the keeper lease when it is free)."""
+        taken = zk.take_keeper_lease(self.node.name, watch=self._wake_up)
+        if taken == "taken":
+            log.info("this agent now keeps the matrix (keeper lease taken)")
+        return taken in ("taken", "held")
 
     def stop(self, *_: object) -> None:
         self._stop.set()
@@ -279,11 +252,11 @@ class Agent:
                 continue
             try:
                 if not watching:
-                    client.ChildrenWatch(self.layout.resources, self._on_children)
+                    client.ChildrenWatch(self.layout.resources, self._wake_up)
                     client.ChildrenWatch(self.layout.leases, self._on_users)
                     watching = True
                 for user in self._users - watched_users:  # new users' lease folders
-                    client.ChildrenWatch(self.layout.user_leases(user), self._on_children)
+                    client.ChildrenWatch(self.layout.user_leases(user), self._wake_up)
                     watched_users.add(user)
                 if self._republish or time.monotonic() >= next_beat:
                     record = self._publish_probe(zk)
@@ -324,8 +297,7 @@ class Agent:
         """Close the session: its ephemeral record goes at once (an agent may not delete
         records, not even its own; closing needs no permission)."""
         try:
-            client.stop()
-            client.close()
+            store.close(client)
         except Exception as err:  # a dying client must not keep the agent from going on
             log.debug("closing the ZooKeeper client: %s", err)
 

@@ -9,7 +9,6 @@ is a new ``Attempt`` with a new key: nothing of an old one is reused or mutated.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import queue
 import signal
@@ -26,6 +25,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from hypertf import spec as specs
 from hypertf.allocation import Grant, release
 from hypertf.errors import HyperTFError, StoreError
+from hypertf.inventory import Node
 from hypertf.jobs import update_job
 from hypertf.monitor import Event, Limits, Monitor, TaskState, Verdict
 from hypertf.nodeclient import NodeClient, PortsBusy
@@ -57,6 +57,22 @@ class Interrupted(HyperTFError):
 
 
 @contextlib.contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM raise Interrupted (the job stops and releases what it
+    holds); the previous handlers come back after."""
+    def interrupt(signum: int, _frame: object) -> None:
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}: job stopped, "
+                          f"GPUs released")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
 def uninterruptible() -> Iterator[None]:
     """Cleanup must finish: SIGINT and SIGTERM wait until it has."""
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -82,24 +98,6 @@ class Outcome:
     verdict: Verdict
     message: str = ""
     busy_ports: dict[str, set[int]] = field(default_factory=dict)
-
-
-class _LineSink(io.TextIOBase):
-    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue."""
-
-    def __init__(self, host: str, events: queue.Queue[Event]) -> None:
-        self.host, self.events, self.buffer = host, events, ""
-
-    def write(self, text: str) -> int:
-        self.buffer += text
-        *lines, self.buffer = self.buffer.split("\n")
-        for line in lines:
-            if line.strip():
-                try:
-                    self.events.put(Event.from_node(self.host, json.loads(line)))
-                except (json.JSONDecodeError, AttributeError):  # not a JSON object
-                    self.events.put(Event("noise", self.host, line=line))
-        return len(text)
 
 
 class Attempt:
@@ -188,22 +186,9 @@ class Attempt:
 
         def launch(session: Session) -> None:
             host = session.node.name
-            run = self.run_dir(host)
-            cwd = str(run.code) if job.request.sync_dir else session.node.settings.workdir
-            script = job.request.script if job.request.sync_dir else job.script_path()
-            tasks = []
-            for task_spec in by_host[host]:
-                task = self.tasks[task_spec.placement.name]
-                env = {**QUIET_ENV, **job.task_env(host), "TF_CONFIG": task_spec.tf_config,
-                       **specs.gpu_env(task_spec.placement.gpus, job.records[host].gpus),
-                       "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name,
-                       "HYPERTF_ATTEMPT": str(self.number),
-                       "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(host)}
-                argv = ["python", script, *(task_spec.flags if legacy_flags else ()),
-                        *job.request.args]
-                tasks.append({"name": task.file_name, "port": task.port, "cwd": cwd,
-                              "env": env, "argv": argv})
-            NodeClient(session).start(run, tasks, make_dirs=[job.checkpoint_dir(host)])
+            requests = task_requests(self, session.node, by_host[host], legacy_flags)
+            NodeClient(session).start(self.run_dir(host), requests,
+                                      make_dirs=[job.checkpoint_dir(host)])
 
         update_job(job.store, self.task_key, state="starting")
         results = cluster.each(launch, list(by_host))
@@ -219,19 +204,9 @@ class Attempt:
             + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
             for t in self.tasks.values()))
         for host in by_host:
-            threading.Thread(target=self._watch_host, args=(host,), daemon=True).start()
+            ports = {t.file_name: t.port for t in self.tasks.values() if t.placement.host == host}
+            NodeClient(cluster.sessions[host]).follow(self.run_dir(host), ports, self.events)
         return busy
-
-    def _watch_host(self, host: str) -> None:
-        assert self.job.cluster
-        ports = {t.file_name: t.port for t in self.tasks.values() if t.placement.host == host}
-        try:
-            NodeClient(self.job.cluster.sessions[host]).watch(
-                self.run_dir(host), ports, _LineSink(host, self.events))
-        except Exception as err:  # the host went away; the Monitor decides what it means
-            self.events.put(Event("lost", host, why=str(err)))
-        else:
-            self.events.put(Event("closed", host))
 
     # -- watch ----------------------------------------------------------------------------
     def watch(self) -> Verdict:
@@ -306,20 +281,15 @@ class Attempt:
                          f"this session and the next sync returns the GPUs")
 
     def collect_logs(self) -> None:
+        """Every task's log into the local copy of the run (hosts that answer)."""
         cluster = self.job.cluster
         if not cluster or not self.tasks:
             return
         self.local_dir.mkdir(parents=True, exist_ok=True)
-
-        def fetch(session: Session) -> None:
-            node = NodeClient(session)
-            for task in self.tasks.values():
-                if task.placement.host == session.node.name:
-                    log = node.fetch_log(self.run_dir(session.node.name), task.file_name)
-                    Path(self.local.log(task.file_name)).write_text(log)
-
-        cluster.each(fetch, sorted({t.placement.host for t in self.tasks.values()}
-                                   - self.lost_hosts))
+        on = {host: [t.file_name for t in self.tasks.values() if t.placement.host == host]
+              for host in {t.placement.host for t in self.tasks.values()} - self.lost_hosts}
+        cluster.each(lambda s: NodeClient(s).fetch_logs(
+            self.run_dir(s.node.name), on[s.node.name], self.local), sorted(on))
 
     def finish(self) -> None:
         """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""
@@ -334,6 +304,27 @@ class Attempt:
             if self.tasks:
                 self.local_dir.mkdir(parents=True, exist_ok=True)
                 Path(self.local.summary).write_text(json.dumps(summary_of(self), indent=2))
+
+
+def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskSpec],
+                  legacy_flags: bool) -> list[dict[str, Any]]:
+    """What ``tasknode start`` gets for each task on ``node``: name, port, working dir,
+    environment (TF_CONFIG, GPU pinning, attempt, checkpoints, the user's) and argv."""
+    job, run = attempt.job, attempt.run_dir(node.name)
+    cwd = str(run.code) if job.request.sync_dir else node.settings.workdir
+    script = job.request.script if job.request.sync_dir else job.script_path()
+    requests = []
+    for task_spec in task_specs:
+        task = attempt.tasks[task_spec.placement.name]
+        env = {**QUIET_ENV, **job.request.task_env(node), "TF_CONFIG": task_spec.tf_config,
+               **specs.gpu_env(task_spec.placement.gpus, job.records[node.name].gpus),
+               "HYPERTF_TASK_KEY": attempt.task_key, "HYPERTF_TASK": task.name,
+               "HYPERTF_ATTEMPT": str(attempt.number),
+               "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name)}
+        argv = ["python", script, *(task_spec.flags if legacy_flags else ()), *job.request.args]
+        requests.append({"name": task.file_name, "port": task.port, "cwd": cwd, "env": env,
+                         "argv": argv})
+    return requests
 
 
 def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, str]],
@@ -360,7 +351,7 @@ def summary_of(attempt: Attempt) -> dict[str, Any]:
         "inventory": str(job.inventory.path),
         "policy": job.request.policy,
         "cpu_only": job.cpu_only,
-        "env": {host: job.task_env(host)
+        "env": {host: job.request.task_env(job.inventory.node(host))
                 for host in sorted({t.placement.host for t in attempt.tasks.values()})},
         "wall_s": round(time.time() - job.started_at, 2),
         "tasks": [

@@ -13,10 +13,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import random
-import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from hypertf.attempt import (
     JobFailed,
     Outcome,
     ended_by,
+    interrupted_by_signals,
     summary_of,
     uninterruptible,
 )
@@ -54,6 +55,29 @@ __all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
 MAX_PORT_RETRIES = 3
 MAX_PLACE_ATTEMPTS = 20  # lost allocation races before giving up
 MAX_RESTART_PAUSE_S = 30.0  # restarts wait 1, 2, 4 ... seconds, at most this
+
+
+@dataclass
+class Restarts:
+    """--max-restarts: how many so far, and how often each host was to blame."""
+
+    allowed: int
+    on_failure: bool  # --restart-on-failure: a script's own exit counts too
+    done: int = 0
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    @property
+    def avoid(self) -> frozenset[str]:
+        """Hosts that failed two attempts: left out when the others can take the job."""
+        return frozenset(host for host, count in self.failures.items() if count >= 2)
+
+    def after(self, err: JobFailed) -> float | None:
+        """The pause before the next attempt (1, 2, 4 ... s), or None: ``err`` ends the job."""
+        if not (err.retryable or self.on_failure) or self.done >= self.allowed:
+            return None
+        self.done += 1
+        self.failures.update(err.hosts)
+        return min(2.0 ** (self.done - 1), MAX_RESTART_PAUSE_S)
 
 
 class Job:
@@ -195,67 +219,45 @@ class Job:
                 "inventory": str(self.inventory.path), "job_id": self.job_id,
                 "attempt": len(self.attempts)}
 
-    def task_env(self, host: str) -> dict[str, str]:
-        """The user's environment for the tasks on ``host``: the inventory's
-        hypertf_task_env, then --env over it."""
-        node = self.inventory.node(host)
-        return {**dict(node.settings.task_env), **self.request.env_vars()}
-
     # -- the lifecycle ------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Plan, then attempts until one succeeds, fails, or the port retries run out;
         every attempt stops and releases what it took whatever goes wrong."""
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-        def interrupt(signum: int, _frame: object) -> None:
-            raise Interrupted(f"interrupted by {signal.Signals(signum).name}: job stopped, "
-                              f"GPUs released")
-
-        for sig in previous:
-            signal.signal(sig, interrupt)
-        try:
-            live = self.plan()
-            outcome = self._attempts(live)
-            self.result, self.message = "succeeded", outcome.message
-        except HyperTFError as err:
-            self.result, self.message = ended_by(err)
-            raise
-        finally:
-            with uninterruptible():
-                if self.cluster:
-                    self.cluster.close()
-                if self.client is not None:
-                    store.close(self.client)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with interrupted_by_signals():
+            try:
+                outcome = self._attempts(self.plan())
+                self.result, self.message = "succeeded", outcome.message
+            except HyperTFError as err:
+                self.result, self.message = ended_by(err)
+                raise
+            finally:
+                with uninterruptible():
+                    if self.cluster:
+                        self.cluster.close()
+                    if self.client is not None:
+                        store.close(self.client)
         return self.summary()
 
     def _attempts(self, live: list[str]) -> Outcome:
         """New attempts after port clashes (up to MAX_PORT_RETRIES) and, with
         --max-restarts, after retryable failures: each after the previous one is stopped
-        and released, restarts with a growing pause. A host that failed two attempts is
-        left out of the next when the others can take the job."""
+        and released, restarts with a growing pause, leaving out hosts that failed twice."""
         exclude: dict[str, set[int]] = {}
-        port_retries = restarts = 0
-        failures: collections.Counter[str] = collections.Counter()
+        port_retries = 0
+        restarts = Restarts(self.request.max_restarts, self.request.restart_on_failure)
         while True:
-            avoid = frozenset(host for host, count in failures.items() if count >= 2)
             attempt = Attempt(self, new_task_key(self.owner), number=len(self.attempts) + 1,
                               last=port_retries == MAX_PORT_RETRIES)
             self.attempts.append(attempt)
             self.lost_session.clear()  # a new attempt has a new lease in the current session
             try:
-                outcome = attempt.run(live, exclude, avoid)
+                outcome = attempt.run(live, exclude, restarts.avoid)
             except JobFailed as err:
-                restartable = err.retryable or self.request.restart_on_failure
-                if not restartable or restarts >= self.request.max_restarts:
+                pause = restarts.after(err)
+                if pause is None:
                     raise
-                restarts += 1
-                failures.update(err.hosts)
-                pause = min(2.0 ** (restarts - 1), MAX_RESTART_PAUSE_S)
-                self.say(f"hypertf: attempt {attempt.number} failed "
-                         f"({str(err).splitlines()[0]}); "
-                         f"restart {restarts} of {self.request.max_restarts} in {pause:.0f} s")
+                self.say(f"hypertf: attempt {attempt.number} failed ({str(err).splitlines()[0]});"
+                         f" restart {restarts.done} of {restarts.allowed} in {pause:.0f} s")
                 time.sleep(pause)
                 live = self.live_hosts()
                 continue
@@ -276,11 +278,6 @@ class Job:
         the same path for every attempt."""
         return self.request.checkpoint_dir or checkpoint_dir(
             self.inventory.node(host).settings.workdir, self.job_id)
-
-    @property
-    def task_key(self) -> str | None:
-        """The current (last) attempt's key."""
-        return self.attempts[-1].task_key if self.attempts else None
 
     @property
     def local_dir(self) -> Path:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import io
 import json
+import queue
 import tarfile
+import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from hypertf.errors import RemoteError
+from hypertf.monitor import Event
 from hypertf.remote import Result, Session, command_line, quote
 from hypertf.rundir import RunDir
 
@@ -24,6 +28,24 @@ class PortsBusy(Exception):
     def __init__(self, ports: set[int]) -> None:
         super().__init__(f"ports in use: {sorted(ports)}")
         self.ports = ports
+
+
+class _LineSink(io.TextIOBase):
+    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue."""
+
+    def __init__(self, host: str, events: queue.Queue[Event]) -> None:
+        self.host, self.events, self.buffer = host, events, ""
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            if line.strip():
+                try:
+                    self.events.put(Event.from_node(self.host, json.loads(line)))
+                except (json.JSONDecodeError, AttributeError):  # not a JSON object
+                    self.events.put(Event("noise", self.host, line=line))
+        return len(text)
 
 
 class NodeClient:
@@ -96,10 +118,28 @@ class NodeClient:
             self._tasknode("watch", run.path, *(f"{name}={port}" for name, port in ports.items())),
             sink)
 
+    def follow(self, run: RunDir, ports: Mapping[str, int], events: queue.Queue[Event]) -> None:
+        """Watch in a thread of its own: every event goes to ``events``, then ``closed``
+        when the watcher ends, or ``lost`` when the host goes away (the Monitor decides)."""
+        host = self.node.name
+
+        def watch() -> None:
+            try:
+                self.watch(run, ports, _LineSink(host, events))
+            except Exception as err:
+                events.put(Event("lost", host, why=str(err)))
+            else:
+                events.put(Event("closed", host))
+
+        threading.Thread(target=watch, daemon=True).start()
+
     def stop(self, run: RunDir, grace: float) -> dict[str, str]:
         """TERM, then KILL after ``grace``, every task of the run; per task what happened."""
         return self._answer(self.session.run(
             self._tasknode("stop", run.path, "--grace", grace), timeout=grace + 30))
 
-    def fetch_log(self, run: RunDir, task: str) -> str:
-        return self.session.run(f"cat {quote(run.log(task))}", timeout=60).stdout
+    def fetch_logs(self, run: RunDir, tasks: Sequence[str], local: RunDir) -> None:
+        """Copy the tasks' logs into ``local`` (the same layout on this machine)."""
+        for task in tasks:
+            log = self.session.run(f"cat {quote(run.log(task))}", timeout=60).stdout
+            Path(local.log(task)).write_text(log)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hypertf import diagnose
 from hypertf.errors import UsageError
+from hypertf.inventory import Node
 from hypertf.scheduler import POLICIES, TaskSlot
 from hypertf.settings import check_env
 from hypertf.spec import slots_for
@@ -59,6 +60,11 @@ class TrainRequest:
             except ValueError as err:
                 raise UsageError(str(err)) from None
         return result
+
+    def task_env(self, node: Node) -> dict[str, str]:
+        """The user's environment for the tasks on ``node``: the inventory's
+        hypertf_task_env, then --env over it."""
+        return {**dict(node.settings.task_env), **self.env_vars()}
 
     def slots(self, cpu_only: bool) -> list[TaskSlot]:
         """The tasks to place (no GPUs asked on a cluster without any)."""

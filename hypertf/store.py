@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
@@ -332,6 +332,45 @@ class Store:
     def job_keys(self) -> list[str]:
         """Every job record's task key, of every user."""
         return self._keys_of_every_user(self.layout.jobs)
+
+    def publish_record(self, record: AgentRecord) -> str:
+        """An agent writes its own record, creating it if missing: "created", "updated",
+        "older-session" (a record of this agent's previous session, after a restart within
+        the session timeout: an agent may not delete records, so it waits for that one to
+        expire) or "taken" (another session created it meanwhile)."""
+        path = self.layout.resource(record.host)
+        data = record.to_json()
+        stat = self.client.exists(path)
+        if stat is None:
+            try:
+                self.client.create(path, data, acl=self.acls.agent_record(), ephemeral=True)
+            except NodeExistsError:
+                return "taken"
+            return "created"
+        if stat.ephemeralOwner != self.client.client_id[0]:
+            return "older-session"
+        self.client.set(path, data)
+        return "updated"
+
+    def take_keeper_lease(self, host: str, watch: Callable[..., Any]) -> str:
+        """The matrix keeper holds ``keeper/lease``, an ephemeral znode of its own session:
+        the first agent to create it keeps until its session ends (a clean stop at once, a
+        SIGKILL or a cut-off host after the session timeout); every agent watches it and the
+        next to try takes over. Returns "held", "taken" (now), or "other". A root secured
+        by an older HyperTF has no ``keeper/``: the lowest-named live agent keeps then."""
+        path = self.layout.keeper_lease
+        try:
+            stat = self.client.exists(path, watch=watch)
+            if stat is not None:
+                return "held" if stat.ephemeralOwner == self.client.client_id[0] else "other"
+            self.client.create(path, host.encode(), acl=self.acls.keeper_lease(),
+                               ephemeral=True)
+        except NodeExistsError:
+            return "other"  # another agent took it first
+        except NoNodeError:
+            live = _children(self.client, self.layout.resources)
+            return "held" if live and min(live) == host else "other"
+        return "taken"
 
 
 def until_committed(attempt: Callable[[int], T], what: str, deadline_s: float | None = 30.0,

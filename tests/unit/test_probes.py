@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from hypertf.probes import (
 )
 from hypertf.store import GpuProcess
 from tests import fake_pynvml
+from tests.conftest import wait_for
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
 GIB = 1024**3
@@ -265,6 +267,9 @@ def test_task_key_of_reads_a_real_process_environment():
     with subprocess.Popen(["sleep", "30"], env={"HYPERTF_TASK_KEY": key, **path}) as ours, \
             subprocess.Popen(["sleep", "30"], env=path) as other:
         try:
+            for process in (ours, other):  # environ is the new program's once it has exec'd
+                wait_for(lambda p=process: Path(f"/proc/{p.pid}/cmdline").read_bytes()
+                         .startswith(b"sleep"), 10, "sleep to start")
             assert task_key_of(ours.pid) == key
             assert task_key_of(other.pid) is None
         finally:
