@@ -28,9 +28,8 @@ from collections.abc import Sequence
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
-import numpy as np
 import tensorflow as tf
-from mirrored_strategy import ACCURACY_THRESHOLD, SEED, is_chief, load_data
+from mirrored_strategy import SEED, evaluate, is_chief, load_data, make_training
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -59,21 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     x_train, x_test, y_train, y_test = load_data()
     keras.utils.set_random_seed(SEED)
-    global_batch = args.batch_size
-
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
-        batch = context.get_per_replica_batch_size(global_batch)
-        return dataset.shuffle(len(x_train), seed=SEED).repeat().batch(batch, drop_remainder=True)
-
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    model, optimizer, train_step = make_training(strategy, x_train, y_train,
+                                                 args.batch_size, args.learning_rate)
     with strategy.scope():
-        model = keras.Sequential([keras.Input(shape=(64,)),
-                                  keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(10)])
-        optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate)
-        optimizer.build(model.trainable_variables)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
@@ -98,24 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=2)
 
-    @tf.function
-    def train_step(iterator: tf.distribute.DistributedIterator) -> tf.Tensor:
-        def replica_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-            with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                per_example = keras.losses.sparse_categorical_crossentropy(
-                    y, logits, from_logits=True)
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss
-
-        per_replica_loss = strategy.run(replica_fn, args=next(iterator))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-
     loss = tf.constant(0.0)
     while int(step.numpy()) < args.steps:
-        loss = train_step(iterator)
+        loss = train_step()
         step.assign_add(1)
         done = int(step.numpy())
         if done % args.save_every == 0 or done == args.steps:
@@ -127,10 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not is_chief(strategy.cluster_resolver):
         return 0
     print(f"trained to step {args.steps}, last loss={float(loss):.4f}", flush=True)
-    predictions = np.argmax(model(x_test, training=False).numpy(), axis=1)
-    accuracy = float(np.mean(predictions == y_test))
-    print(f"test_accuracy={accuracy:.4f}", flush=True)
-    return 0 if accuracy >= ACCURACY_THRESHOLD else 1
+    return evaluate(model, x_test, y_test)
 
 
 if __name__ == "__main__":

@@ -59,14 +59,10 @@ def is_chief(resolver: tf.distribute.cluster_resolver.ClusterResolver) -> bool:
     return task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().jobs
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    # The strategy must exist before any other TensorFlow op runs: it configures the
-    # collective ops and connects to the peers (and blocks until they are all up).
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    x_train, x_test, y_train, y_test = load_data()
-    keras.utils.set_random_seed(SEED)
-    global_batch = args.batch_size
+def make_training(strategy: tf.distribute.Strategy, x_train: np.ndarray, y_train: np.ndarray,
+                  global_batch: int, learning_rate: float):
+    """The sharded input, the model and its optimizer (made under the strategy) and one
+    synchronous training step; checkpointed.py trains with the same pieces."""
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         # Each worker reads its own shard, so one step covers `global_batch` distinct examples.
@@ -85,11 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 keras.layers.Dense(10),
             ]
         )
-        optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate)
+        optimizer = keras.optimizers.Adam(learning_rate=learning_rate)
         optimizer.build(model.trainable_variables)
 
     @tf.function
-    def train_step(iterator: tf.distribute.DistributedIterator) -> tf.Tensor:
+    def train_step() -> tf.Tensor:
         def replica_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
@@ -105,22 +101,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         per_replica_loss = strategy.run(replica_fn, args=next(iterator))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
 
-    loss = tf.constant(0.0)
-    for _ in range(args.steps):
-        loss = train_step(iterator)
+    return model, optimizer, train_step
 
-    if not is_chief(strategy.cluster_resolver):
-        return 0
-    print(
-        f"trained {args.steps} steps, batch_size={global_batch}, "
-        f"learning_rate={args.learning_rate}, last loss={float(loss):.4f}",
-        flush=True,
-    )
-    # The variables are mirrored, so the chief evaluates alone, without its peers.
+
+def evaluate(model: keras.Model, x_test: np.ndarray, y_test: np.ndarray) -> int:
+    """The chief's last line, ``test_accuracy=<x.xxxx>``, and its exit code (0 at the
+    threshold or above). The variables are mirrored, so it evaluates alone."""
     predictions = np.argmax(model(x_test, training=False).numpy(), axis=1)
     accuracy = float(np.mean(predictions == y_test))
     print(f"test_accuracy={accuracy:.4f}", flush=True)
     return 0 if accuracy >= ACCURACY_THRESHOLD else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # The strategy must exist before any other TensorFlow op runs: it configures the
+    # collective ops and connects to the peers (and blocks until they are all up).
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x_train, x_test, y_train, y_test = load_data()
+    keras.utils.set_random_seed(SEED)
+    model, _optimizer, train_step = make_training(strategy, x_train, y_train,
+                                                  args.batch_size, args.learning_rate)
+    loss = tf.constant(0.0)
+    for _ in range(args.steps):
+        loss = train_step()
+
+    if not is_chief(strategy.cluster_resolver):
+        return 0
+    print(
+        f"trained {args.steps} steps, batch_size={args.batch_size}, "
+        f"learning_rate={args.learning_rate}, last loss={float(loss):.4f}",
+        flush=True,
+    )
+    return evaluate(model, x_test, y_test)
 
 
 if __name__ == "__main__":

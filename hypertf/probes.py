@@ -72,6 +72,7 @@ class NvmlGpuSource:
     def __init__(self, nvml: ModuleType | None = None) -> None:
         self._nvml = nvml
         self._ready = False
+        self._versions: dict[str, str] | None = None
 
     def _init(self) -> ModuleType | None:
         if self._ready:
@@ -89,10 +90,17 @@ class NvmlGpuSource:
         return self._nvml
 
     def versions(self) -> dict[str, str]:
-        """Driver, NVML and CUDA driver versions; what cannot be read is left out."""
+        """Driver, NVML and CUDA driver versions; what cannot be read is left out. Read once
+        per NVML initialisation (a driver reload restarts NVML, and so reads them again)."""
         nvml = self._init()
         if nvml is None:
             return {}
+        if self._versions is None:
+            self._versions = self._read_versions(nvml)
+        return self._versions
+
+    @staticmethod
+    def _read_versions(nvml: ModuleType) -> dict[str, str]:
         found = {}
         for key, function in (("driver", "nvmlSystemGetDriverVersion"),
                               ("nvml", "nvmlSystemGetNVMLVersion"),
@@ -160,6 +168,7 @@ class NvmlGpuSource:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
         self._ready = False
+        self._versions = None
 
 
 class StaticGpuSource:

@@ -314,10 +314,6 @@ class Store:
             records[host] = AgentRecord.from_json(data)
         return records
 
-    def users(self) -> list[str]:
-        """The registered users (their folders under ``leases``)."""
-        return _children(self.client, self.layout.leases)
-
     def _keys_of_every_user(self, parent: str) -> list[str]:
         keys: list[str] = []
         for user in _children(self.client, parent):
