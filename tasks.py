@@ -76,6 +76,26 @@ def kill(c: Context, task_key: str, inventory: str | None = None) -> None:
     _call(commands.kill, inventory=_inv(inventory), task_key=task_key)
 
 
+@task(help={**INVENTORY_HELP, "task_key": "the job's task key (see invoke queue / jobs)"})
+def cancel(c: Context, task_key: str, inventory: str | None = None) -> None:
+    """End a waiting or running job (yours; the admin: any)."""
+    _call(commands.kill, inventory=_inv(inventory), task_key=task_key)
+
+
+@task(help={**INVENTORY_HELP, "json": "print the rows as JSON"})
+def queue(c: Context, inventory: str | None = None, json: bool = False) -> None:
+    """Waiting jobs in admission order: position, priority, waiting time, reason."""
+    _call(commands.queue, inventory=_inv(inventory), as_json=json)
+
+
+@task(help={**INVENTORY_HELP, "task_key": "the job's task key", "follow": "follow to the end",
+            "task": "only this task, e.g. worker:1"})
+def logs(c: Context, task_key: str, inventory: str | None = None, follow: bool = False,
+         task: str | None = None) -> None:
+    """A job's task logs, read on the nodes (running or finished jobs)."""
+    _call(commands.logs, inventory=_inv(inventory), task_key=task_key, follow=follow, task=task)
+
+
 @task(help={**INVENTORY_HELP, "json": "print one JSON object instead of the table"})
 def status(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Show hosts x GPUs (free / busy / unavailable), agents and ZooKeeper health."""
@@ -144,6 +164,9 @@ def lab_list(c: Context) -> None:
         "max_restarts": "restart the whole job after a retryable failure, up to N times (0)",
         "restart_on_failure": "with max_restarts: also after a task's own non-zero exit",
         "checkpoint_dir": "HYPERTF_CHECKPOINT_DIR for every task (absolute; shared storage)",
+        "priority": "place in the queue: higher first, FIFO within a priority (default 0)",
+        "no_wait": "fail at once (exit 4) when the GPUs are busy instead of waiting",
+        "detach": "print the task key and return; a background launcher runs the job",
     }
 )
 def train(c: Context, script: str | None = None, worker: int = R.workers, ps: int = R.ps,
@@ -155,7 +178,8 @@ def train(c: Context, script: str | None = None, worker: int = R.workers, ps: in
           env: list[str] | None = None, idle_timeout: float = R.idle_timeout or 0.0,
           idle_fail: bool = R.idle_fail, max_restarts: int = R.max_restarts,
           restart_on_failure: bool = R.restart_on_failure,
-          checkpoint_dir: str | None = R.checkpoint_dir) -> None:
+          checkpoint_dir: str | None = R.checkpoint_dir, priority: int = R.priority,
+          no_wait: bool = False, detach: bool = False) -> None:
     """Run a distributed TensorFlow job; hyperparameters go after '--'."""
     if not script:
         raise Exit("invoke train: --script is required (the training script, on the nodes "
@@ -169,8 +193,8 @@ def train(c: Context, script: str | None = None, worker: int = R.workers, ps: in
         legacy_flags="off" if no_legacy_flags else legacy_flags, env=tuple(env or ()),
         idle_timeout=idle_timeout or None, idle_fail=idle_fail, max_restarts=max_restarts,
         restart_on_failure=restart_on_failure, checkpoint_dir=checkpoint_dir,
-        args=tuple(hyperparameters))
-    _call(commands.train, inventory=_inv(inventory), request=request)
+        priority=priority, wait=not no_wait, args=tuple(hyperparameters))
+    _call(commands.train, inventory=_inv(inventory), request=request, detach=detach)
 
 
 @task(help={"args": "extra pytest arguments, e.g. '-k allocation -x'"})
@@ -251,4 +275,5 @@ lab.add_task(lab_up, "up")
 lab.add_task(lab_down, "down")
 lab.add_task(lab_list, "list")
 
-ns = Collection(zk, auth, agent, cluster, lab, train, jobs, kill, test, bench)
+ns = Collection(zk, auth, agent, cluster, lab, train, jobs, kill, cancel, queue, logs, test,
+                bench)

@@ -4,7 +4,8 @@ It refreshes the record every ``hypertf_agent_interval`` seconds, re-registers a
 session (a ZooKeeper restart, a long network cut), and deletes the record on SIGTERM. The
 agent holding the keeper lease (``keeper/lease``) is the *matrix keeper*: it brings the
 stored matrix in line with the records and leases, so a dead agent's row turns unavailable
-and a dead launcher's GPUs return to the pool without anyone running a command.
+and a dead launcher's GPUs return to the pool without anyone running a command, and it
+admits waiting jobs from the queue (hypertf.waitqueue) whenever GPUs or the queue change.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from hypertf.probes import (
 )
 from hypertf.rundir import RunDir
 from hypertf.store import AgentRecord, Layout, Store
+from hypertf.waitqueue import Admitter
 
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 PRUNE_INTERVAL_S = 60.0  # how often the keeper looks for job records past their retention
@@ -196,6 +198,18 @@ class Agent:
         if pruned:
             log.info("pruned %d finished job records", pruned)
 
+    def keep(self, zk: Store, admitter: Admitter) -> None:
+        """The keeper's pass: sync the matrix, admit waiting jobs, prune old records."""
+        try:
+            sync_matrix(zk)
+            for decision in admitter.admit():
+                if decision.admitted:
+                    log.info("admitted %s from the queue: %s", decision.task_key,
+                             ", ".join(f"{p.name}@{p.host}" for p in decision.placements))
+        except StoreError as err:  # e.g. the matrix outgrew its znode
+            log.error("cannot sync the matrix or admit waiting jobs: %s", err)
+        self.prune(zk)
+
     def is_keeper(self, zk: Store) -> bool:
         """Whether this agent keeps the matrix (it takes the keeper lease when it is free)."""
         taken = zk.take_keeper_lease(self.node.name, watch=self._wake_up)
@@ -242,6 +256,8 @@ class Agent:
         record = None
         watching = False
         watched_users: set[str] = set()
+        admitter: Admitter | None = None
+        matrix_watched = False
         next_beat = 0.0
         while not self._stop.is_set():
             self._wake.clear()
@@ -262,11 +278,13 @@ class Agent:
                     record = self._publish_probe(zk)
                     next_beat = time.monotonic() + self.node.settings.agent_interval
                 if self.is_keeper(zk):
-                    try:
-                        sync_matrix(zk)
-                    except StoreError as err:  # e.g. the matrix outgrew its znode
-                        log.error("cannot sync the matrix: %s", err)
-                    self.prune(zk)
+                    if not matrix_watched:  # the keeper also wakes when GPUs are freed
+                        client.DataWatch(self.layout.matrix, self._wake_up)
+                        matrix_watched = True
+                    admitter = admitter or Admitter(zk, self.inventory.cluster.user_gpu_limit)
+                    self.keep(zk, admitter)
+                else:
+                    admitter = None  # a later term starts from a fresh read
                 self.reap_orphans(zk)
                 self.confirm_drained(zk)
             except NoNodeError:

@@ -49,7 +49,8 @@ class PortsExhausted(InsufficientResources):
     """A host's port range is used up: planning again elsewhere does not help."""
 
 
-
+class OverUserLimit(InsufficientResources):
+    """The owner's running jobs plus this one would hold more than hypertf_user_gpu_limit."""
 
 
 def new_task_key(user: str, now: float | None = None) -> str:
@@ -81,6 +82,10 @@ class Request:
     policy: str = "round_robin"
     port_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
+    @property
+    def gpus(self) -> int:
+        return sum(slot.gpus for slot in self.slots)
+
     def describe(self) -> str:
         groups: dict[tuple[str, int], int] = {}
         for slot in self.slots:
@@ -89,7 +94,7 @@ class Request:
         for (role, gpus), count in groups.items():
             need = f"{gpus} GPU{'s' if gpus != 1 else ''} each" if gpus else "no GPU"
             parts.append(f"{count} {role} ({need})")
-        total = sum(slot.gpus for slot in self.slots)
+        total = self.gpus
         return f"{', '.join(parts)}: {total} GPU{'s' if total != 1 else ''} in all"
 
 
@@ -130,7 +135,7 @@ def read_matrix(store: Store) -> tuple[Matrix, int]:
     return Matrix.from_json(data), stat.version
 
 
-def _pick_ports(matrix: Matrix, placements: Sequence[Placement],
+def pick_ports(matrix: Matrix, placements: Sequence[Placement],
                 ranges: Mapping[str, tuple[int, int]], exclude: Mapping[str, set[int]],
                 ) -> dict[str, int]:
     """One port per task: the lowest in the host's range not reserved and not excluded.
@@ -200,15 +205,23 @@ def plan(store: Store, request: Request) -> list[Placement]:
 
 def allocate(store: Store, request: Request, task_key: str,
              job: Mapping[str, Any] | None = None, deadline_s: float = 30.0,
-             exclude_ports: Mapping[str, set[int]] | None = None) -> Grant:
-    """Take GPUs and ports for ``request`` atomically, or raise InsufficientResources."""
+             exclude_ports: Mapping[str, set[int]] | None = None,
+             user_gpu_limit: int = 0) -> Grant:
+    """Take GPUs and ports for ``request`` atomically, or raise InsufficientResources
+    (OverUserLimit when the owner's GPUs would exceed ``user_gpu_limit``, 0: none)."""
     if not request.slots:
         raise UsageError("a job needs at least one task")
     acls = store.acls
+    user = owner_of(task_key)
 
     def attempt(retries: int) -> Grant:
         before, current, version, placements = _place(store, request)
-        ports = _pick_ports(current, placements, request.port_ranges, exclude_ports or {})
+        held = current.held_per_user().get(user, 0)
+        if user_gpu_limit and held + request.gpus > user_gpu_limit:
+            raise OverUserLimit(f"{user} holds {held} GPUs; this job's {request.gpus} more "
+                                f"would pass the limit of {user_gpu_limit} "
+                                f"(hypertf_user_gpu_limit)")
+        ports = pick_ports(current, placements, request.port_ranges, exclude_ports or {})
         gpus: dict[str, list[int]] = {}
         host_ports: dict[str, list[int]] = {}
         for p in placements:
@@ -336,9 +349,10 @@ def confirm_drained(store: Store, host: str,
 
 
 def kill(store: Store, task_key: str) -> bool:
-    """End a job from anywhere: record who killed it and drop its lease, in one
-    transaction. Its cells turn draining; the agents stop its tasks and free them; its
-    launcher sees the lease gone and exits. False if it was not running.
+    """End a job from anywhere: record who killed it (``cancelled`` while it waits in the
+    queue) and drop its lease, in one transaction. Its cells turn draining; the agents stop
+    its tasks and free them; its launcher sees the lease gone and exits. False if it was
+    neither running nor waiting.
 
     Only the job's owner and the admin may: ZooKeeper enforces it (DELETE on
     ``leases/<owner>``); the check here only makes the message clear."""
@@ -356,8 +370,9 @@ def kill(store: Store, task_key: str) -> bool:
         if store.client.exists(store.layout.lease(task_key)) is None:
             return False
         job = decode(data, "job record")
-        job.update(state="killed", killed=time.time(),
-                   killed_by={**owner_info(), "identity": identity})
+        ended = "cancelled" if job.get("state") == "queued" else "killed"
+        job.update({"state": ended, ended: time.time(),
+                    f"{ended}_by": {**owner_info(), "identity": identity}})
         tx = store.client.transaction()
         tx.set_data(store.layout.job(task_key), encode(job), version=stat.version)
         tx.delete(store.layout.lease(task_key))

@@ -264,7 +264,7 @@ class Attempt:
                          f"agent stops them once the job's lease is released")
         return results
 
-    def _release(self, stopped_on: list[str], wait_s: float = 15.0) -> None:
+    def _release(self, stopped_on: list[str] | None, wait_s: float = 15.0) -> None:
         """Release, or explain why the GPUs come back anyway when ZooKeeper is out of reach."""
         client = self.job.client
         deadline = time.monotonic() + wait_s
@@ -300,6 +300,8 @@ class Attempt:
         finally:
             if self.job.client is not None and self.grant is not None:
                 self._release(confirmed_dead(self.tasks.values(), stopped, self.grant))
+            elif self.job.client is not None and self.task_key in self.job.queued:
+                self._release(None)  # left the queue (cancelled, interrupted): nothing ran
             self.collect_logs()
             if self.tasks:
                 self.local_dir.mkdir(parents=True, exist_ok=True)

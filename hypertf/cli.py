@@ -38,12 +38,14 @@ def train_request(args: argparse.Namespace) -> TrainRequest:
         legacy_flags=args.legacy_flags, env=tuple(args.env), grace=args.grace,
         idle_timeout=args.idle_timeout or None, idle_fail=args.idle_fail,
         max_restarts=args.max_restarts, restart_on_failure=args.restart_on_failure,
-        checkpoint_dir=args.checkpoint_dir, args=tuple(args.hyperparameters),
+        checkpoint_dir=args.checkpoint_dir, priority=args.priority, wait=args.wait,
+        args=tuple(args.hyperparameters),
     )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    return commands.train(args.inventory, train_request(args))
+    return commands.train(args.inventory, train_request(args), detach=args.detach,
+                          job_key=args.job_key)
 
 
 def add_train_options(p: argparse.ArgumentParser) -> None:
@@ -81,6 +83,17 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
                    help="HYPERTF_CHECKPOINT_DIR for every task: an absolute path, the same "
                         "for every attempt (default <workdir>/checkpoints/<job> on each node; "
                         "multi-worker jobs want shared storage)")
+    p.add_argument("--priority", type=int, default=R.priority, metavar="N",
+                   help="place in the queue: higher first, first come first served within "
+                        "a priority (default 0)")
+    p.add_argument("--no-wait", dest="wait", action="store_false",
+                   help="fail at once (exit 4) when the GPUs are busy instead of waiting in "
+                        "the queue")
+    p.add_argument("--detach", action="store_true",
+                   help="print the job's key and return: a background launcher waits, runs "
+                        "and cleans up (its output: runs/<key>/launcher.log); follow with "
+                        "'hypertf logs KEY -f', end with 'hypertf cancel KEY'")
+    p.add_argument("--job-key", help=argparse.SUPPRESS)  # the detached launcher's key
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="an environment variable for every task (repeatable; over the "
                         "inventory's hypertf_task_env)")
@@ -136,6 +149,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _verb(sub, "kill", commands.kill, "stop a running job from anywhere (by task key)")
     p.add_argument("task_key")
+
+    p = _verb(sub, "cancel", commands.kill,
+              "end a waiting or running job (owner or admin), by task key")
+    p.add_argument("task_key")
+
+    p = _verb(sub, "queue", commands.queue,
+              "waiting jobs in admission order: position, priority, shape, waiting, reason")
+    p.add_argument("--json", dest="as_json", action="store_true", help="the rows as JSON")
+
+    p = _verb(sub, "logs", commands.logs, "a job's task logs, read on the nodes over SSH")
+    p.add_argument("task_key")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="follow until the tasks end (a waiting job: once it starts)")
+    p.add_argument("--task", help="only this task, e.g. worker:1")
 
     p = _verb(sub, "agent", commands.agent, "run this node's resource agent in the foreground")
     p.add_argument("--host", required=True, help="this node's name in the inventory")

@@ -35,19 +35,51 @@ def status(inventory: str, as_json: bool = False) -> int:
     return 0
 
 
+def _clock(stamp: Any) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(stamp)) \
+        if isinstance(stamp, (int, float)) else "-"
+
+
+def _span(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def job_state(job: dict[str, Any]) -> str:
+    """queued / running while the lease lives; the recorded end state after (``lost`` for a
+    live state whose launcher is gone)."""
+    from hypertf.jobs import LIVE_STATES
+
+    state = job.get("state", "?")
+    if job["alive"]:
+        return "queued" if state == "queued" else "running"
+    return "lost" if state in LIVE_STATES else state
+
+
 def _job_line(job: dict[str, Any]) -> str:
     owner = job.get("owner", {})
     tasks = ", ".join(f"{p['role']}:{p['index']}@{p['host']}" for p in job.get("placements", []))
-    state = "running" if job["alive"] else job.get("state", "?")
+    state = job_state(job)
     ended = ""
-    if state == "killed" and job.get("killed_by"):
-        by = job["killed_by"]
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.get("killed", 0)))
-        who = by.get("identity") or by.get("user", "?")
-        ended = f"  (killed by {who} from {by.get('host', '?')} at {when})"
+    for how in ("killed", "cancelled"):
+        if state == how and job.get(f"{how}_by"):
+            by = job[f"{how}_by"]
+            who = by.get("identity") or by.get("user", "?")
+            ended = f"  ({how} by {who} from {by.get('host', '?')} at {_clock(job.get(how))})"
     attempt = (f"  attempt {job['attempt']} of {job['job_id']}"
                if job.get("attempt", 1) > 1 else "")
+    created = job.get("created")
+    started = job.get("admitted", created) if state != "queued" else None
+    ends = [job.get(k) for k in ("released", "killed", "cancelled", "lost")]
+    end = max((t for t in ends if isinstance(t, (int, float))), default=None)
+    waited = job.get("waited_s") if state != "queued" else \
+        (time.time() - created if isinstance(created, (int, float)) else None)
+    ran = (end or time.time()) - started if isinstance(started, (int, float)) and \
+        state not in ("queued", "cancelled") else None
     return (f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
+            f"  submitted {_clock(created)}  waited {_span(waited)}  ran {_span(ran)}"
             f"  {job.get('script', '')}  {tasks}{ended}{attempt}")
 
 
@@ -72,18 +104,55 @@ def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
 
 
 def kill(inventory: str, task_key: str) -> int:
+    """End a running job, or take a waiting one out of the queue (owner or admin)."""
     from hypertf import store
     from hypertf.allocation import kill as kill_job
+    from hypertf.jobs import read_job
 
     inv = load_inventory(inventory)
     client = store.connect(inv.cluster)
     try:
-        killed = kill_job(store.Store(client, store.Layout(inv.cluster.zk_root)), task_key)
+        zk = store.Store(client, store.Layout(inv.cluster.zk_root))
+        killed = kill_job(zk, task_key)
+        state = (read_job(zk, task_key) or {}).get("state")
     finally:
         store.close(client)
-    print(f"job {task_key}: " + ("lease dropped; its GPUs drain until the agents have "
-                                 "stopped its tasks" if killed else "was not running"))
+    if state == "cancelled" and killed:
+        print(f"job {task_key}: cancelled; it left the queue and never started")
+    else:
+        print(f"job {task_key}: " + ("lease dropped; its GPUs drain until the agents have "
+                                     "stopped its tasks" if killed else
+                                     f"was neither running nor waiting ({state or 'unknown'})"))
     return 0
+
+
+def queue(inventory: str, as_json: bool = False) -> int:
+    """The waiting jobs in admission order, like squeue: position, reason, waiting time."""
+    from hypertf import store
+    from hypertf.queueview import collect, render
+
+    inv = load_inventory(inventory)
+    client = store.connect(inv.cluster)
+    try:
+        rows = collect(store.Store(client, store.Layout(inv.cluster.zk_root)),
+                       inv.cluster.user_gpu_limit)
+    finally:
+        store.close(client)
+    print(json.dumps(rows, indent=2) if as_json else render(rows))
+    return 0
+
+
+def logs(inventory: str, task_key: str, follow: bool = False, task: str | None = None) -> int:
+    from hypertf import store
+    from hypertf.joblogs import show_logs
+
+    inv = load_inventory(inventory)
+    client = store.connect(inv.cluster)
+    try:
+        return show_logs(store.Store(client, store.Layout(inv.cluster.zk_root)), inv,
+                         task_key, follow=follow, task=task)
+    finally:
+        store.close(client)
 
 
 def agent(inventory: str, host: str, once: bool = False) -> int:
@@ -242,8 +311,15 @@ def local_packages(inventory: str) -> int:
     return install_local_packages(inventory)
 
 
-def train(inventory: str, request: TrainRequest) -> int:
+def train(inventory: str, request: TrainRequest, detach: bool = False,
+          job_key: str | None = None) -> int:
+    """Run a job in the foreground, or (``detach``) hand it to a background launcher."""
+    if detach:
+        from hypertf.detach import start_detached
+
+        return start_detached(inventory, request)
     from hypertf.launcher import train as run_job
 
-    run_job(load_inventory(inventory), request, say=lambda line: print(line, flush=True))
+    run_job(load_inventory(inventory), request, say=lambda line: print(line, flush=True),
+            first_key=job_key)
     return 0

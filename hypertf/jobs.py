@@ -18,8 +18,9 @@ from kazoo.retry import ForceRetryError
 from hypertf.errors import StoreError
 from hypertf.store import Store, decode, encode, until_committed
 
-LIVE_STATES = ("allocated", "starting", "running")
-ENDED_BY_OTHERS = ("killed", "lost")  # states a launcher's own release does not overwrite
+LIVE_STATES = ("queued", "allocated", "starting", "running")
+# states a launcher's own release does not overwrite
+ENDED_BY_OTHERS = ("killed", "cancelled", "lost")
 
 
 def mark_lost(store: Store, task_key: str) -> None:

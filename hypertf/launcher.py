@@ -23,6 +23,7 @@ from typing import Any
 from kazoo.client import KazooState
 
 from hypertf import auth, store
+from hypertf.admission import fits_cluster
 from hypertf.allocation import (
     Grant,
     PortsExhausted,
@@ -30,6 +31,7 @@ from hypertf.allocation import (
     allocate,
     new_task_key,
     plan,
+    read_matrix,
 )
 from hypertf.attempt import (
     Attempt,
@@ -48,7 +50,9 @@ from hypertf.nodeclient import NodeClient
 from hypertf.remote import Cluster, Session
 from hypertf.request import TrainRequest
 from hypertf.rundir import checkpoint_dir
+from hypertf.scheduler import Placement
 from hypertf.store import Layout
+from hypertf.waitqueue import enqueue, read_view, wait_for_admission
 
 __all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
 
@@ -86,7 +90,7 @@ class Job:
     max_port_retries = MAX_PORT_RETRIES
 
     def __init__(self, inventory: Inventory, request: TrainRequest,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, first_key: str | None = None) -> None:
         request.validate()
         self.inventory = inventory
         self.request = request
@@ -106,6 +110,8 @@ class Job:
         self.flags_announced = False
         self.cpu_only = False
         self.attempts: list[Attempt] = []
+        self.queued: set[str] = set()  # task keys that went through the queue
+        self.first_key = first_key  # a detached launcher's key, chosen by its parent
 
     # -- plan ---------------------------------------------------------------------------
     def plan(self) -> list[str]:
@@ -185,18 +191,47 @@ class Job:
 
     def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
               avoid: frozenset[str] = frozenset()) -> Grant:
+        """Take GPUs now, or wait in the queue for them (unless --no-wait). Hosts in
+        ``avoid`` (they failed two attempts) are left out when the others can take the job.
+        A request larger than the whole cluster, or than the owner's GPU limit, fails at
+        once whatever --no-wait says."""
+        others = [host for host in live if host not in avoid]
+        if avoid and others:
+            with contextlib.suppress(InsufficientResources):  # it needs them: keep them
+                self.needed_hosts(others)
+                live = others
+        request = self._allocation_request(live)
+        self._check_could_ever_run(request)
+        if self.request.wait and read_view(self.store):
+            return self._wait_in_queue(task_key, request, exclude)  # others wait: in line
+        try:
+            return self._take_now(task_key, live, exclude)
+        except PortsExhausted:
+            raise
+        except InsufficientResources:
+            if not self.request.wait:
+                raise
+        return self._wait_in_queue(task_key, request, exclude)
+
+    def _check_could_ever_run(self, request: Request) -> None:
+        limit = self.inventory.cluster.user_gpu_limit
+        if limit and request.gpus > limit:
+            raise InsufficientResources(
+                f"this job asks for {request.gpus} GPUs, more than the {limit} one user may "
+                f"hold at once (hypertf_user_gpu_limit): ask for fewer GPUs")
+        matrix, _ = read_matrix(self.store)
+        if not fits_cluster(request, matrix, list(request.hosts)):
+            plan(self.store, request)  # raises today's message: what is free, per host
+            raise InsufficientResources(f"{request.describe()}: more than the whole cluster "
+                                        f"has; ask for fewer tasks or GPUs")
+
+    def _take_now(self, task_key: str, live: list[str], exclude: dict[str, set[int]]) -> Grant:
         """Plan over every live host, preflight the hosts chosen that have not passed yet,
         then allocate on the hosts that passed. A lost race (a neighbour took the GPUs
         between the plan and the allocation) plans again over every live host, so a
         request is refused only when it does not fit now (and the message lists every
-        host's free GPUs). Hosts in ``avoid`` (they failed two attempts) are left out when
-        the others can take the job."""
+        host's free GPUs)."""
         for _ in range(MAX_PLACE_ATTEMPTS):
-            others = [host for host in live if host not in avoid]
-            if avoid and others:
-                with contextlib.suppress(InsufficientResources):  # it needs them: keep them
-                    self.needed_hosts(others)
-                    live = others
             chosen = self.needed_hosts(live)  # InsufficientResources: does not fit now
             new = [host for host in chosen if host not in self.preflighted]
             if new:
@@ -204,14 +239,44 @@ class Job:
             try:
                 hosts = [h for h in live if h in self.preflighted]
                 return allocate(self.store, self._allocation_request(hosts),
-                                task_key, job=self._record(), exclude_ports=exclude)
+                                task_key, job=self._record(), exclude_ports=exclude,
+                                user_gpu_limit=self.inventory.cluster.user_gpu_limit)
             except PortsExhausted:
                 raise
             except InsufficientResources:
+                if self.request.wait:
+                    raise  # to the queue
                 time.sleep(random.uniform(0.01, 0.1))  # lost a race: plan again, staggered
         raise InsufficientResources(
             f"other jobs took the free GPUs first {MAX_PLACE_ATTEMPTS} times in a row; "
             f"the cluster is too busy for this request now (hypertf status)")
+
+    def _wait_in_queue(self, task_key: str, request: Request,
+                       exclude: dict[str, set[int]]) -> Grant:
+        """Queue the job, wait for the keeper to admit it, then preflight its hosts."""
+        enqueue(self.store, task_key, request, self._record(), self.request.priority, exclude)
+        self.queued.add(task_key)
+        queued_at = time.monotonic()
+        self.say(f"hypertf: job {task_key} queued (priority {self.request.priority}, "
+                 f"{request.describe()}): it starts when the GPUs are free; 'hypertf queue' "
+                 f"shows the queue, 'hypertf cancel {task_key}' ends it")
+        record = wait_for_admission(self.store, task_key, self.say, self.lost_session)
+        placements = tuple(Placement(p["role"], p["index"], p["host"], tuple(p["gpus"]))
+                           for p in record["placements"])
+        grant = Grant(task_key, placements, {p["role"] + ":" + str(p["index"]): p["port"]
+                                             for p in record["placements"]})
+        self.say(f"hypertf: job {task_key} admitted after {time.monotonic() - queued_at:.1f} s "
+                 f"in the queue")
+        self.live_hosts()  # fresh records (addresses, GPU UUIDs) after the wait
+        hosts = sorted({p.host for p in placements})
+        gone = [host for host in hosts if host not in self.records]
+        if gone:
+            raise JobFailed(f"the agent of {', '.join(gone)} went away while the job waited",
+                            retryable=True, hosts=frozenset(gone))
+        new = [host for host in hosts if host not in self.preflighted]
+        if new:
+            self.preflight(new)
+        return grant
 
     def _record(self) -> dict[str, Any]:
         """What the job record says about the request (hypertf jobs shows it)."""
@@ -246,7 +311,9 @@ class Job:
         port_retries = 0
         restarts = Restarts(self.request.max_restarts, self.request.restart_on_failure)
         while True:
-            attempt = Attempt(self, new_task_key(self.owner), number=len(self.attempts) + 1,
+            key = self.first_key if not self.attempts and self.first_key else \
+                new_task_key(self.owner)
+            attempt = Attempt(self, key, number=len(self.attempts) + 1,
                               last=port_retries == MAX_PORT_RETRIES)
             self.attempts.append(attempt)
             self.lost_session.clear()  # a new attempt has a new lease in the current session
@@ -293,9 +360,9 @@ class Job:
 
 
 def train(inventory: Inventory, request: TrainRequest, say: Callable[[str], None] = print,
-          ) -> dict[str, Any]:
+          first_key: str | None = None) -> dict[str, Any]:
     """Run one job to the end; returns the summary, raises JobFailed on failure."""
-    job = Job(inventory, request, say)
+    job = Job(inventory, request, say, first_key)
     summary = job.run()
     say(f"hypertf: job {summary['task_key']} {summary['result']} in {summary['wall_s']:.1f} s")
     for task in summary["tasks"]:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from hypertf.store import AgentRecord, decode, encode
+from hypertf.store import AgentRecord, decode, encode, owner_of
 
 FREE = 1
 UNAVAILABLE = 0
@@ -127,6 +127,17 @@ class Matrix:
             if cells:
                 held[host] = cells
         return held
+
+    def held_per_user(self) -> dict[str, int]:
+        """GPUs each user's running jobs hold (draining cells belong to ended jobs)."""
+        used: dict[str, int] = {}
+        for row in self.gpus.values():
+            for cell in row:
+                key = holder(cell)
+                if key:
+                    user = owner_of(key)
+                    used[user] = used.get(user, 0) + 1
+        return used
 
     def reserved_ports(self, host: str) -> set[int]:
         return {int(port) for port in self.ports.get(host, {})}

@@ -47,6 +47,8 @@ class TrainRequest:
     max_restarts: int = 0  # new attempts after a retryable failure (a lost host, a signal...)
     restart_on_failure: bool = False  # ... also after a finisher's own non-zero exit
     checkpoint_dir: str | None = None  # HYPERTF_CHECKPOINT_DIR; default per node's work dir
+    priority: int = 0  # higher first in the queue; FIFO within a priority
+    wait: bool = True  # wait in the queue when the GPUs are busy (False: refuse at once)
 
     def env_vars(self) -> dict[str, str]:
         """--env NAME=VALUE as a mapping; a bad name or a reserved one is a usage error."""
@@ -126,6 +128,8 @@ class TrainRequest:
             raise UsageError("--start-timeout and --timeout must be positive seconds")
         if self.idle_timeout is not None and not self.idle_timeout > 0:
             raise UsageError("--idle-timeout must be positive seconds")
+        if not -1000 <= self.priority <= 1000:
+            raise UsageError(f"--priority must lie within -1000..1000, not {self.priority}")
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts must be 0 or more, not {self.max_restarts}")
         if self.checkpoint_dir is not None and (

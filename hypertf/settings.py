@@ -35,6 +35,12 @@ def _port_or_off(key: str, value: Any) -> int:
     return _port(key, value)
 
 
+def _count(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} must be a whole number >= 0, not {value!r}")
+    return value
+
+
 def _percent(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
         raise ValueError(f"{key} must be a percentage between 0 and 100, not {value!r}")
@@ -156,6 +162,9 @@ SETTINGS: dict[str, Setting] = {
     # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
     "hypertf_job_retention_days": Setting(_positive(float), 30.0),
     "hypertf_job_records_max": Setting(_positive(int), 10000),
+    # GPUs one user's running jobs may hold at once (0: no limit); the queue keeps the rest
+    # of their jobs waiting (reason UserLimit). Read by the keeper agent and the launcher.
+    "hypertf_user_gpu_limit": Setting(_count, 0),
     # Packages for the training scripts in the nodes' virtualenv (python_env role,
     # cluster.setup; ./dev.sh up for this machine): the default is scikit-learn (examples).
     "hypertf_python_packages": Setting(_packages, None, agent=False),
@@ -177,7 +186,8 @@ AGENT_SETTINGS = tuple(key for key, setting in SETTINGS.items() if setting.agent
 CLUSTER_KEYS = (
     "hypertf_gpu_group", "hypertf_zookeeper_hosts", "hypertf_zk_root",
     "hypertf_zk_session_timeout", "hypertf_known_hosts", "hypertf_ssh_timeout",
-    "hypertf_job_retention_days", "hypertf_job_records_max", "hypertf_zk_credentials",
+    "hypertf_job_retention_days", "hypertf_job_records_max", "hypertf_user_gpu_limit",
+    "hypertf_zk_credentials",
     "hypertf_zk_tls_ca",
 )
 
@@ -214,5 +224,6 @@ class ClusterSettings:
     ssh_timeout: float
     job_retention_days: float = 30.0
     job_records_max: int = 10000
+    user_gpu_limit: int = 0  # 0: none
     zk_credentials: str | None = None  # directory of credential files; None: the default
     zk_tls_ca: str | None = None  # CA certificate: TLS to ZooKeeper

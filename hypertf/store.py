@@ -7,6 +7,7 @@
     <root>/jobs/<user>/<task_key>    persistent JobRecord: request, placement, ports, state
     <root>/leases/<user>/<task_key>  ephemeral  held by the launcher's session while the job lives
     <root>/keeper/lease        ephemeral  held by the session of the agent that keeps the matrix
+    <root>/keeper/queue        ephemeral  the keeper's view of the queue (position, reason)
 
 A task key ends with its owner (``20261122-085000-a1b2c3.alice``), so the owner's parents
 are found from the key alone; every znode carries an ACL (hypertf.auth).
@@ -73,6 +74,11 @@ class Layout:
     def keeper_lease(self) -> str:
         """Ephemeral, held by the matrix keeper's session (its data: the keeper's host)."""
         return f"{self.keeper}/lease"
+
+    @property
+    def queue_view(self) -> str:
+        """Ephemeral, of the keeper's session: the waiting jobs' positions and reasons."""
+        return f"{self.keeper}/queue"
 
     def resource(self, host: str) -> str:
         return f"{self.resources}/{host}"
