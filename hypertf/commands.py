@@ -94,7 +94,7 @@ def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
     finally:
         store.close(client)
     if as_json:
-        print(json.dumps(found, indent=2))
+        print(json.dumps([{**job, "status": job_state(job)} for job in found], indent=2))
         return 0
     for job in found:
         print(_job_line(job))
