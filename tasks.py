@@ -203,7 +203,7 @@ def test(c: Context, args: str = "") -> None:
     c.run(f"{sys.executable} -m pytest {args}", pty=False)
 
 
-BENCHMARKS = ("launch_fanout", "e2e_overhead", "allocation", "scale", "agent_footprint",
+BENCHMARKS = ("launch_fanout", "e2e_overhead", "allocation", "scale", "queueing", "agent_footprint",
               "failure_detection")
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
 from hypertf.admission import (
@@ -210,7 +210,7 @@ class Admitter:
                                          ephemeral=True)
             except NodeExistsError:
                 return  # an older keeper's session still holds it: next pass
-            except NoNodeError:
+            except (NoNodeError, NoAuthError):
                 pass  # a root secured before the keeper existed: waiters poll, no view
         self.published = data
 
