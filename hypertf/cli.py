@@ -158,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
               "waiting jobs in admission order: position, priority, shape, waiting, reason")
     p.add_argument("--json", dest="as_json", action="store_true", help="the rows as JSON")
 
+    p = _verb(sub, "hold", commands.hold, "keep a waiting job in the queue, not admitted")
+    p.add_argument("task_key")
+    p = _verb(sub, "unhold", commands.unhold, "let a held job be admitted again")
+    p.add_argument("task_key")
+
     p = _verb(sub, "logs", commands.logs, "a job's task logs, read on the nodes over SSH")
     p.add_argument("task_key")
     p.add_argument("-f", "--follow", action="store_true",

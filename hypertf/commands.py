@@ -142,6 +142,26 @@ def queue(inventory: str, as_json: bool = False) -> int:
     return 0
 
 
+def hold(inventory: str, task_key: str, held: bool = True) -> int:
+    """Keep a waiting job in the queue without admitting it (or let it go again)."""
+    from hypertf import store
+    from hypertf.waitqueue import set_held
+
+    inv = load_inventory(inventory)
+    client = store.connect(inv.cluster)
+    try:
+        set_held(store.Store(client, store.Layout(inv.cluster.zk_root)), task_key, held)
+    finally:
+        store.close(client)
+    print(f"job {task_key}: " + ("held: it keeps its place and starts only after "
+                                 f"'hypertf unhold {task_key}'" if held else "no longer held"))
+    return 0
+
+
+def unhold(inventory: str, task_key: str) -> int:
+    return hold(inventory, task_key, held=False)
+
+
 def logs(inventory: str, task_key: str, follow: bool = False, task: str | None = None) -> int:
     from hypertf import store
     from hypertf.joblogs import show_logs

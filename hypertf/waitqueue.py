@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
 from hypertf.admission import (
@@ -43,7 +43,7 @@ from hypertf.admission import (
     admission_pass,
 )
 from hypertf.allocation import Request, owner_info, read_matrix
-from hypertf.errors import HyperTFError, StoreError
+from hypertf.errors import HyperTFError, NotAllowed, StoreError, UsageError
 from hypertf.jobs import mark_lost, read_job
 from hypertf.matrix import Matrix
 from hypertf.scheduler import Placement, TaskSlot
@@ -101,6 +101,31 @@ def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, 
     errors = [r for r in tx.commit() if isinstance(r, Exception)]
     if errors:
         raise StoreError(f"ZooKeeper refused to queue job {task_key}: {errors}")
+
+
+def set_held(store: Store, task_key: str, held: bool) -> None:
+    """``hypertf hold``/``unhold``: a held job keeps its place but is not admitted (and
+    reserves nothing). Only a waiting job; the record's ACL lets only its owner (and the
+    admin) write it."""
+    def attempt(_retries: int) -> None:
+        try:
+            data, stat = store.client.get(store.layout.job(task_key))
+        except NoNodeError:
+            raise UsageError(f"no job {task_key!r}; list them with 'hypertf queue'") from None
+        record = decode(data, "job record")
+        if record.get("state") != QUEUED or "queue" not in record:
+            raise UsageError(f"job {task_key} is not waiting in the queue "
+                             f"({record.get('state')}): only a waiting job can be held")
+        record["queue"]["held"] = held
+        try:
+            store.client.set(store.layout.job(task_key), encode(record), version=stat.version)
+        except BadVersionError:
+            raise ForceRetryError() from None
+        except NoAuthError:
+            raise NotAllowed(f"job {task_key} belongs to {owner_of(task_key)}: only they or "
+                             f"the admin may hold it") from None
+
+    until_committed(attempt, f"holding job {task_key}")
 
 
 # -- reading the queue -------------------------------------------------------------------

@@ -84,10 +84,16 @@ def test_a_job_waits_for_busy_gpus_and_starts_when_they_free(lab, tmp_path):
     too_big = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "13",
                       cwd=tmp_path, timeout=60)
     assert too_big.returncode == 4 and "cannot place" in too_big.stderr, too_big.stderr
+    held = hypertf("hold", "-i", lab.inventory, key, cwd=tmp_path, timeout=60)
+    assert held.returncode == 0, held.stderr
     finish_and_check(holder, finish)
+    wait_for(lambda: queue_rows(lab.inventory)[0]["reason"] == "Held", 30, "the job held")
+    time.sleep(2)  # the GPUs are free: a held job still waits
+    assert job.poll() is None
+    assert hypertf("unhold", "-i", lab.inventory, key, cwd=tmp_path).returncode == 0
     out, _ = job.communicate(timeout=120)
     assert job.returncode == 0, out
-    assert "admitted after" in out and "succeeded" in out
+    assert "(Held: held)" in out and "admitted after" in out and "succeeded" in out
     record = jobs_by_key(lab.inventory)[key]
     assert record["state"] == "released" or record["state"] == "succeeded", record
     assert record["waited_s"] > 0

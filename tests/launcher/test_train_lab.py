@@ -203,7 +203,8 @@ def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
                         "--work_s", "600", cwd=tmp_path)
     key = task_key(until_line(job, "tasks listening"))
     listing = hypertf("jobs", "-i", lab.inventory, cwd=tmp_path)
-    assert re.search(rf"{key}  running +\S+@\S+  {re.escape(FAKE)}  worker:0@h1, worker:1@h2",
+    assert re.search(rf"{key}  running +\S+@\S+  submitted [\d-]+ [\d:]+  waited -  ran "
+                     rf"[\d:]+  {re.escape(FAKE)}  worker:0@h1, worker:1@h2",
                      listing.stdout), listing.stdout
     killed = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
     assert killed.returncode == 0 and "lease dropped" in killed.stdout
@@ -213,7 +214,7 @@ def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
     wait_for(lambda: processes_of(lab.inventory, key) == {}, 90, "the killed job's processes")
     assert all_free(lab.inventory)
     again = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
-    assert "was not running" in again.stdout
+    assert "was neither running nor waiting (killed)" in again.stdout
     unknown = hypertf("kill", "-i", lab.inventory, "nope", cwd=tmp_path)
     assert unknown.returncode == 2 and "'nope' is not a task key" in unknown.stderr
     missing = f"20200101-000000-abcdef.{store.owner_of(key)}"
