@@ -15,6 +15,7 @@ alone, as a single-worker job.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -110,6 +111,10 @@ def evaluate(model: keras.Model, x_test: np.ndarray, y_test: np.ndarray) -> int:
     predictions = np.argmax(model(x_test, training=False).numpy(), axis=1)
     accuracy = float(np.mean(predictions == y_test))
     print(f"test_accuracy={accuracy:.4f}", flush=True)
+    metrics_file = os.environ.get("HYPERTF_METRICS_FILE")  # set by HyperTF (sweeps read it)
+    if metrics_file:
+        with open(metrics_file, "w") as handle:
+            json.dump({"test_accuracy": round(accuracy, 4)}, handle)
     return 0 if accuracy >= ACCURACY_THRESHOLD else 1
 
 

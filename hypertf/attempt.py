@@ -118,6 +118,11 @@ class Attempt:
         self._over = False
 
     @property
+    def reporter(self) -> str:
+        """The task whose HYPERTF_METRICS_FILE is copied back: the chief, else worker 0."""
+        return "chief:0" if "chief:0" in self.tasks else "worker:0"
+
+    @property
     def local(self) -> RunDir:
         """The same layout on this machine, under the launcher's working directory: where
         the task logs and summary.json land."""
@@ -290,6 +295,11 @@ class Attempt:
               for host in {t.placement.host for t in self.tasks.values()} - self.lost_hosts}
         cluster.each(lambda s: NodeClient(s).fetch_logs(
             self.run_dir(s.node.name), on[s.node.name], self.local), sorted(on))
+        reporter = self.tasks.get(self.reporter)
+        if reporter and reporter.placement.host in on:
+            host = reporter.placement.host
+            cluster.each(lambda s: NodeClient(s).fetch_metrics(self.run_dir(host), self.local),
+                         [host])
 
     def finish(self) -> None:
         """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""
@@ -323,6 +333,8 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
                "HYPERTF_TASK_KEY": attempt.task_key, "HYPERTF_TASK": task.name,
                "HYPERTF_ATTEMPT": str(attempt.number),
                "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name)}
+        if task.name == attempt.reporter:
+            env["HYPERTF_METRICS_FILE"] = str(run.metrics)
         argv = ["python", script, *(task_spec.flags if legacy_flags else ()), *job.request.args]
         requests.append({"name": task.file_name, "port": task.port, "cwd": cwd, "env": env,
                          "argv": argv})

@@ -138,6 +138,12 @@ class NodeClient:
         return self._answer(self.session.run(
             self._tasknode("stop", run.path, "--grace", grace), timeout=grace + 30))
 
+    def fetch_metrics(self, run: RunDir, local: RunDir) -> None:
+        """The reporting task's metrics file, if it wrote one (sweeps read it)."""
+        result = self.session.run(f"cat {quote(run.metrics)}", timeout=60)
+        if result.ok and result.stdout.strip():
+            Path(local.metrics).write_text(result.stdout)
+
     def fetch_logs(self, run: RunDir, tasks: Sequence[str], local: RunDir) -> None:
         """Copy the tasks' logs into ``local`` (the same layout on this machine)."""
         for task in tasks:

@@ -86,6 +86,11 @@ class RunDir:
         return self.path / "summary.json"
 
     @property
+    def metrics(self) -> PurePath:
+        """HYPERTF_METRICS_FILE: the JSON the reporting task writes (copied back at the end)."""
+        return self.path / "metrics.json"
+
+    @property
     def stopped(self) -> PurePath:
         return self.path / "stopped"
 

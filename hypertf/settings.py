@@ -67,7 +67,8 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by HyperTF for every task: a user value would break the job's wiring.
 RESERVED_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
                           "HYPERTF_GPUS", "HYPERTF_TASK_KEY", "HYPERTF_TASK",
-                          "HYPERTF_ATTEMPT", "HYPERTF_CHECKPOINT_DIR"})
+                          "HYPERTF_ATTEMPT", "HYPERTF_CHECKPOINT_DIR",
+                          "HYPERTF_METRICS_FILE"})
 
 
 def check_env(name: str, value: Any, where: str) -> str:

@@ -4,8 +4,9 @@ It reads TF_CONFIG like a TensorFlow task, listens on its own port, and then eit
 finishes (the roles that finish in that mode) or serves until stopped. Options make a given
 task misbehave: ``--fail_on worker:1 [--fail_s 1]``, ``--never_listen_on worker:1``, ``--work_s 2``,
 ``--ignore_term`` (like MultiWorkerMirroredStrategy), ``--until_file PATH`` (work until the test
-creates PATH, so a test that inspects a running job decides when it ends). Every task prints
-its argv as JSON.
+creates PATH, so a test that inspects a running job decides when it ends), ``--write_metrics``
+(the reporting task writes ``{"score": lr + batch_size / 1000}`` from ``--lr``/``--batch_size``
+to HYPERTF_METRICS_FILE, as a sweep trial does). Every task prints its argv as JSON.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ def main() -> int:
     parser.add_argument("--until_file", help="work until this file exists (not --work_s)")
     parser.add_argument("--report_foreign", action="store_true",
                         help="print how many processes of other jobs live on this host")
+    parser.add_argument("--lr", type=float, default=0.0)
+    parser.add_argument("--batch_size", type=int, default=0)
+    parser.add_argument("--write_metrics", action="store_true",
+                        help="write {score: lr + batch_size/1000} to HYPERTF_METRICS_FILE")
+    parser.add_argument("--metrics", default="yes", help="no: write no metrics after all")
+    parser.add_argument("--fail_lr", type=float, help="fail when --lr is this ...")
+    parser.add_argument("--fail_unless", help="... unless this file exists")
     args, _ = parser.parse_known_args()
     config = json.loads(os.environ["TF_CONFIG"])
     role, index = config["task"]["type"], config["task"]["index"]
@@ -77,7 +85,9 @@ def main() -> int:
     roles = set(config["cluster"])
     finishes = (role == "chief") if "chief" in roles and "ps" in roles else (
         role == "worker" if "ps" in roles else True)
-    failing = me == args.fail_on
+    failing = me == args.fail_on or (
+        args.fail_lr is not None and args.lr == args.fail_lr and finishes
+        and not (args.fail_unless and os.path.exists(args.fail_unless)))
     if failing and args.fail_s is not None:
         time.sleep(args.fail_s)
     elif args.until_file:
@@ -88,6 +98,9 @@ def main() -> int:
     if failing:
         print(f"{me} failing on purpose", flush=True)
         return 3
+    if args.write_metrics and args.metrics != "no" and os.environ.get("HYPERTF_METRICS_FILE"):
+        with open(os.environ["HYPERTF_METRICS_FILE"], "w") as handle:
+            json.dump({"score": args.lr + args.batch_size / 1000}, handle)
     if finishes:
         print(f"{me} done", flush=True)
         return 0
