@@ -197,6 +197,41 @@ def train(c: Context, script: str | None = None, worker: int = R.workers, ps: in
     _call(commands.train, inventory=_inv(inventory), request=request, detach=detach)
 
 
+@task(iterable=["grid", "env"], help={
+    **INVENTORY_HELP, "script": "training script (or give --spec)",
+    "spec": "a sweep spec YAML (grid/random, train options, metric...)",
+    "grid": "NAME=V1,V2 (repeatable: every combination is a trial)",
+    "worker": "workers per trial", "ps": "parameter servers per trial",
+    "chief": "a chief per trial", "gpus_per_worker": "GPUs per worker",
+    "priority": "queue priority of every trial", "env": "NAME=VALUE for every task",
+    "max_concurrent": "trials at once (2)", "max_failed": "stop after more failures than this",
+    "metric": "the metrics-file key to rank by", "mode": "max (default) or min",
+    "detach": "return at once; the sweep goes on in background"})
+def sweep(c: Context, script: str | None = None, spec: str | None = None,
+          grid: list[str] | None = None, worker: int = R.workers, ps: int = R.ps,
+          chief: bool = False, gpus_per_worker: int = R.gpus_per_worker,
+          priority: int = R.priority, env: list[str] | None = None,
+          max_concurrent: int | None = None, max_failed: int | None = None,
+          metric: str | None = None, mode: str | None = None, detach: bool = False,
+          inventory: str | None = None) -> None:
+    """Run a hyperparameter sweep through the queue (hypertf sweep status|resume|cancel|list)."""
+    from hypertf import sweepcli
+
+    hyperparameters = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+    train = sweepcli.invoke_args(script=script, worker=worker if script else None,
+                                 ps=ps or None, chief=chief,
+                                 gpus_per_worker=gpus_per_worker if script else None,
+                                 priority=priority or None, env=env or [])
+    options = sweepcli.invoke_args(grid=grid or [], max_concurrent=max_concurrent,
+                                   max_failed=max_failed, metric=metric, mode=mode,
+                                   detach=detach)
+    argv = [*([spec] if spec else train), *options, "-i", _inv(inventory)]
+    code = cli.run(lambda: sweepcli.run([*argv, *(["--", *hyperparameters]
+                                                  if hyperparameters else [])], _inv(inventory)))
+    if code:
+        raise Exit(code=code)
+
+
 @task(help={"args": "extra pytest arguments, e.g. '-k allocation -x'"})
 def test(c: Context, args: str = "") -> None:
     """Run the whole test suite (needs root for the lab)."""
@@ -275,5 +310,5 @@ lab.add_task(lab_up, "up")
 lab.add_task(lab_down, "down")
 lab.add_task(lab_list, "list")
 
-ns = Collection(zk, auth, agent, cluster, lab, train, jobs, kill, cancel, queue, logs, test,
-                bench)
+ns = Collection(zk, auth, agent, cluster, lab, train, sweep, jobs, kill, cancel, queue, logs,
+                test, bench)

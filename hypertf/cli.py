@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
                    add_help=False)
+    sub.add_parser("sweep", add_help=False,
+                   help="trials of one script over a grid or random search, through the queue "
+                        "(hypertf sweep --script S --grid lr=0.1,0.01; sweep status|resume|"
+                        "cancel|list)")
 
     cluster = sub.add_parser("cluster", help="provision or tear down the inventory's nodes")
     verbs = cluster.add_subparsers(dest="action", required=True)
@@ -266,6 +270,11 @@ def run(func: Callable[[], int]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sweep"]:
+        from hypertf import sweepcli
+
+        quiet_kazoo()
+        return run(lambda: sweepcli.run(argv[1:], default_inventory()))
     args = parse_train(argv[1:]) if argv[:1] == ["train"] else build_parser().parse_args(argv)
     if args.command != "agent":
         quiet_kazoo()
