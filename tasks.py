@@ -238,8 +238,8 @@ def test(c: Context, args: str = "") -> None:
     c.run(f"{sys.executable} -m pytest {args}", pty=False)
 
 
-BENCHMARKS = ("launch_fanout", "e2e_overhead", "allocation", "scale", "queueing", "agent_footprint",
-              "failure_detection")
+BENCHMARKS = ("launch_fanout", "e2e_overhead", "allocation", "scale", "queueing", "sweep",
+              "agent_footprint", "failure_detection")
 
 
 @task(help={"quick": "small sizes: a smoke run of about a minute per benchmark",
