@@ -111,8 +111,58 @@ def _driver(host: dict[str, Any]) -> str:
     return " ".join(f"{k} {v}" for k, v in versions.items()) or (host.get("gpu_source") or "")
 
 
+COMPACT_FROM_HOSTS = 64  # beyond this a table cell per GPU is unreadable (and slow)
+
+
+def _compact_gpus(host: dict[str, Any]) -> str:
+    """A host's GPUs grouped by state: 'free 0,2; busy KEY 1,3; unavailable (why) 4'."""
+    if host["agent"] == "up" and not host["gpus"]:
+        return "no GPU: CPU tasks only"
+    groups: dict[str, list[str]] = {}
+    for gpu in host["gpus"]:
+        label = gpu["state"]
+        if gpu.get("task_key"):
+            label += f" {gpu['task_key']}"
+        elif gpu.get("reason"):
+            label += f" ({gpu['reason']})"
+        if gpu.get("foreign_pids"):
+            label += f" busy-with-foreign-process pid {','.join(map(str, gpu['foreign_pids']))}"
+        groups.setdefault(label, []).append(str(gpu["index"]))
+    return "; ".join(f"{label} {','.join(indices)}" for label, indices in groups.items())
+
+
+def render_compact(status: dict[str, Any], console: Console) -> None:
+    """Plain aligned lines, one per host, GPUs grouped by state: for large clusters, where
+    a rich table would take seconds to lay out (1000 hosts x 8 GPUs)."""
+    hosts = status["hosts"]
+    free = sum(g["state"] == "free" for h in hosts for g in h["gpus"])
+    total = sum(len(h["gpus"]) for h in hosts)
+    up = sum(h["agent"] == "up" for h in hosts)
+    name_w = max((len(h["name"]) for h in hosts), default=4)
+    addr_w = max((len(h["data_addr"] or h["address"] or "") for h in hosts), default=7)
+    drivers: dict[str, int] = {}
+    for host in hosts:
+        if host["agent"] == "up":
+            drivers[_driver(host) or "none"] = drivers.get(_driver(host) or "none", 0) + 1
+    lines = [f"HyperTF cluster ({status['inventory']}): {len(hosts)} hosts ({up} agents up), "
+             f"{free} of {total} GPUs free",
+             "GPU driver: " + "; ".join(f"{name} ({count} hosts)"
+                                        for name, count in sorted(drivers.items())),
+             f"{'host':<{name_w}}  {'agent':<11}  {'data address':<{addr_w}}  GPUs"]
+    for host in hosts:
+        agent = f"up {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == "up" else "down"
+        address = host["data_addr"] or host["address"] or ""
+        lines.append(f"{host['name']:<{name_w}}  {agent:<11}  {address:<{addr_w}}  "
+                     f"{_compact_gpus(host)}")
+    console.out("\n".join(lines), highlight=False)
+
+
 def render(status: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
+    if len(status["hosts"]) > COMPACT_FROM_HOSTS:
+        render_compact(status, console)
+        _render_footer(status, console)
+        return
     most = max((len(h["gpus"]) for h in status["hosts"]), default=0)
     width = max(1, most)
     table = Table(title=f"HyperTF cluster ({status['inventory']})")
@@ -132,6 +182,10 @@ def render(status: dict[str, Any], console: Console | None = None) -> None:
         table.add_row(host["name"], agent, host["data_addr"] or host["address"], _driver(host),
                       *cells)
     console.print(table)
+    _render_footer(status, console)
+
+
+def _render_footer(status: dict[str, Any], console: Console) -> None:
     servers = ", ".join(f"{s['server']} {s['mode']} ({s['latency_ms']} ms)"
                         for s in status["zookeeper"]["servers"])
     console.print(f"ZooKeeper: {servers}; root {status['zookeeper']['root']}")

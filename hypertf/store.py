@@ -311,10 +311,11 @@ class Store:
         hosts = _children(self.client, self.layout.resources)
         if only is not None:
             hosts = sorted(set(hosts) & set(only))
+        pending = [(host, self.client.get_async(self.layout.resource(host))) for host in hosts]
         records: dict[str, AgentRecord] = {}
-        for host in hosts:
+        for host, result in pending:  # pipelined: one round trip's latency, not one per host
             try:
-                data, _ = self.client.get(self.layout.resource(host))
+                data, _ = result.get(timeout=30)
             except NoNodeError:
                 continue  # the agent went away between the two reads
             records[host] = AgentRecord.from_json(data)
