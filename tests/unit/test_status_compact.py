@@ -1,0 +1,48 @@
+"""hypertf status beyond 64 hosts: one plain line per host, GPUs grouped by state (its
+speed is measured by bench/scale.py)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from hypertf import status
+
+KEY = "20261122-150000-abcdef.alice"
+
+
+def report(hosts: int) -> dict:
+    rows = []
+    for i in range(hosts):
+        gpus = [{"index": g, "state": "busy" if g % 2 else "free",
+                 "task_key": KEY if g % 2 else None} for g in range(8)]
+        rows.append({"name": f"node{i:05d}", "agent": "up", "heartbeat_age_s": 1.0,
+                     "data_addr": f"10.0.{i // 256}.{i % 256}", "address": "x", "gpus": gpus,
+                     "gpu_driver": {"driver": "550.54"}, "gpu_source": "nvml"})
+    rows[1]["agent"] = "down"
+    rows[1]["gpus"] = [{"index": 0, "state": "unavailable", "reason": "agent down"}]
+    return {"inventory": "inv.yml", "hosts": rows, "jobs": [KEY],
+            "zookeeper": {"root": "/hypertf", "servers": [
+                {"server": "127.0.0.1:2181", "mode": "standalone", "latency_ms": 1.0}]}}
+
+
+def rendered(hosts: int) -> str:
+    out = io.StringIO()
+    status.render(report(hosts), Console(file=out, width=200, color_system=None))
+    return out.getvalue()
+
+
+def test_a_large_cluster_gets_one_line_per_host_with_gpus_grouped():
+    text = rendered(1000)
+    lines = text.splitlines()
+    assert lines[0].startswith("HyperTF cluster (inv.yml): 1000 hosts (999 agents up), 3996 of")
+    assert "550.54 (999 hosts)" in lines[1]
+    assert lines[3].split() == ["node00000", "up", "1s", "ago", "10.0.0.0", "free", "0,2,4,6;",
+                                "busy", KEY, "1,3,5,7"]
+    assert "down" in lines[4] and "unavailable (agent down) 0" in lines[4]
+    assert f"Jobs holding resources: {KEY}" in text
+
+
+def test_a_small_cluster_keeps_the_table():
+    assert "GPU 7" in rendered(3)  # a column per GPU: the rich table
