@@ -87,12 +87,8 @@ def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
     from hypertf import store
     from hypertf.jobs import list_jobs
 
-    inv = load_inventory(inventory)
-    client = store.connect(inv.cluster)
-    try:
-        found = list_jobs(store.Store(client, store.Layout(inv.cluster.zk_root)))[:last]
-    finally:
-        store.close(client)
+    with store.opened(load_inventory(inventory).cluster) as zk:
+        found = list_jobs(zk)[:last]
     if as_json:
         print(json.dumps([{**job, "status": job_state(job)} for job in found], indent=2))
         return 0
@@ -109,14 +105,9 @@ def kill(inventory: str, task_key: str) -> int:
     from hypertf.allocation import kill as kill_job
     from hypertf.jobs import read_job
 
-    inv = load_inventory(inventory)
-    client = store.connect(inv.cluster)
-    try:
-        zk = store.Store(client, store.Layout(inv.cluster.zk_root))
+    with store.opened(load_inventory(inventory).cluster) as zk:
         killed = kill_job(zk, task_key)
         state = (read_job(zk, task_key) or {}).get("state")
-    finally:
-        store.close(client)
     if state == "cancelled" and killed:
         print(f"job {task_key}: cancelled; it left the queue and never started")
     else:
@@ -132,12 +123,8 @@ def queue(inventory: str, as_json: bool = False) -> int:
     from hypertf.queueview import collect, render
 
     inv = load_inventory(inventory)
-    client = store.connect(inv.cluster)
-    try:
-        rows = collect(store.Store(client, store.Layout(inv.cluster.zk_root)),
-                       inv.cluster.user_gpu_limit)
-    finally:
-        store.close(client)
+    with store.opened(inv.cluster) as zk:
+        rows = collect(zk, inv.cluster.user_gpu_limit)
     print(json.dumps(rows, indent=2) if as_json else render(rows))
     return 0
 
@@ -147,12 +134,8 @@ def hold(inventory: str, task_key: str, held: bool = True) -> int:
     from hypertf import store
     from hypertf.waitqueue import set_held
 
-    inv = load_inventory(inventory)
-    client = store.connect(inv.cluster)
-    try:
-        set_held(store.Store(client, store.Layout(inv.cluster.zk_root)), task_key, held)
-    finally:
-        store.close(client)
+    with store.opened(load_inventory(inventory).cluster) as zk:
+        set_held(zk, task_key, held)
     print(f"job {task_key}: " + ("held: it keeps its place and starts only after "
                                  f"'hypertf unhold {task_key}'" if held else "no longer held"))
     return 0
@@ -167,12 +150,8 @@ def logs(inventory: str, task_key: str, follow: bool = False, task: str | None =
     from hypertf.joblogs import show_logs
 
     inv = load_inventory(inventory)
-    client = store.connect(inv.cluster)
-    try:
-        return show_logs(store.Store(client, store.Layout(inv.cluster.zk_root)), inv,
-                         task_key, follow=follow, task=task)
-    finally:
-        store.close(client)
+    with store.opened(inv.cluster) as zk:
+        return show_logs(zk, inv, task_key, follow=follow, task=task)
 
 
 def agent(inventory: str, host: str, once: bool = False) -> int:

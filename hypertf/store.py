@@ -23,7 +23,7 @@ import itertools
 import json
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -374,6 +374,16 @@ class Store:
             live = _children(self.client, self.layout.resources)
             return "held" if live and min(live) == host else "other"
         return "taken"
+
+
+@contextlib.contextmanager
+def opened(cluster: ClusterSettings) -> Iterator[Store]:
+    """A one-shot command's Store: connected as the default identity, closed after."""
+    client = connect(cluster)
+    try:
+        yield Store(client, Layout(cluster.zk_root))
+    finally:
+        close(client)
 
 
 def until_committed(attempt: Callable[[int], T], what: str, deadline_s: float | None = 30.0,

@@ -52,15 +52,7 @@ def train_argv_of(spec: SweepSpec) -> list[str]:
                                                                        "inventory")))
             raise UsageError(f"sweep spec: train option {key!r} is unknown; use one of {known},"
                              f" args")
-        flag = action.option_strings[-1]
-        if isinstance(value, bool):
-            if value:
-                argv.append(flag)
-        elif isinstance(value, list):
-            for item in value:
-                argv += [flag, str(item)]
-        else:
-            argv += [flag, str(value)]
+        argv += option_args(action.option_strings[-1], value)
     return [*argv, "--", *script_args] if script_args else argv
 
 
@@ -142,13 +134,8 @@ def _cancel(inventory: str, sweep_id: str) -> int:
     from hypertf.allocation import kill
     from hypertf.inventory import load_inventory
 
-    inv = load_inventory(inventory)
-    client = store.connect(inv.cluster)
-    try:
-        zk = store.Store(client, store.Layout(inv.cluster.zk_root))
+    with store.opened(load_inventory(inventory).cluster) as zk:
         ended = sweeps.cancel(sweep_id, lambda key: kill(zk, key))
-    finally:
-        store.close(client)
     print(f"sweep {sweep_id}: cancelled; {len(ended)} waiting or running trials ended"
           + (f" ({', '.join(ended)})" if ended else ""))
     return 0
@@ -166,16 +153,14 @@ def _resume(sweep_id: str, detach: bool) -> int:
 
 def invoke_args(**options: Any) -> list[str]:
     """``invoke sweep`` keyword arguments as this command line."""
-    argv: list[str] = []
-    for key, value in options.items():
-        if value in (None, False, [], ""):
-            continue
-        flag = f"--{key.replace('_', '-')}"
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, list):
-            for item in value:
-                argv += [flag, str(item)]
-        else:
-            argv += [flag, str(value)]
-    return argv
+    return [part for key, value in options.items() if value not in (None, "")
+            for part in option_args(f"--{key.replace('_', '-')}", value)]
+
+
+def option_args(flag: str, value: Any) -> list[str]:
+    """One option as argv: a flag for True, nothing for False, repeated for a list."""
+    if isinstance(value, bool):
+        return [flag] if value else []
+    if isinstance(value, list):
+        return [part for item in value for part in (flag, str(item))]
+    return [flag, str(value)]
