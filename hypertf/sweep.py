@@ -187,7 +187,8 @@ class Driver:
         trial.update(state=state, message=lines[-1][16:200] if lines and state != "succeeded"
                      else "", metric=read_metrics(metrics, self.sweep.metric)
                      if metrics is not None else None,
-                     wall_s=round(time.time() - trial.get("started", time.time()), 2))
+                     ended=time.time())
+        trial["wall_s"] = round(trial["ended"] - trial.get("started", trial["ended"]), 2)
         self.sweep.save()
         self.sweep.write_results()
         shown = f", {self.sweep.metric or 'metric'}={trial['metric']}" \
