@@ -43,6 +43,7 @@ from hypertf.store import AgentRecord, Layout, Store
 from hypertf.waitqueue import Admitter
 
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
+CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
 PRUNE_INTERVAL_S = 60.0  # how often the keeper looks for job records past their retention
 
 log = logging.getLogger(__name__)
@@ -104,10 +105,12 @@ class Agent:
         self.layout = Layout(inventory.cluster.zk_root)
         self.prober = prober or Prober(self.node, gpu_source(self.node))
         self._client_factory = client_factory or (lambda: store.connect(
-            inventory.cluster, 30, identity=f"agent.{host}"))
+            inventory.cluster, 30, identity=f"agent.{host}", long_lived=True,
+            on_pause=log.warning))
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._disconnected_since: float | None = None
+        self._waiting_for = ""  # why ZooKeeper cannot take this agent now, said once
         self._republish = True
         self._next_prune = 0.0
         self._users: set[str] = set()
@@ -232,7 +235,9 @@ class Agent:
         """Serve until stopped; with ``once``, publish one record and return it."""
         record = None
         while not self._stop.is_set():
-            client = self._client_factory()
+            client = self._connect(once)
+            if client is None:
+                continue
             self._disconnected_since = None
             client.add_listener(self._on_state)
             try:
@@ -248,6 +253,25 @@ class Agent:
         if close:
             close()
         return record
+
+    def _connect(self, once: bool) -> KazooClient | None:
+        """A new client; None after a pause when ZooKeeper cannot take this agent yet (it
+        is down, or lost its data and waits for 'hypertf auth init'): a service waits and
+        registers by itself once the admin has acted, saying why once per reason."""
+        try:
+            client = self._client_factory()
+        except StoreError as err:
+            if once:
+                raise
+            if str(err) != self._waiting_for:
+                self._waiting_for = str(err)
+                log.error("%s; retrying every %.0f s", err, CONNECT_RETRY_S)
+            self._stop.wait(CONNECT_RETRY_S)
+            return None
+        if self._waiting_for:
+            log.info("ZooKeeper takes this agent again: registering")
+        self._waiting_for = ""
+        return client
 
     def _serve(self, client: KazooClient, once: bool) -> AgentRecord | None:
         """Publish every interval (or after a reconnect); on a watch wake-up only sync the

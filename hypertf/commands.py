@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -150,7 +151,8 @@ def logs(inventory: str, task_key: str, follow: bool = False, task: str | None =
     from hypertf.joblogs import show_logs
 
     inv = load_inventory(inventory)
-    with store.opened(inv.cluster) as zk:
+    with store.opened(inv.cluster, long_lived=follow,
+                      on_pause=lambda msg: print(f"hypertf: {msg}", file=sys.stderr)) as zk:
         return show_logs(zk, inv, task_key, follow=follow, task=task)
 
 

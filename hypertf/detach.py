@@ -46,7 +46,7 @@ def start_detached(inventory: str, request: TrainRequest) -> int:
             [sys.executable, "-m", "hypertf.detach", str(inv.path), str(request_file(run)), key],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, cwd=os.getcwd())
-    client = store.connect(inv.cluster)
+    client = store.connect(inv.cluster, long_lived=True)
     try:
         zk = store.Store(client, store.Layout(inv.cluster.zk_root))
         deadline = time.monotonic() + REGISTERED_WITHIN_S

@@ -116,7 +116,8 @@ class Job:
     # -- plan ---------------------------------------------------------------------------
     def plan(self) -> list[str]:
         """Connect, and find the candidate hosts (inventory GPU nodes with a live agent)."""
-        self.client = store.connect(self.inventory.cluster)
+        self.client = store.connect(self.inventory.cluster, long_lived=True,
+                                    on_pause=lambda msg: self.say(f"hypertf: {msg}"))
         self.store = store.Store(self.client, self.layout)
         self.client.add_listener(self._on_state)
         hosts = self.live_hosts()

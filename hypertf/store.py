@@ -36,6 +36,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 from hypertf import auth
 from hypertf.errors import StoreError, UsageError
 from hypertf.settings import ClusterSettings
+from hypertf.zkclient import PatientClient
 
 T = TypeVar("T")
 FORMAT = 1
@@ -228,15 +229,21 @@ def credentials_dir(cluster: ClusterSettings) -> Path:
 
 
 def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | None = None,
-            check: bool = True) -> KazooClient:
+            check: bool = True, long_lived: bool = False,
+            on_pause: Callable[[str], None] | None = None) -> KazooClient:
     """A started client for the inventory's ZooKeeper, authenticated as ``identity``
     (default ``$HYPERTF_ZK_IDENTITY`` or ``user.<login>``), or a message saying how to
     start ZooKeeper or which credential file to fix. ``check``: the root must exist, be
-    secured and accept the credential."""
+    secured and accept the credential. Its calls wait out a connection loss
+    (hypertf.zkclient): a ``long_lived`` client until ZooKeeper answers or its session
+    expires (``on_pause`` hears of the outage once), a one-shot one for at most a session
+    timeout."""
     credential = auth.load(credentials_dir(cluster), identity or auth.default_identity())
     tls = {"use_ssl": True, "ca": cluster.zk_tls_ca, "verify_certs": True} \
         if cluster.zk_tls_ca else {}
-    client = KazooClient(
+    client = PatientClient(
+        patience_s=None if long_lived else cluster.zk_session_timeout,
+        on_pause=on_pause,
         hosts=cluster.zookeeper_hosts,
         timeout=cluster.zk_session_timeout,
         connection_retry={"max_tries": -1, "delay": 0.2, "max_delay": 2.0},
@@ -377,9 +384,11 @@ class Store:
 
 
 @contextlib.contextmanager
-def opened(cluster: ClusterSettings) -> Iterator[Store]:
-    """A one-shot command's Store: connected as the default identity, closed after."""
-    client = connect(cluster)
+def opened(cluster: ClusterSettings, long_lived: bool = False,
+           on_pause: Callable[[str], None] | None = None) -> Iterator[Store]:
+    """A command's Store: connected as the default identity, closed after (``long_lived``:
+    it waits out ZooKeeper outages, see ``connect``)."""
+    client = connect(cluster, long_lived=long_lived, on_pause=on_pause)
     try:
         yield Store(client, Layout(cluster.zk_root))
     finally:
