@@ -44,7 +44,6 @@ from hypertf.waitqueue import Admitter
 
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
-PRUNE_INTERVAL_S = 60.0  # how often the keeper looks for job records past their retention
 
 log = logging.getLogger(__name__)
 
@@ -191,11 +190,12 @@ class Agent:
             log.info("confirmed the tasks of %s dead on %s: GPUs free", sorted(dead), host)
 
     def prune(self, zk: Store) -> None:
-        """The keeper drops finished job records past their retention, once a minute."""
+        """The keeper drops finished job records past their retention (every
+        hypertf_keeper_prune_interval seconds)."""
         if time.monotonic() < self._next_prune:
             return
-        self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
         cluster = self.inventory.cluster
+        self._next_prune = time.monotonic() + cluster.keeper_prune_interval
         pruned = prune_jobs(zk, cluster.job_retention_days * 86400,
                             cluster.job_records_max)
         if pruned:

@@ -367,6 +367,7 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
             ssh_timeout=first["hypertf_ssh_timeout"],
             job_retention_days=first["hypertf_job_retention_days"],
             job_records_max=first["hypertf_job_records_max"],
+            keeper_prune_interval=first["hypertf_keeper_prune_interval"],
             user_gpu_limit=first["hypertf_user_gpu_limit"],
             zk_credentials=_beside(path, first["hypertf_zk_credentials"]),
             zk_tls_ca=_beside(path, first["hypertf_zk_tls_ca"]),

@@ -163,6 +163,8 @@ SETTINGS: dict[str, Setting] = {
     # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
     "hypertf_job_retention_days": Setting(_positive(float), 30.0),
     "hypertf_job_records_max": Setting(_positive(int), 10000),
+    # How often the keeper looks for records to prune (seconds; tests shorten it).
+    "hypertf_keeper_prune_interval": Setting(_positive(float), 60.0),
     # GPUs one user's running jobs may hold at once (0: no limit); the queue keeps the rest
     # of their jobs waiting (reason UserLimit). Read by the keeper agent and the launcher.
     "hypertf_user_gpu_limit": Setting(_count, 0),
@@ -188,6 +190,7 @@ CLUSTER_KEYS = (
     "hypertf_gpu_group", "hypertf_zookeeper_hosts", "hypertf_zk_root",
     "hypertf_zk_session_timeout", "hypertf_known_hosts", "hypertf_ssh_timeout",
     "hypertf_job_retention_days", "hypertf_job_records_max", "hypertf_user_gpu_limit",
+    "hypertf_keeper_prune_interval",
     "hypertf_zk_credentials",
     "hypertf_zk_tls_ca",
 )
@@ -225,6 +228,7 @@ class ClusterSettings:
     ssh_timeout: float
     job_retention_days: float = 30.0
     job_records_max: int = 10000
+    keeper_prune_interval: float = 60.0
     user_gpu_limit: int = 0  # 0: none
     zk_credentials: str | None = None  # directory of credential files; None: the default
     zk_tls_ca: str | None = None  # CA certificate: TLS to ZooKeeper

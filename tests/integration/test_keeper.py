@@ -45,7 +45,8 @@ def keeper_lab(zk_server, tmp_path) -> Iterator[tuple[Path, dict[str, Path]]]:
         "vars": {"hypertf_zookeeper_hosts": zk_server.hosts,
                  "hypertf_zk_root": f"/keeper-{tmp_path.name}", "hypertf_agent_interval": 0.3,
                  "hypertf_zk_session_timeout": 2, "hypertf_gpu_source": "static",
-                 "hypertf_venv": sys.prefix, "hypertf_job_retention_days": 1 / 86400},
+                 "hypertf_venv": sys.prefix, "hypertf_job_retention_days": 1 / 86400,
+                 "hypertf_keeper_prune_interval": 2},
         "children": {"gpu_nodes": {"hosts": hosts}},
     }}))
     auth.initialize(load_inventory(path).cluster, list(HOSTS))
@@ -142,7 +143,7 @@ def test_keeper_frees_the_cells_of_a_job_whose_lease_vanished(keeper_lab, agents
     assert not any(stored().ports.values())
     client = store.connect(inventory.cluster)
     try:
-        wait_for(lambda: client.exists(layout.job("job-1.root")) is None, 150,
-                 "the keeper to prune the finished job's record (once a minute)")
+        wait_for(lambda: client.exists(layout.job("job-1.root")) is None, 60,
+                 "the keeper to prune the finished job's record (every 2 s here)")
     finally:
         store.close(client)
