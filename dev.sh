@@ -56,9 +56,13 @@ case "${1:-}" in
         install_python
         echo "== ruff"
         .venv/bin/ruff check hypertf tests tasks.py examples bench
-        echo "== pytest"
+        # Independent tests in parallel processes, each with its own ZooKeeper and lab
+        # (tests/conftest.py); most of the suite waits on processes, sshd and ZooKeeper, not
+        # on the CPU. HYPERTF_TEST_WORKERS=0 runs it in this process.
+        workers=${HYPERTF_TEST_WORKERS:-3}
+        echo "== pytest ($workers workers)"
         set +e
-        .venv/bin/python -m pytest "${@:2}"
+        .venv/bin/python -m pytest -n "$workers" --dist load "${@:2}"
         code=$?
         set -e
         if [ "$code" -eq 5 ]; then

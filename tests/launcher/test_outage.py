@@ -1,10 +1,11 @@
 """A ZooKeeper outage shorter than the session loses nothing: every long-lived client
-(a running launcher releasing its GPUs, a waiting launcher about to be admitted, a detached
+(a launcher running its job, one releasing its GPUs, a waiting one about to be admitted, a detached
 launcher, the sweep driver's trial, ``logs -f`` of a waiting job, the agents and the keeper)
 pauses, says so once, and goes on when ZooKeeper answers.
 
-The outage comes at the moment that hurts most: the holder of every GPU has just been told
-to finish, so it releases while ZooKeeper is down, and the waiters are to be admitted then.
+The outage comes at the moment that hurts most: the holder of four GPUs has just been told
+to finish, so it releases while ZooKeeper is down, and a waiter is to be admitted then;
+another job runs on the other eight GPUs throughout.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def hosts_up(inventory: str) -> bool:
 def test_every_long_lived_client_rides_out_an_outage(lab, tmp_path, outage):
     session_s = load_inventory(lab.inventory).cluster.zk_session_timeout
     down_s = 1.0 if outage == "1s" else session_s - 1.0
-    holder, finish = hold(lab, tmp_path, LAB_GPUS)
+    running, go_on = hold(lab, tmp_path, 8)  # runs through the outage
+    holder, finish = hold(lab, tmp_path, LAB_GPUS - 8)  # releases during it
     job, key, _ = waiter(lab, tmp_path, 4)
     follower = start_hypertf("logs", "-i", lab.inventory, key, "-f", cwd=tmp_path)
     detached = hypertf("train", "-i", lab.inventory, "--detach", "--script", FAKE, "--worker",
@@ -65,6 +67,10 @@ def test_every_long_lived_client_rides_out_an_outage(lab, tmp_path, outage):
 
     out, _ = holder.communicate(timeout=120)
     assert holder.returncode == 0, out
+    assert running.poll() is None  # still running its job
+    go_on.touch()
+    out, _ = running.communicate(timeout=120)
+    assert running.returncode == 0, out
     out, _ = job.communicate(timeout=120)
     assert job.returncode == 0, out
     assert out.count(PAUSED) <= 1, out  # said once, if the outage reached it
