@@ -119,7 +119,7 @@ def main() -> int:
                     inv = inventory(home, servers[name].hosts, interval,
                                     str(list(subjects).index(name)))
                     clusters[name] = load_inventory(inv).cluster
-                    auth.initialize(clusters[name], ["localhost"])  # a secured root
+                    store.secure_cluster(clusters[name], ["localhost"])  # a secured root
                     pids[name] = kids.popen(
                         [common.PYTHON, "-m", "hypertf.cli", "agent", "--inventory", inv,
                          "--host", "localhost"], stdout=subprocess.DEVNULL,

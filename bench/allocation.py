@@ -198,7 +198,7 @@ def main() -> int:
             common.children() as kids:
         root = "/bench-alloc"
         layout = Layout(root)
-        auth.initialize(settings(zk.hosts, root), [])  # a secured root, as in production
+        store.secure_cluster(settings(zk.hosts, root), [])  # a secured root, as in production
         agents = store.connect(settings(zk.hosts, root), identity="admin")  # stands in for them
         client = store.connect(settings(zk.hosts, root))  # a user, as a launcher is
         try:

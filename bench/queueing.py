@@ -60,7 +60,7 @@ def part_one(zk_hosts: str, hosts: int, waiters: int, report: common.Report) -> 
     root = f"/queue-{hosts}"
     layout = Layout(root)
     cluster = ClusterSettings("gpu_nodes", zk_hosts, root, 10.0, "/nonexistent", 5.0)
-    auth.initialize(cluster, [])
+    store.secure_cluster(cluster, [])
     admin = store.connect(cluster, identity="admin")  # stands in for the agents
     client = store.connect(cluster)
     zk = Store(client, layout)

@@ -106,7 +106,7 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
     root = f"/scale-{size}"
     layout = Layout(root)
     cluster = ClusterSettings("gpu_nodes", zk_hosts, root, 10.0, "/nonexistent", 5.0)
-    auth.initialize(cluster, [])  # a secured root, as in production
+    store.secure_cluster(cluster, [])  # a secured root, as in production
     agents = [store.connect(cluster, identity="admin") for _ in range(SESSIONS)]  # stand-ins
     client = store.connect(cluster)
     rows = report_rows.setdefault(size, {})
@@ -172,7 +172,7 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
     root = "/scale-limit"
     layout = Layout(root)
     cluster = ClusterSettings("gpu_nodes", zk_hosts, root, 10.0, "/nonexistent", 5.0)
-    auth.initialize(cluster, [])  # a secured root (with an empty matrix)
+    store.secure_cluster(cluster, [])  # a secured root (with an empty matrix)
     client = store.connect(cluster)
     agents = store.connect(cluster, identity="admin")  # stands in for an agent
     try:

@@ -34,8 +34,8 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNo
 from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 from hypertf.errors import StoreError, UsageError
+from hypertf.layout import Layout
 from hypertf.paths import state_home
-from hypertf.settings import ClusterSettings
 
 IDENTITY_ENV = "HYPERTF_ZK_IDENTITY"
 # A user or host name inside an identity, a ZooKeeper path element and a task key.
@@ -265,8 +265,6 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
     """Create (or bring up to date) the root, its parents, the matrix and the per-user
     parents with their ACLs; idempotent. ``client`` is the admin's. An open root made
     before credentials existed is refused unless ``reset`` (which deletes it)."""
-    from hypertf.store import Layout
-
     admin = load(directory, "admin")
     acls = Acls(admin)
     layout = Layout(root)
@@ -311,8 +309,6 @@ def check_access(client: KazooClient, root: str, credential: Credential) -> None
     """After connecting: the root exists, is secured, and knows this credential (its digest
     id is in the ACL where the admin registered it: ZooKeeper accepts any secret at login
     and only refuses operations later, so a stale file is caught here, not mid-job)."""
-    from hypertf.store import Layout
-
     layout = Layout(root)
     registered_at = {"user": layout.user_leases(credential.name),
                      "agent": layout.resources}.get(credential.kind, root)
@@ -338,19 +334,3 @@ def check_access(client: KazooClient, root: str, credential: Credential) -> None
         pass
     raise StoreError(f"ZooKeeper refused the credential {credential.path} for {root}: it is "
                      f"stale or for another cluster; ask the admin for a new one")
-
-
-def initialize(cluster: ClusterSettings, hosts: list[str], users: list[str] | None = None,
-               reset: bool = False) -> Path:
-    """``hypertf auth init``: credentials for the admin, every host's agent, the running
-    user and ``users``, then the secured root. Idempotent; returns the directory."""
-    from hypertf import store
-
-    directory = store.credentials_dir(cluster)
-    ensure_credentials(directory, hosts, [job_owner(), *(users or [])])
-    client = store.connect(cluster, identity="admin", check=False)
-    try:
-        secure_root(client, cluster.zk_root, directory, reset=reset)
-    finally:
-        store.close(client)
-    return directory

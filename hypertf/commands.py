@@ -199,7 +199,7 @@ def agents(inventory: str, action: str, host: str | None = None) -> int:
 
 
 def zk(inventory: str, action: str) -> int:
-    from hypertf import auth
+    from hypertf import store
     from hypertf.paths import state_home
     from hypertf.zkserver import local_server
 
@@ -207,7 +207,7 @@ def zk(inventory: str, action: str) -> int:
     server = local_server(inv.cluster.zookeeper_hosts, state_home())
     if action == "start":
         pid = server.start()
-        directory = auth.initialize(inv.cluster, list(inv.nodes))
+        directory = store.secure_cluster(inv.cluster, list(inv.nodes))
         print(f"ZooKeeper {server.mode()} on {server.hosts} (pid {pid}, data {server.directory}); "
               f"root {inv.cluster.zk_root} secured, credentials in {directory}")
     elif action == "stop":
@@ -222,12 +222,13 @@ def zk(inventory: str, action: str) -> int:
 def auth(inventory: str, action: str, user: str | None = None, reset: bool = False,
          print_dir: bool = False) -> int:
     from hypertf import auth as credentials
+    from hypertf import store
 
     inv = load_inventory(inventory)
     if action == "add-user" and not user:
         raise UsageError("hypertf auth add-user NAME: name the user")
     users = [credentials.check_name("user", user)] if action == "add-user" and user else []
-    directory = credentials.initialize(inv.cluster, list(inv.nodes), users, reset=reset)
+    directory = store.secure_cluster(inv.cluster, list(inv.nodes), users, reset=reset)
     if action == "add-user":
         print(f"{directory / f'user.{user}.yml'}: give this file to {user} (mode 0600, in "
               f"their hypertf_zk_credentials directory, by default "

@@ -319,11 +319,11 @@ def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = Tru
 
 def secure_lab_root(lab: Lab) -> None:
     """Credentials for the lab's admin, agents and this user, and the secured root."""
-    from hypertf import auth
+    from hypertf import store
     from hypertf.inventory import load_inventory
 
     inventory = load_inventory(lab.inventory)
-    auth.initialize(inventory.cluster, list(inventory.nodes))
+    store.secure_cluster(inventory.cluster, list(inventory.nodes))
 
 
 def start_lab_agents(lab: Lab, wait_s: float = 30.0) -> None:

@@ -34,7 +34,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from hypertf import auth
-from hypertf.errors import StoreError, UsageError
+from hypertf.errors import StoreError
+from hypertf.layout import Layout as Layout  # re-exported: part of the store's interface
+from hypertf.layout import owner_of as owner_of
 from hypertf.settings import ClusterSettings
 from hypertf.zkclient import PatientClient
 
@@ -43,67 +45,6 @@ FORMAT = 1
 # ZooKeeper refuses a znode larger than jute.maxbuffer (1 MiB by default); stay under it.
 MAX_ZNODE_BYTES = 1024 * 1024 - 1024
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The znode paths under one root; nothing else spells them out."""
-
-    root: str = "/hypertf"
-
-    @property
-    def resources(self) -> str:
-        return f"{self.root}/resources"
-
-    @property
-    def matrix(self) -> str:
-        return f"{self.root}/matrix"
-
-    @property
-    def jobs(self) -> str:
-        return f"{self.root}/jobs"
-
-    @property
-    def leases(self) -> str:
-        return f"{self.root}/leases"
-
-    @property
-    def keeper(self) -> str:
-        return f"{self.root}/keeper"
-
-    @property
-    def keeper_lease(self) -> str:
-        """Ephemeral, held by the matrix keeper's session (its data: the keeper's host)."""
-        return f"{self.keeper}/lease"
-
-    @property
-    def queue_view(self) -> str:
-        """Ephemeral, of the keeper's session: the waiting jobs' positions and reasons."""
-        return f"{self.keeper}/queue"
-
-    def resource(self, host: str) -> str:
-        return f"{self.resources}/{host}"
-
-    def user_jobs(self, user: str) -> str:
-        return f"{self.jobs}/{user}"
-
-    def user_leases(self, user: str) -> str:
-        return f"{self.leases}/{user}"
-
-    def job(self, task_key: str) -> str:
-        return f"{self.jobs}/{owner_of(task_key)}/{task_key}"
-
-    def lease(self, task_key: str) -> str:
-        return f"{self.leases}/{owner_of(task_key)}/{task_key}"
-
-
-def owner_of(task_key: str) -> str:
-    """The user a task key belongs to (the part after its first dot)."""
-    stamp, _, user = task_key.partition(".")
-    if not stamp or not user or "/" in task_key:
-        raise UsageError(f"{task_key[:80]!r} is not a task key (they look like "
-                         f"20261122-085000-a1b2c3.alice; list them with 'hypertf jobs')")
-    return user
 
 
 @dataclass(frozen=True)
@@ -269,6 +210,20 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
             close(client)
             raise
     return client
+
+
+def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] | None = None,
+                   reset: bool = False) -> Path:
+    """``hypertf auth init``: credentials for the admin, every host's agent, the running
+    user and ``users``, then the secured root. Idempotent; returns the directory."""
+    directory = credentials_dir(cluster)
+    auth.ensure_credentials(directory, hosts, [auth.job_owner(), *(users or [])])
+    client = connect(cluster, identity="admin", check=False)
+    try:
+        auth.secure_root(client, cluster.zk_root, directory, reset=reset)
+    finally:
+        close(client)
+    return directory
 
 
 def credential_of(client: KazooClient) -> auth.Credential:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from hypertf import auth, store
 from hypertf import lab as lab_module
+from hypertf import store
 from hypertf.inventory import Inventory, load_inventory
 from hypertf.remote import Session
 from hypertf.settings import ClusterSettings
@@ -102,7 +102,7 @@ def layout(cluster_settings: ClusterSettings) -> Layout:
 @pytest.fixture
 def secured(cluster_settings: ClusterSettings) -> ClusterSettings:
     """The test's root, secured: credentials for the admin and this user (hypertf.auth)."""
-    auth.initialize(cluster_settings, [])
+    store.secure_cluster(cluster_settings, [])
     return cluster_settings
 
 

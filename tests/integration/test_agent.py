@@ -15,7 +15,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from hypertf import auth, status, store
+from hypertf import status, store
 from hypertf.allocation import sync_matrix
 from hypertf.inventory import load_inventory
 from hypertf.store import Store
@@ -35,7 +35,7 @@ def agent_inventory(zk_server, tmp_path):
                  "hypertf_venv": sys.prefix},
         "children": {"gpu_nodes": {"hosts": {"node1": {"ansible_connection": "local"}}}},
     }}))
-    auth.initialize(load_inventory(path).cluster, ["node1"])
+    store.secure_cluster(load_inventory(path).cluster, ["node1"])
     return path, gpus
 
 

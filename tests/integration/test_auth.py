@@ -40,7 +40,7 @@ def cluster(zk_server, tmp_path) -> Iterator[tuple[Path, Inventory, Layout]]:
                                                     "ansible_host": "127.0.0.2"}}}},
     }}))
     inventory = load_inventory(path)
-    auth.initialize(inventory.cluster, list(inventory.nodes), ["bob"])
+    store.secure_cluster(inventory.cluster, list(inventory.nodes), ["bob"])
     yield path, inventory, Layout(inventory.cluster.zk_root)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hypertf import auth, store
+from hypertf import store
 from hypertf.allocation import Request, allocate
 from hypertf.inventory import load_inventory
 from hypertf.matrix import Matrix
@@ -49,7 +49,7 @@ def keeper_lab(zk_server, tmp_path) -> Iterator[tuple[Path, dict[str, Path]]]:
                  "hypertf_keeper_prune_interval": 2},
         "children": {"gpu_nodes": {"hosts": hosts}},
     }}))
-    auth.initialize(load_inventory(path).cluster, list(HOSTS))
+    store.secure_cluster(load_inventory(path).cluster, list(HOSTS))
     yield path, gpu_files
 
 
