@@ -1,0 +1,17 @@
+"""``hypertf export``: one training request as Kubernetes, TFJob, Marathon or Docker files.
+
+Pure functions from a TrainRequest to manifest dicts (no ZooKeeper, no SSH), plus writing.
+"""
+
+from hypertf.export.job import (
+    TARGETS,
+    ExportJob,
+    ExportOptions,
+    ExportTask,
+    NodeSetup,
+    plan,
+)
+from hypertf.export.targets import export, job_for
+
+__all__ = ["TARGETS", "ExportJob", "ExportOptions", "ExportTask", "NodeSetup", "export",
+           "job_for", "plan"]
