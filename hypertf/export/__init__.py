@@ -11,7 +11,7 @@ from hypertf.export.job import (
     NodeSetup,
     plan,
 )
-from hypertf.export.targets import export, job_for
+from hypertf.export.targets import command, export, job_for
 
-__all__ = ["TARGETS", "ExportJob", "ExportOptions", "ExportTask", "NodeSetup", "export",
+__all__ = ["TARGETS", "ExportJob", "ExportOptions", "ExportTask", "NodeSetup", "command", "export",
            "job_for", "plan"]

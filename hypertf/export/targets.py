@@ -79,3 +79,22 @@ def export(request: TrainRequest, options: ExportOptions, setup: NodeSetup | Non
                     f"{job.image} {output}")
     Path(output).write_text(text)
     return "", job.notes
+
+
+def command(inventory: str | None, request: TrainRequest, options: ExportOptions,
+            output: str | None = None) -> int:
+    """``hypertf export`` / ``invoke export``: the inventory's node setup when the inventory
+    exists (it is optional: a manifest needs no cluster), notes on stderr, 0."""
+    import os
+    import sys
+
+    from hypertf.export.job import node_setup
+    from hypertf.inventory import load_inventory
+
+    setup = node_setup(load_inventory(inventory)) if inventory and os.path.exists(inventory) \
+        else NodeSetup()
+    text, notes = export(request, options, setup, output)
+    for note in notes:
+        print(note, file=sys.stderr)
+    sys.stdout.write(text)
+    return 0
