@@ -3,29 +3,93 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from invoke import Collection, Context, Exit, Task, task
+import invoke
+from invoke import Collection, Context, Exit, Task
 
-from hypertf import cli, commands
-from hypertf.request import TrainRequest
+from hypertf import cli, commands, sweepcli
+from hypertf.request import TRAIN_OPTIONS, Option, TrainRequest
+from hypertf.sweepcli import TRIAL_OPTIONS
 
 INVENTORY_HELP = {"inventory": "inventory YAML (default $HYPERTF_INVENTORY or inventory/local.yml)"}
-R = TrainRequest  # the defaults of invoke train are the request's own
 
 
-class _KeepsHelp(Task):
-    """Invoke's Task whose automatic short flags never take -h: 'invoke train -h' is help."""
+class TypedTask(Task):
+    """Invoke's Task, typed by the body's annotations: Invoke guesses an option's type from
+    its default, so ``timeout: float | None = None`` would arrive as text. Its automatic
+    short flags never take ``-h`` (help) nor a non-letter (``--, --idle-fail``); ``-i`` is
+    always the inventory."""
 
-    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, object]:
-        return super().arg_opts(name, default, {*taken_names, "h"})
+    def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
+        opts = super().arg_opts(name, default, {*taken_names, "h"})
+        opts["names"] = [n for n in opts["names"] if len(n) > 1 or n.isalpha()]
+        kind = option_kind(self.body, name)
+        if kind in (int, float, str) and not opts["positional"]:
+            opts["kind"] = kind
+        if name == "inventory" and "i" not in {*opts["names"], *taken_names}:
+            opts["names"].append("i")
+        return opts
+
+
+def option_kind(body: Callable[..., Any], name: str) -> type | None:
+    """The type an option's annotation names, ``None`` taken away (``int | None``: int)."""
+    hint = typing.get_type_hints(body).get(name)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+        hint = kinds[0] if len(kinds) == 1 else None
+    return hint if isinstance(hint, type) else None
+
+
+task = functools.partial(invoke.task, klass=TypedTask)
+
+
+Body = Callable[..., None]
+
+
+def with_options(options: tuple[Option, ...]) -> Callable[[Body], Body]:
+    """Give a ``(c, **values)`` body one keyword parameter per option (name, default and
+    annotation from the table), so Invoke sees them as if written out by hand."""
+
+    def decorate(body: Body) -> Body:
+        signature = inspect.signature(body)
+        fixed = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        added = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default,
+                                   annotation=_annotation(o)) for o in options]
+        body.__signature__ = signature.replace(parameters=[*fixed, *added])  # type: ignore[attr-defined]
+        body.__annotations__ = {**typing.get_type_hints(body),
+                                **{o.name: _annotation(o) for o in options}}
+        return body
+
+    return decorate
+
+
+def _annotation(option: Option) -> Any:
+    if option.kind is list:
+        return list[str] | None
+    return option.kind if option.default is not None else option.kind | None
+
+
+def option_help(options: tuple[Option, ...]) -> dict[str, str]:
+    return {option.name: option.help for option in options}
+
+
+def option_lists(options: tuple[Option, ...]) -> list[str]:
+    return [option.name for option in options if option.kind is list]
 
 
 def _call(func: Callable[..., int], **kwargs: object) -> None:
     """Run a hypertf verb; a failure becomes invoke.Exit with its message's exit code."""
     cli.quiet_kazoo()
     code = cli.run(lambda: func(**kwargs))
+    if code == cli.SIGPIPE_EXIT:  # the reader left (| head): no Invoke message either
+        sys.exit(code)
     if code:
         raise Exit(code=code)
 
@@ -141,95 +205,51 @@ def lab_list(c: Context) -> None:
     _call(commands.lab_list)
 
 
-@task(
-    klass=_KeepsHelp,
-    iterable=["env"],
-    help={
-        **INVENTORY_HELP,
-        "script": "training script (on the nodes, or inside --sync DIR)",
-        "worker": "number of workers", "ps": "parameter servers (0: mirrored job)",
-        "chief": "add a chief task (TF2 ParameterServerStrategy)",
-        "policy": "round_robin (default) or pack",
-        "gpus_per_worker": "GPUs per worker and chief (default 1)",
-        "gpus_per_ps": "GPUs per parameter server (default 0)",
-        "sync": "upload this directory into the job's run directory",
-        "start_timeout": "seconds for every task to listen (default 120)",
-        "timeout": "seconds for the whole job", "grace": "seconds from SIGTERM to SIGKILL",
-        "legacy_flags": "auto (default: pass --ps_hosts/--worker_hosts/--job_name/--task_index "
-                        "only if the script reads them), on or off",
-        "no_legacy_flags": "the same as --legacy-flags off",
-        "env": "NAME=VALUE for every task (repeatable)",
-        "idle_timeout": "warn when every task listens and none writes for this long (300 s)",
-        "idle_fail": "end the job at the idle timeout instead of warning",
-        "max_restarts": "restart the whole job after a retryable failure, up to N times (0)",
-        "restart_on_failure": "with max_restarts: also after a task's own non-zero exit",
-        "checkpoint_dir": "HYPERTF_CHECKPOINT_DIR for every task (absolute; shared storage)",
-        "priority": "place in the queue: higher first, FIFO within a priority (default 0)",
-        "no_wait": "fail at once (exit 4) when the GPUs are busy instead of waiting",
-        "detach": "print the task key and return; a background launcher runs the job",
-    }
-)
-def train(c: Context, script: str | None = None, worker: int = R.workers, ps: int = R.ps,
-          chief: bool = R.chief, inventory: str | None = None, policy: str = R.policy,
-          gpus_per_worker: int = R.gpus_per_worker, gpus_per_ps: int = R.gpus_per_ps,
-          sync: str | None = R.sync_dir, start_timeout: float = R.start_timeout,
-          timeout: float | None = R.timeout, grace: float = R.grace,
-          legacy_flags: str = R.legacy_flags, no_legacy_flags: bool = False,
-          env: list[str] | None = None, idle_timeout: float = R.idle_timeout or 0.0,
-          idle_fail: bool = R.idle_fail, max_restarts: int = R.max_restarts,
-          restart_on_failure: bool = R.restart_on_failure,
-          checkpoint_dir: str | None = R.checkpoint_dir, priority: int = R.priority,
-          no_wait: bool = False, detach: bool = False) -> None:
+@task(auto_shortflags=False, iterable=option_lists(TRAIN_OPTIONS), help={**INVENTORY_HELP,
+                                                  **option_help(TRAIN_OPTIONS)})
+@with_options(TRAIN_OPTIONS)
+def train(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Run a distributed TensorFlow job; hyperparameters go after '--'."""
-    if not script:
+    if not options["script"]:
         raise Exit("invoke train: --script is required (the training script, on the nodes "
                    "or inside --sync DIR)", code=2)
-    # Invoke joins what follows '--' into one string; take it from argv to keep quoting.
-    hyperparameters = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
-    request = TrainRequest(
-        script=script, workers=worker, ps=ps, chief=chief, policy=policy,
-        gpus_per_worker=gpus_per_worker, gpus_per_ps=gpus_per_ps, sync_dir=sync,
-        start_timeout=start_timeout, timeout=timeout, grace=grace,
-        legacy_flags="off" if no_legacy_flags else legacy_flags, env=tuple(env or ()),
-        idle_timeout=idle_timeout or None, idle_fail=idle_fail, max_restarts=max_restarts,
-        restart_on_failure=restart_on_failure, checkpoint_dir=checkpoint_dir,
-        priority=priority, wait=not no_wait, args=tuple(hyperparameters))
-    _call(commands.train, inventory=_inv(inventory), request=request, detach=detach)
+    _call(lambda: commands.train(_inv(inventory), train_request(options),
+                                 detach=options["detach"]))
 
 
-@task(iterable=["grid", "env"], help={
-    **INVENTORY_HELP, "script": "training script (or give --spec)",
+def train_request(values: Mapping[str, Any]) -> TrainRequest:
+    """The request of ``invoke train``'s option values and the script's arguments."""
+    return TrainRequest.from_options(values, _script_args())
+
+
+def _script_args() -> list[str]:
+    """What follows '--', from argv: Invoke joins it into one string, losing the quoting."""
+    return sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+
+
+@task(auto_shortflags=False, iterable=["grid", *option_lists(TRIAL_OPTIONS)], help={
+    **INVENTORY_HELP, **option_help(TRIAL_OPTIONS),
+    "script": "training script (or give --spec)",
     "spec": "a sweep spec YAML (grid/random, train options, metric...)",
     "grid": "NAME=V1,V2 (repeatable: every combination is a trial)",
-    "worker": "workers per trial", "ps": "parameter servers per trial",
-    "chief": "a chief per trial", "gpus_per_worker": "GPUs per worker",
-    "priority": "queue priority of every trial", "env": "NAME=VALUE for every task",
     "max_concurrent": "trials at once (2)", "max_failed": "stop after more failures than this",
     "metric": "the metrics-file key to rank by", "mode": "max (default) or min",
     "detach": "return at once; the sweep goes on in background"})
-def sweep(c: Context, script: str | None = None, spec: str | None = None,
-          grid: list[str] | None = None, worker: int = R.workers, ps: int = R.ps,
-          chief: bool = False, gpus_per_worker: int = R.gpus_per_worker,
-          priority: int = R.priority, env: list[str] | None = None,
+@with_options(TRIAL_OPTIONS)
+def sweep(c: Context, spec: str | None = None, grid: list[str] | None = None,
           max_concurrent: int | None = None, max_failed: int | None = None,
           metric: str | None = None, mode: str | None = None, detach: bool = False,
-          inventory: str | None = None) -> None:
-    """Run a hyperparameter sweep through the queue (hypertf sweep status|resume|cancel|list)."""
-    from hypertf import sweepcli
-
-    hyperparameters = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
-    train = sweepcli.invoke_args(script=script, worker=worker if script else None,
-                                 ps=ps or None, chief=chief,
-                                 gpus_per_worker=gpus_per_worker if script else None,
-                                 priority=priority or None, env=env or [])
-    options = sweepcli.invoke_args(grid=grid or [], max_concurrent=max_concurrent,
-                                   max_failed=max_failed, metric=metric, mode=mode,
-                                   detach=detach)
-    argv = [*([spec] if spec else train), *options, "-i", _inv(inventory)]
-    code = cli.run(lambda: sweepcli.run([*argv, *(["--", *hyperparameters]
-                                                  if hyperparameters else [])], _inv(inventory)))
-    if code:
-        raise Exit(code=code)
+          inventory: str | None = None, **options: Any) -> None:
+    """Run a hyperparameter sweep (each train option is each trial's) through the queue."""
+    train = [part for o in TRIAL_OPTIONS if options[o.name] not in (o.default, None, [])
+             for part in sweepcli.option_args(o.flag, options[o.name])]
+    sweep_options = sweepcli.invoke_args(grid=grid or [], max_concurrent=max_concurrent,
+                                         max_failed=max_failed, metric=metric, mode=mode,
+                                         detach=detach)
+    argv = [*([spec] if spec else []), *train, *sweep_options, "-i", _inv(inventory)]
+    hyperparameters = _script_args()
+    _call(lambda: sweepcli.run([*argv, *(["--", *hyperparameters] if hyperparameters else [])],
+                               _inv(inventory)))
 
 
 @task(help={"args": "extra pytest arguments, e.g. '-k allocation -x'"})

@@ -72,8 +72,23 @@ def credentials_dir(setting: str | None, zookeeper_hosts: str, zk_root: str) -> 
     ``$HYPERTF_HOME/credentials`` named after its ZooKeeper and root."""
     if setting:
         return Path(os.path.expanduser(setting))
-    slug = re.sub(r"[^A-Za-z0-9.-]+", "_", f"{zookeeper_hosts}{zk_root}").strip("_")
-    return state_home() / "credentials" / slug
+    return state_home() / "credentials" / _cluster_slug(zookeeper_hosts, zk_root)
+
+
+def _cluster_slug(zookeeper_hosts: str, zk_root: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", f"{zookeeper_hosts}{zk_root}").strip("_")
+
+
+def handover_note(user: str, directory: Path, setting: str | None, zookeeper_hosts: str,
+                  zk_root: str) -> str:
+    """What ``auth add-user`` tells the admin: the file to hand over and where its user puts
+    it. The default is named from the cluster, not from ``directory``: an inventory that sets
+    hypertf_zk_credentials (a lab's .../credentials) would name a directory that never is."""
+    default = f"~/.hypertf/credentials/{_cluster_slug(zookeeper_hosts, zk_root)}/"
+    where = (f"the directory their inventory's hypertf_zk_credentials names (here {setting}; "
+             f"without it {default})" if setting else f"by default {default}")
+    return (f"{directory / f'user.{user}.yml'}: give this file to {user} (mode 0600, in "
+            f"{where})")
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 
@@ -19,10 +21,8 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import commands
 from hypertf.errors import HyperTFError
-from hypertf.request import TrainRequest
+from hypertf.request import TRAIN_OPTIONS, TrainRequest
 from hypertf.settings import DEFAULT_INVENTORY
-
-R = TrainRequest  # every default of a training job lives on the request, once
 
 
 def default_inventory() -> str:
@@ -31,16 +31,7 @@ def default_inventory() -> str:
 
 
 def train_request(args: argparse.Namespace) -> TrainRequest:
-    return TrainRequest(
-        script=args.script, workers=args.worker, ps=args.ps, chief=args.chief,
-        policy=args.policy, gpus_per_worker=args.gpus_per_worker, gpus_per_ps=args.gpus_per_ps,
-        sync_dir=args.sync, start_timeout=args.start_timeout, timeout=args.timeout,
-        legacy_flags=args.legacy_flags, env=tuple(args.env), grace=args.grace,
-        idle_timeout=args.idle_timeout or None, idle_fail=args.idle_fail,
-        max_restarts=args.max_restarts, restart_on_failure=args.restart_on_failure,
-        checkpoint_dir=args.checkpoint_dir, priority=args.priority, wait=args.wait,
-        args=tuple(args.hyperparameters),
-    )
+    return TrainRequest.from_options(vars(args), args.hyperparameters)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -49,65 +40,44 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def add_train_options(p: argparse.ArgumentParser) -> None:
-    """The options of ``train``; everything else is passed to the script unchanged."""
+    """The options of ``train`` (TRAIN_OPTIONS); everything else is passed to the script."""
     _inventory_option(p)
-    p.add_argument("--script", required=True, help="training script (path on the nodes, "
-                   "or inside --sync DIR)")
-    p.add_argument("--worker", type=int, default=R.workers, help="number of workers (default 1)")
-    p.add_argument("--ps", type=int, default=R.ps, help="parameter servers (0: mirrored job)")
-    p.add_argument("--chief", action="store_true", help="add a chief (TF2 ParameterServer)")
-    p.add_argument("--policy", default=R.policy, help="round_robin or pack")
-    p.add_argument("--gpus-per-worker", type=int, default=R.gpus_per_worker,
-                   help="GPUs per worker/chief")
-    p.add_argument("--gpus-per-ps", type=int, default=R.gpus_per_ps,
-                   help="GPUs per ps (default none)")
-    p.add_argument("--sync", help="upload this directory into the job's run dir first")
-    p.add_argument("--start-timeout", type=float, default=R.start_timeout,
-                   help="seconds for every task to listen on its port (default 120)")
-    p.add_argument("--timeout", type=float, default=R.timeout,
-                   help="seconds for the whole job (default none)")
-    p.add_argument("--grace", type=float, default=R.grace,
-                   help="seconds between SIGTERM and SIGKILL when stopping tasks")
-    p.add_argument("--idle-timeout", type=float, default=R.idle_timeout,
-                   help="warn when every task listens and none has written a line for this "
-                        "many seconds (default 300; 0: never)")
-    p.add_argument("--idle-fail", action="store_true",
-                   help="end the job (failed) at the idle timeout instead of warning")
-    p.add_argument("--max-restarts", type=int, default=R.max_restarts, metavar="N",
-                   help="after a retryable failure (a host lost, a task killed by a signal, "
-                        "the start-up deadline) stop the whole job and start it again, up to "
-                        "N times (default 0); tasks see HYPERTF_ATTEMPT")
-    p.add_argument("--restart-on-failure", action="store_true",
-                   help="with --max-restarts: also restart after a task's own non-zero exit")
-    p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="HYPERTF_CHECKPOINT_DIR for every task: an absolute path, the same "
-                        "for every attempt (default <workdir>/checkpoints/<job> on each node; "
-                        "multi-worker jobs want shared storage)")
-    p.add_argument("--priority", type=int, default=R.priority, metavar="N",
-                   help="place in the queue: higher first, first come first served within "
-                        "a priority (default 0)")
-    p.add_argument("--no-wait", dest="wait", action="store_false",
-                   help="fail at once (exit 4) when the GPUs are busy instead of waiting in "
-                        "the queue")
-    p.add_argument("--detach", action="store_true",
-                   help="print the job's key and return: a background launcher waits, runs "
-                        "and cleans up (its output: runs/<key>/launcher.log); follow with "
-                        "'hypertf logs KEY -f', end with 'hypertf cancel KEY'")
+    for option in TRAIN_OPTIONS:
+        if option.kind is bool:
+            p.add_argument(option.flag, action="store_true", help=option.help)
+        elif option.kind is list:
+            p.add_argument(option.flag, action="append", default=option.default,
+                           metavar=option.metavar, help=option.help)
+        else:
+            p.add_argument(option.flag, type=option.kind, default=option.default,
+                           required=option.required, metavar=option.metavar, help=option.help)
     p.add_argument("--job-key", help=argparse.SUPPRESS)  # the detached launcher's key
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="an environment variable for every task (repeatable; over the "
-                        "inventory's hypertf_task_env)")
-    legacy = p.add_mutually_exclusive_group()
-    legacy.add_argument("--legacy-flags", dest="legacy_flags", action="store_const", const="on",
-                        default=R.legacy_flags,
-                        help="always pass --ps_hosts/--worker_hosts/--job_name/--task_index "
-                             "(default: only if the script reads them)")
-    legacy.add_argument("--no-legacy-flags", dest="legacy_flags", action="store_const",
-                        const="off", help="never pass the legacy flags")
+
+
+def train_flags() -> list[str]:
+    """Every flag ``hypertf train`` knows, for telling a typo from a script argument."""
+    return ["--inventory", *(option.flag for option in TRAIN_OPTIONS)]
+
+
+def script_args_note(unknown: Sequence[str]) -> str | None:
+    """Say which arguments go to the script because HyperTF does not know them, and name
+    the option a typo was meant to be: ``--max-restart 1`` silently runs without restarts."""
+    if not unknown:
+        return None
+    lines = [f"hypertf: not HyperTF options, passed to the script: {shlex.join(unknown)} "
+             f"(put them after '--' to say so)"]
+    for word in unknown:
+        flag = word.partition("=")[0]
+        if flag.startswith("--") and flag != "--":
+            close = difflib.get_close_matches(flag, train_flags(), n=1, cutoff=0.75)
+            if close:
+                lines.append(f"hypertf: {flag}: did you mean {close[0]}?")
+    return "\n".join(lines)
 
 
 def parse_train(argv: Sequence[str]) -> argparse.Namespace:
-    """``--`` or any unknown option starts the hyperparameters, kept verbatim."""
+    """``--`` or any unknown option starts the hyperparameters, kept verbatim; the unknown
+    ones are named on stderr (with the option a typo resembles)."""
     argv = list(argv)
     extra: list[str] = []
     if "--" in argv:
@@ -116,6 +86,9 @@ def parse_train(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="hypertf train", allow_abbrev=False)
     add_train_options(parser)
     args, unknown = parser.parse_known_args(argv)
+    note = script_args_note(unknown)
+    if note:
+        print(note, file=sys.stderr)
     args.hyperparameters = unknown + extra
     args.func = cmd_train
     args.command = "train"
@@ -266,10 +239,34 @@ def run(func: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("hypertf: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return reader_gone()
+
+
+SIGPIPE_EXIT = 128 + 13  # what a shell reports for a writer killed by SIGPIPE
+
+
+def reader_gone() -> int:
+    """The reader of stdout left (``| head -1``, ``| grep -q``): end quietly, as ``cat``
+    does. Stdout goes to /dev/null so that the interpreter's last flush cannot complain."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_EXIT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run one command; its output flushed here so that a closed pipe is caught here."""
+    try:
+        try:
+            return _dispatch(list(sys.argv[1:] if argv is None else argv))
+        finally:  # also after argparse's --help, which exits
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["sweep"]:
         from hypertf import sweepcli
 

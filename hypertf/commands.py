@@ -230,9 +230,8 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
     users = [credentials.check_name("user", user)] if action == "add-user" and user else []
     directory = store.secure_cluster(inv.cluster, list(inv.nodes), users, reset=reset)
     if action == "add-user":
-        print(f"{directory / f'user.{user}.yml'}: give this file to {user} (mode 0600, in "
-              f"their hypertf_zk_credentials directory, by default "
-              f"~/.hypertf/credentials/{directory.name}/)")
+        print(credentials.handover_note(user, directory, inv.cluster.zk_credentials,
+                                        inv.cluster.zookeeper_hosts, inv.cluster.zk_root))
     else:
         print(f"ZooKeeper root {inv.cluster.zk_root} secured; credentials in {directory}")
     if print_dir:

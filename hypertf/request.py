@@ -1,14 +1,17 @@
 """What a user asks of ``hypertf train``: one typed request, its defaults, its checks.
 
-Every default of a training job lives here, once: the command line and ``invoke train``
-build a ``TrainRequest`` and the launcher reads it.
+Every default of a training job lives here, once: ``TRAIN_OPTIONS`` declares each option
+(flag, type, default, help) for both ``hypertf train`` (argparse) and ``invoke train``, and
+``TrainRequest.from_options`` turns the values of either into the request the launcher reads.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hypertf import diagnose
 from hypertf.errors import UsageError
@@ -49,6 +52,25 @@ class TrainRequest:
     checkpoint_dir: str | None = None  # HYPERTF_CHECKPOINT_DIR; default per node's work dir
     priority: int = 0  # higher first in the queue; FIFO within a priority
     wait: bool = True  # wait in the queue when the GPUs are busy (False: refuse at once)
+
+    @classmethod
+    def from_options(cls, values: Mapping[str, Any], args: Sequence[str] = ()) -> TrainRequest:
+        """The request for ``TRAIN_OPTIONS`` values (keyed by ``Option.name``): the one place
+        where an option becomes a field, whichever command line gave it."""
+        if values["legacy_flags"] and values["no_legacy_flags"]:
+            raise UsageError("--legacy-flags and --no-legacy-flags exclude each other")
+        legacy = "on" if values["legacy_flags"] else "off" if values["no_legacy_flags"] else "auto"
+        return cls(
+            script=values["script"], workers=values["worker"], ps=values["ps"],
+            chief=values["chief"], policy=values["policy"],
+            gpus_per_worker=values["gpus_per_worker"], gpus_per_ps=values["gpus_per_ps"],
+            sync_dir=values["sync"], start_timeout=values["start_timeout"],
+            timeout=values["timeout"], grace=values["grace"], legacy_flags=legacy,
+            env=tuple(values["env"] or ()), idle_timeout=values["idle_timeout"] or None,
+            idle_fail=values["idle_fail"], max_restarts=values["max_restarts"],
+            restart_on_failure=values["restart_on_failure"],
+            checkpoint_dir=values["checkpoint_dir"], priority=values["priority"],
+            wait=not values["no_wait"], args=tuple(args))
 
     def env_vars(self) -> dict[str, str]:
         """--env NAME=VALUE as a mapping; a bad name or a reserved one is a usage error."""
@@ -158,3 +180,64 @@ class TrainRequest:
                 raise UsageError(f"--sync {self.sync_dir}: no such directory")
             if not (Path(self.sync_dir) / self.script).is_file():
                 raise UsageError(f"--script {self.script} not found in --sync {self.sync_dir}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of ``train``, declared once for argparse, Invoke and the README table."""
+
+    name: str  # the Python name; the flag is --name with dashes (both command lines)
+    kind: type  # int, float or str take a value; bool is a flag; list repeats (str items)
+    default: Any
+    help: str
+    metavar: str | None = None
+    required: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+R = TrainRequest
+TRAIN_OPTIONS: tuple[Option, ...] = (
+    Option("script", str, None, "training script (a path on the nodes, or inside --sync DIR)",
+           "PATH", required=True),
+    Option("worker", int, R.workers, "number of workers (default 1)", "N"),
+    Option("ps", int, R.ps, "parameter servers (0: a mirrored job)", "N"),
+    Option("chief", bool, R.chief, "add a chief task (TF2 ParameterServerStrategy)"),
+    Option("policy", str, R.policy, f"{' or '.join(POLICIES)} (default {R.policy})"),
+    Option("gpus_per_worker", int, R.gpus_per_worker, "GPUs per worker and chief (default 1)",
+           "N"),
+    Option("gpus_per_ps", int, R.gpus_per_ps, "GPUs per parameter server (default 0)", "N"),
+    Option("sync", str, R.sync_dir, "upload this directory into the job's run directory first",
+           "DIR"),
+    Option("start_timeout", float, R.start_timeout,
+           "seconds for every task to listen on its port (default 120)", "S"),
+    Option("timeout", float, R.timeout, "seconds for the whole job (default none)", "S"),
+    Option("grace", float, R.grace, "seconds from SIGTERM to SIGKILL when stopping tasks "
+           "(default 5)", "S"),
+    Option("legacy_flags", bool, False, "always pass --ps_hosts/--worker_hosts/--job_name/"
+           "--task_index (default: only if the script reads them)"),
+    Option("no_legacy_flags", bool, False, "never pass the legacy flags"),
+    Option("env", list, None, "an environment variable for every task (repeatable; over the "
+           "inventory's hypertf_task_env)", "NAME=VALUE"),
+    Option("idle_timeout", float, R.idle_timeout, "warn when every task listens and none has "
+           "written a line for this many seconds (default 300; 0: never)", "S"),
+    Option("idle_fail", bool, R.idle_fail, "end the job (failed) at the idle timeout instead "
+           "of warning"),
+    Option("max_restarts", int, R.max_restarts, "after a retryable failure (a host lost, a task "
+           "killed by a signal, the start-up deadline) start the whole job again, up to N "
+           "times (default 0); tasks see HYPERTF_ATTEMPT", "N"),
+    Option("restart_on_failure", bool, R.restart_on_failure,
+           "with --max-restarts: also restart after a task's own non-zero exit"),
+    Option("checkpoint_dir", str, R.checkpoint_dir, "HYPERTF_CHECKPOINT_DIR for every task: an "
+           "absolute path, the same for every attempt (default <workdir>/checkpoints/<job> on "
+           "each node; multi-worker jobs want shared storage)", "DIR"),
+    Option("priority", int, R.priority, "place in the queue: higher first, first come first "
+           "served within a priority (default 0)", "N"),
+    Option("no_wait", bool, False, "fail at once (exit 4) when the GPUs are busy instead of "
+           "waiting in the queue"),
+    Option("detach", bool, False, "print the job's key and return: a background launcher "
+           "waits, runs and cleans up (its output: runs/<key>/launcher.log)"),
+)
+"""Every option of ``train`` (``-i/--inventory`` aside), in the README's order of topics."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from hypertf import sweep as sweeps
 from hypertf.errors import UsageError
+from hypertf.request import TRAIN_OPTIONS
 from hypertf.sweepspec import SweepSpec, expand, load_spec, parse_grid_option
 
 VERBS = ("status", "resume", "cancel", "list")
@@ -33,26 +34,24 @@ def _sweep_options(parser: argparse.ArgumentParser, default_inventory: str) -> N
                         help="print the sweep id and return; the sweep goes on in background")
 
 
+TRIAL_OPTIONS = tuple(option for option in TRAIN_OPTIONS if option.name != "detach")
+"""The train options a sweep passes to every trial (its --detach is the sweep's own)."""
+
+
 def train_argv_of(spec: SweepSpec) -> list[str]:
     """A YAML spec's ``train`` mapping as ``hypertf train`` options (names checked)."""
-    from hypertf.cli import add_train_options
-
-    parser = argparse.ArgumentParser(add_help=False)
-    add_train_options(parser)
-    options = {action.dest: action for action in parser._actions if action.option_strings}
+    options = {option.name: option for option in TRIAL_OPTIONS if option.name != "script"}
     argv = ["--script", spec.script]
     script_args: list[str] = []
     for key, value in spec.train.items():
         if key == "args":
             script_args = [str(item) for item in value]
             continue
-        action = options.get(key)
-        if action is None or key in ("script", "job_key", "inventory"):
-            known = ", ".join(sorted(k for k in options if k not in ("script", "job_key",
-                                                                       "inventory")))
-            raise UsageError(f"sweep spec: train option {key!r} is unknown; use one of {known},"
-                             f" args")
-        argv += option_args(action.option_strings[-1], value)
+        option = options.get(key)
+        if option is None:
+            raise UsageError(f"sweep spec: train option {key!r} is unknown; use one of "
+                             f"{', '.join(sorted(options))}, args")
+        argv += option_args(option.flag, value)
     return [*argv, "--", *script_args] if script_args else argv
 
 

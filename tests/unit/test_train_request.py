@@ -110,7 +110,7 @@ def test_parse_train_defaults() -> None:
     assert (args.gpus_per_worker, args.gpus_per_ps) == (1, 0)
     assert args.start_timeout == 120.0 and args.timeout is None
     assert args.grace == 5.0
-    assert args.sync is None and args.legacy_flags == "auto"
+    assert args.sync is None and cli.train_request(args).legacy_flags == "auto"
     assert args.hyperparameters == []
     assert args.command == "train" and args.func is cli.cmd_train
 
@@ -126,7 +126,7 @@ def test_parse_train_reads_every_option() -> None:
     assert (args.worker, args.ps, args.chief, args.policy) == (4, 2, True, "pack")
     assert (args.gpus_per_worker, args.gpus_per_ps, args.sync) == (2, 1, "code")
     assert (args.start_timeout, args.timeout, args.grace) == (30.0, 600.0, 0.5)
-    assert args.legacy_flags == "off" and args.hyperparameters == []
+    assert cli.train_request(args).legacy_flags == "off" and args.hyperparameters == []
 
 
 def test_parse_train_double_dash_passes_everything_after_it_to_the_script() -> None:
