@@ -15,6 +15,7 @@ import invoke
 from invoke import Collection, Context, Exit, Task
 
 from hypertf import cli, commands, sweepcli
+from hypertf.export.targets import EXPORT_OPTIONS
 from hypertf.request import TRAIN_OPTIONS, Option, TrainRequest
 from hypertf.sweepcli import TRIAL_OPTIONS
 
@@ -217,6 +218,19 @@ def train(c: Context, inventory: str | None = None, **options: Any) -> None:
                                  detach=options["detach"]))
 
 
+@task(auto_shortflags=False, iterable=option_lists(TRAIN_OPTIONS), help={
+    **INVENTORY_HELP, **option_help(TRAIN_OPTIONS), **option_help(EXPORT_OPTIONS)})
+@with_options(TRAIN_OPTIONS + EXPORT_OPTIONS)
+def export(c: Context, inventory: str | None = None, **options: Any) -> None:
+    """Write a train command as k8s, tfjob, marathon or docker files; script args after '--'."""
+    from hypertf import export as exporter
+
+    if not options["script"] or not options["to"]:
+        raise Exit("invoke export: --to TARGET and --script are required", code=2)
+    _call(lambda: exporter.command(_inv(inventory), train_request(options),
+                                   exporter.export_options(options), options["output"]))
+
+
 def train_request(values: Mapping[str, Any]) -> TrainRequest:
     """The request of ``invoke train``'s option values and the script's arguments."""
     return TrainRequest.from_options(values, _script_args())
@@ -330,5 +344,5 @@ lab.add_task(lab_up, "up")
 lab.add_task(lab_down, "down")
 lab.add_task(lab_list, "list")
 
-ns = Collection(zk, auth, agent, cluster, lab, train, sweep, jobs, kill, cancel, queue, logs,
-                test, bench)
+ns = Collection(zk, auth, agent, cluster, lab, train, export, sweep, jobs, kill, cancel, queue,
+                logs, test, bench)

@@ -95,6 +95,41 @@ def parse_train(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from hypertf import export
+
+    return export.command(args.inventory, train_request(args), export.export_options(vars(args)),
+                          args.output)
+
+
+def parse_export(argv: Sequence[str]) -> argparse.Namespace:
+    """``export`` takes every train option (parse_train's rules for the script's arguments)
+    and its own (export.EXPORT_OPTIONS)."""
+    from hypertf.export import EXPORT_OPTIONS
+
+    argv = list(argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(prog="hypertf export", allow_abbrev=False,
+                                     description="write a train command as Kubernetes, TFJob, "
+                                                 "Marathon or Docker files (docs/kubernetes.md)")
+    add_train_options(parser)
+    for option in EXPORT_OPTIONS:
+        names = [option.flag, "-o"] if option.name == "output" else [option.flag]
+        parser.add_argument(*names, type=option.kind, default=option.default,
+                            required=option.required, metavar=option.metavar, help=option.help)
+    args, unknown = parser.parse_known_args(argv)
+    note = script_args_note(unknown)
+    if note:
+        print(note, file=sys.stderr)
+    args.hyperparameters = unknown + extra
+    args.func = cmd_export
+    args.command = "export"
+    return args
+
+
 def _inventory_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--inventory", default=default_inventory(),
                         help=f"inventory YAML (default $HYPERTF_INVENTORY or {DEFAULT_INVENTORY})")
@@ -169,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
                    add_help=False)
+    sub.add_parser("export", add_help=False,
+                   help="a train command as k8s, tfjob, marathon or docker files "
+                        "(hypertf export --to k8s --image IMAGE --script S ...)")
     sub.add_parser("sweep", add_help=False,
                    help="trials of one script over a grid or random search, through the queue "
                         "(hypertf sweep --script S --grid lr=0.1,0.01; sweep status|resume|"
@@ -272,10 +310,11 @@ def _dispatch(argv: list[str]) -> int:
 
         quiet_kazoo()
         return run(lambda: sweepcli.run(argv[1:], default_inventory()))
-    args = parse_train(argv[1:]) if argv[:1] == ["train"] else build_parser().parse_args(argv)
+    parse = {"train": parse_train, "export": parse_export}.get(argv[0] if argv else "")
+    args = parse(argv[1:]) if parse else build_parser().parse_args(argv)
     if args.command != "agent":
         quiet_kazoo()
-    if args.command == "train":
+    if args.command in ("train", "export"):
         return run(lambda: args.func(args))
     kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     if args.command in ("cluster", "lab", "inventory"):

@@ -11,7 +11,7 @@ from hypertf.export.job import (
     NodeSetup,
     plan,
 )
-from hypertf.export.targets import command, export, job_for
+from hypertf.export.targets import EXPORT_OPTIONS, command, export, export_options, job_for
 
-__all__ = ["TARGETS", "ExportJob", "ExportOptions", "ExportTask", "NodeSetup", "command", "export",
-           "job_for", "plan"]
+__all__ = ["EXPORT_OPTIONS", "TARGETS", "ExportJob", "ExportOptions", "ExportTask", "NodeSetup",
+           "command", "export", "export_options", "job_for", "plan"]

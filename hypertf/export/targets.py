@@ -7,7 +7,7 @@ it returns the text for stdout (or writes ``-o``) and the notes for stderr.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ import yaml
 from hypertf.errors import UsageError
 from hypertf.export import docker, k8s, marathon, tfjob
 from hypertf.export.job import ExportJob, ExportOptions, NodeSetup, plan, service_address
-from hypertf.request import TrainRequest
+from hypertf.request import Option, TrainRequest
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,28 @@ def command(inventory: str | None, request: TrainRequest, options: ExportOptions
         print(note, file=sys.stderr)
     sys.stdout.write(text)
     return 0
+
+
+EXPORT_OPTIONS: tuple[Option, ...] = (
+    Option("to", str, None, f"what to write: {', '.join(TARGETS)}", "TARGET", required=True),
+    Option("image", str, None, "the container image (k8s, tfjob, marathon; the tag to build "
+           "for docker)", "IMAGE"),
+    Option("output", str, None, "write here instead of stdout (docker: a build context "
+           "directory)", "PATH"),
+    Option("name", str, None, "the job's name (a DNS-1123 label; default: the script's "
+           "name)", "NAME"),
+    Option("namespace", str, "default", "Kubernetes namespace (default 'default')", "NS"),
+    Option("queue", str, None, "Kueue LocalQueue: label kueue.x-k8s.io/queue-name", "QUEUE"),
+    Option("base_image", str, ExportOptions.base_image, "docker: the image to build FROM "
+           f"(default {ExportOptions.base_image})", "IMAGE"),
+    Option("tensorflow", str, None, "docker: the TensorFlow package (default "
+           "tensorflow[and-cuda] with GPUs, else tensorflow-cpu)", "REQ"),
+)
+"""``export``'s own options, beside every train option (one declaration for both CLIs)."""
+
+
+def export_options(values: Mapping[str, Any]) -> ExportOptions:
+    """The ExportOptions of EXPORT_OPTIONS values (keyed by ``Option.name``)."""
+    return ExportOptions(target=values["to"], image=values["image"], name=values["name"],
+                         namespace=values["namespace"], queue=values["queue"],
+                         base_image=values["base_image"], tensorflow=values["tensorflow"])

@@ -303,3 +303,34 @@ def test_bad_input_is_a_usage_error(case):
         job_for(request(), options)
     assert err.value.exit_code == 2
     assert all(word in str(err.value) for word in words), str(err.value)
+
+
+# -- the command lines ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--to", "nomad"], ["unknown export target"]),
+    (["--to", "k8s"], ["--image"]),
+    (["--to", "k8s", "--image", "x:1", "--name", "My_Job"], ["DNS-1123"]),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, argv, words):
+    done = subprocess.run([sys.executable, "-m", "hypertf.cli", "export", *argv, "--script",
+                           "a.py", "-i", str(tmp_path / "none.yml")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    assert all(word in errors[0] for word in words)
+
+
+@pytest.mark.parametrize("runner", ["hypertf", "invoke"])
+def test_cli_and_invoke_export_what_the_function_does(tmp_path, runner):
+    argv = ["export", "--to", "k8s", "--image", IMAGE, "--script",
+            str(EXAMPLES / "mirrored_strategy.py"), "--worker", "2", "--max-restarts", "1",
+            "-i", str(tmp_path / "none.yml"), "--", "--steps", "5"]
+    head = [sys.executable, "-m", "hypertf.cli"] if runner == "hypertf" else \
+        [str(Path(sys.executable).parent / "invoke"), "-r", str(REPO)]
+    done = subprocess.run([*head, *argv], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    expected, _ = export(request(max_restarts=1, args=("--steps", "5")),
+                         ExportOptions("k8s", image=IMAGE))
+    assert done.stdout == expected
