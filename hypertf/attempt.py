@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from hypertf import diagnose
 from hypertf import spec as specs
 from hypertf.allocation import Grant, release
 from hypertf.errors import HyperTFError, StoreError
@@ -35,6 +36,8 @@ from hypertf.rundir import RunDir
 if TYPE_CHECKING:
     from hypertf.launcher import Job
 
+LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow reads as TF_USE_LEGACY_KERAS set
+LATE_EXIT_WAIT_S = 5.0  # after the stop: how long the watchers may take to report the ends
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
 
@@ -113,6 +116,7 @@ class Attempt:
         self.events: queue.Queue[Event] = queue.Queue()
         self.lease_dropped = threading.Event()
         self.lost_hosts: set[str] = set()
+        self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
         self.result = "failed"
         self.message = ""
         self._over = False
@@ -211,6 +215,7 @@ class Attempt:
         for host in by_host:
             ports = {t.file_name: t.port for t in self.tasks.values() if t.placement.host == host}
             NodeClient(cluster.sessions[host]).follow(self.run_dir(host), ports, self.events)
+            self.watched.add(host)
         return busy
 
     # -- watch ----------------------------------------------------------------------------
@@ -223,7 +228,7 @@ class Attempt:
                         idle_timeout=request.idle_timeout, idle_fail=request.idle_fail,
                         host_silence=max(2 * job.inventory.cluster.ssh_timeout, 10.0))
         monitor = Monitor(self.tasks, limits, time.monotonic(), logs_hint=f"{self.local_dir}/",
-                          idle_causes=job.request.idle_causes())
+                          idle_causes=job.request.idle_causes(), facts=self.facts())
         while True:
             try:
                 event = self.events.get(timeout=0.2)
@@ -247,6 +252,21 @@ class Attempt:
                 raise JobFailed(decision.message, decision.verdict is Verdict.RETRYABLE,
                                 decision.hosts)
 
+    def facts(self) -> diagnose.JobFacts:
+        """What a failure's hint may rely on: TF_USE_LEGACY_KERAS=1 on every task's host,
+        and tf-keras in every host's venv (preflight's answer; None if a host did not say)."""
+        job = self.job
+        hosts = sorted({t.placement.host for t in self.tasks.values()})
+        legacy = bool(hosts) and all(
+            job.request.task_env(job.inventory.node(host)).get("TF_USE_LEGACY_KERAS")
+            in LEGACY_KERAS_ON for host in hosts)
+        known = job.tf_keras
+        tf_keras = (all(known[host] for host in hosts)
+                    if hosts and all(host in known for host in hosts) else None)
+        if any(known.get(host) is False for host in hosts):
+            tf_keras = False
+        return diagnose.JobFacts(legacy_keras=legacy, tf_keras=tf_keras)
+
     # -- stop, release, report ------------------------------------------------------------
     def stop(self) -> GroupResult[dict[str, str]]:
         """TERM each task's process group, KILL after the grace period; every host at once."""
@@ -268,6 +288,32 @@ class Attempt:
             self.job.say(f"hypertf: warning: could not stop tasks on {host} ({err}); its "
                          f"agent stops them once the job's lease is released")
         return results
+
+    def late_exits(self, wait_s: float = LATE_EXIT_WAIT_S) -> None:
+        """Record the exit codes the watchers report after the Monitor decided. A job ends
+        at its first failure; its peers die of it a second later (a mirrored worker's
+        'Socket closed') or are stopped now, and their ends arrive after the decision.
+        Without this, a task that exited 1 with its own traceback read as having no exit
+        code at all. Waits until every watched host's tasks have ended, its watcher
+        closed, or ``wait_s``."""
+        by_file = {(t.placement.host, t.file_name): t for t in self.tasks.values()}
+
+        def waiting() -> bool:
+            return any(t.ended is None and t.placement.host in self.watched - self.lost_hosts
+                       for t in self.tasks.values())
+
+        deadline = time.monotonic() + wait_s
+        while waiting() and time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if event.kind in ("closed", "lost"):
+                self.watched.discard(event.host)
+            task = by_file.get((event.host, event.task))
+            if event.kind == "exit" and task is not None and task.ended is None:
+                task.ended, task.exit_code, task.killed = (time.monotonic(), event.code,
+                                                           event.killed)
 
     def _release(self, stopped_on: list[str] | None, wait_s: float = 15.0) -> None:
         """Release, or explain why the GPUs come back anyway when ZooKeeper is out of reach."""
@@ -307,6 +353,7 @@ class Attempt:
         stopped: GroupResult[dict[str, str]] = GroupResult()
         try:
             stopped = self.stop()
+            self.late_exits()
         finally:
             if self.job.client is not None and self.grant is not None:
                 self._release(confirmed_dead(self.tasks.values(), stopped, self.grant))

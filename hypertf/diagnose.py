@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 LEGACY_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index")
@@ -57,19 +58,162 @@ def unknown_legacy_flag(lines: Sequence[str]) -> str | None:
     return None
 
 
-def cause_lines(lines: Sequence[str], limit: int = 4) -> list[str]:
-    """The lines that name why a task died: FATAL and error lines, then the last
-    traceback's innermost frame and its final line (kept whatever the limit); at most
-    ``limit`` lines, in log order."""
-    traceback: list[str] = []
+MAX_ERROR_CHARS = 300  # a longer error line is shortened in the middle (tensor dumps)
+MAX_ERROR_LINES = 200  # continuation lines of one exception message read at most
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)(?:, in (.*))?')
+# A frame of an installed library or of Python itself, not of the user's script: the
+# script's own frame says where to look (train.py:109), the library's only what raised.
+_LIBRARY = re.compile(r"[/\\](?:site-packages|dist-packages)[/\\]|[/\\]lib[/\\]python[\d.]*[/\\]"
+                      r"|^<frozen |^<string>$")
+_NEW_RECORD = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of the above"
+                         r"|The above exception was the direct cause)")
+
+
+def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` whole, or its head and tail around `` ... `` when longer than ``limit``:
+    an exception's type and its last words (what it could not convert, to what) both
+    matter, the tensor dump between them does not."""
+    if len(text) <= limit:
+        return text
+    keep = (limit - 5) // 2
+    return f"{text[:keep].rstrip()} ... {text[-keep:].lstrip()}"
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The last traceback of a log: the frame to look at and the whole error line."""
+
+    frame: str  # the script's own innermost frame (else the innermost), with its code line
+    error: str  # the exception line and its continuation lines, joined, shortened
+
+    @property
+    def lines(self) -> list[str]:
+        return [line for line in (self.frame, self.error) if line]
+
+
+def _script_frame(lines: Sequence[str], frames: Sequence[int]) -> str:
+    """The innermost frame outside installed libraries (the script's own), else the
+    innermost frame; followed by the code line Python printed under it."""
+    own = [i for i in frames if not _LIBRARY.search(_FRAME.match(lines[i]).group(1))]
+    if not (own or frames):
+        return ""
+    index = (own or frames)[-1]
+    frame = lines[index].strip()
+    code = lines[index + 1].strip() if index + 1 < len(lines) else ""
+    if code and lines[index + 1][:1].isspace() and not _FRAME.match(lines[index + 1]) \
+            and set(code) - set("^~ "):
+        frame = f"{frame}: {code}"
+    return frame
+
+
+def last_traceback(lines: Sequence[str]) -> Raised | None:
+    """The last Python traceback of a log, or None. The error is the first unindented line
+    after the last frame (Python's format) with the lines that continue its message up to
+    a blank line, joined: a message cut at its first line hides what it says
+    (``ValueError: Attempt to convert a value (PerReplica:{``)."""
     start = max((i for i, line in enumerate(lines)
                  if line.startswith("Traceback (most recent call last)")), default=-1)
-    if start >= 0:
-        frames = [i for i in range(start, len(lines)) if lines[i].lstrip().startswith('File "')]
-        final = next((i for i in range(len(lines) - 1, start, -1)
-                      if _CAUSE.match(lines[i].strip())), None)
-        traceback = [lines[i].strip() for i in (frames[-1:] + ([final] if final else []))]
-    others = [line.strip() for line in lines[:start] if _CAUSE.match(line.strip())] \
-        if start >= 0 else [line.strip() for line in lines if _CAUSE.match(line.strip())]
+    if start < 0:
+        return None
+    frames = [i for i in range(start + 1, len(lines)) if _FRAME.match(lines[i])]
+    first = (frames[-1] + 1) if frames else start + 1
+    error_at = next((i for i in range(first, len(lines))
+                     if lines[i].strip() and not lines[i][:1].isspace()), None)
+    if error_at is None:  # not Python's format: the last line that reads like an error
+        error_at = next((i for i in range(len(lines) - 1, start, -1)
+                         if _CAUSE.match(lines[i].strip())), None)
+    message: list[str] = []
+    if error_at is not None:
+        for line in lines[error_at:error_at + MAX_ERROR_LINES]:
+            if not line.strip() or (message and _NEW_RECORD.match(line)):
+                break
+            message.append(line.strip())
+    return Raised(_script_frame(lines, frames), shorten(" ".join(message)))
+
+
+def cause_lines(lines: Sequence[str], limit: int = 4) -> list[str]:
+    """The lines that name why a task died: FATAL and error lines, then the last
+    traceback's frame in the script and its whole error (kept whatever the limit); at most
+    ``limit`` lines, in log order."""
+    raised = last_traceback(lines)
+    start = max((i for i, line in enumerate(lines)
+                 if line.startswith("Traceback (most recent call last)")), default=len(lines))
+    traceback = raised.lines if raised else []
+    others = [shorten(line.strip()) for line in lines[:start] if _CAUSE.match(line.strip())]
     room = max(0, limit - len(traceback))
     return (others[-room:] if room else []) + traceback
+
+
+# -- hints: the fix for a death HyperTF recognises ------------------------------------------
+@dataclass(frozen=True)
+class JobFacts:
+    """What the launcher knows that changes a hint: whether the tasks ran with
+    TF_USE_LEGACY_KERAS=1, and whether tf-keras is in the nodes' virtualenv (their
+    preflight looked; None: not known, e.g. a node without the check)."""
+
+    legacy_keras: bool = False
+    tf_keras: bool | None = None
+
+
+# Keras 3's errors for Keras 2 habits (seen with scripts written for TF <= 2.15; each one
+# ran under --env TF_USE_LEGACY_KERAS=1 with tf-keras on the nodes).
+KERAS3_ERRORS = (
+    (re.compile(r"Attempt to convert a value \(PerReplica"),
+     "model.fit under a distribution strategy"),
+    (re.compile(r"has no attribute 'reset_states'"), "reset_states() is reset_state() in Keras 3"),
+    (re.compile(r"A KerasTensor cannot be used as input to a TensorFlow function"),
+     "a TensorFlow op on a Keras input"),
+    (re.compile(r"ModelCheckpoint.*must end in `\.(?:weights\.h5|keras)`"),
+     "ModelCheckpoint's file name"),
+    (re.compile(r"pass this dataset to ClusterCoordinator\.create_per_worker_dataset"
+                r"|ParameterServerStrategy.*(?:not supported|unsupported)"),
+     "model.fit under ParameterServerStrategy"),
+)
+_MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'")
+_TB_MISSING = re.compile(r"TBNotInstalledError|TensorBoard is not installed")
+TF_KERAS_PACKAGE = "hypertf_python_packages_no_deps: [tf-keras==<TensorFlow's version>]"
+
+
+def keras3_error(lines: Sequence[str]) -> str | None:
+    """What Keras 2 habit the log's error is, when Keras 3 refused one."""
+    for line in lines:
+        for pattern, what in KERAS3_ERRORS:
+            if pattern.search(line):
+                return what
+    return None
+
+
+def _tf_keras_words(facts: JobFacts) -> str:
+    if facts.tf_keras:
+        return "tf-keras is on the nodes"
+    if facts.tf_keras is False:
+        return (f"tf-keras is not on the nodes: add {TF_KERAS_PACKAGE} to the inventory and "
+                f"run invoke cluster.setup")
+    return f"tf-keras must be on the nodes ({TF_KERAS_PACKAGE} in the inventory)"
+
+
+def hints(lines: Sequence[str], facts: JobFacts = JobFacts()) -> list[str]:
+    """The fixes HyperTF can name for a task's log: Keras 2 scripts under Keras 3
+    (TF_USE_LEGACY_KERAS with tf-keras), a module missing from the nodes' virtualenv
+    (hypertf_python_packages; TensorBoard is no longer a dependency of tensorflow-cpu)."""
+    found: list[str] = []
+    keras = keras3_error(lines)
+    if keras and not facts.legacy_keras:
+        found.append(f"a Keras 2 script under Keras 3 ({keras}): run it with --env "
+                     f"TF_USE_LEGACY_KERAS=1; {_tf_keras_words(facts)}; a script that does "
+                     f"'import keras' then needs 'import tf_keras as keras'")
+    elif keras:
+        found.append(f"a Keras 3 error ({keras}) although TF_USE_LEGACY_KERAS=1 is set: that "
+                     f"only changes tf.keras, so a script that does 'import keras' needs "
+                     f"'import tf_keras as keras'; {_tf_keras_words(facts)}")
+    text = "\n".join(lines)
+    missing = _MISSING_MODULE.search(text)
+    if _TB_MISSING.search(text) or (missing and missing.group(1).split(".")[0] == "tensorboard"):
+        found.append("TensorBoard is not on the nodes (tensorflow-cpu no longer depends on "
+                     "it): add tensorboard to hypertf_python_packages in the inventory and run "
+                     "invoke cluster.setup")
+    elif missing:
+        module = missing.group(1).split(".")[0]
+        found.append(f"module {module!r} is not on the nodes: add its package to "
+                     f"hypertf_python_packages in the inventory and run invoke cluster.setup")
+    return found

@@ -107,6 +107,7 @@ class Job:
         self.message = ""
         self.preflighted: set[str] = set()
         self.script_reads_flags = False
+        self.tf_keras: dict[str, bool] = {}  # preflight: tf-keras in each host's venv
         self.flags_announced = False
         self.cpu_only = False
         self.attempts: list[Attempt] = []
@@ -159,6 +160,8 @@ class Job:
         results = self.cluster.each(check, hosts)
         results.raise_failed("preflight", "; nothing was started or allocated")
         self.script_reads_flags |= any(v.get("legacy_flags") for v in results.succeeded.values())
+        self.tf_keras.update({host: bool(v["tf_keras"]) for host, v in results.succeeded.items()
+                              if "tf_keras" in v})
         self.preflighted.update(hosts)
 
     def announce_flags(self) -> bool:
@@ -169,8 +172,25 @@ class Job:
             notice = self.request.topology_notice()
             if notice:
                 self.say(f"hypertf: {notice}")
+            warning = self.hang_warning(passed)
+            if warning:
+                self.say(f"hypertf: warning: {warning}")
             self.flags_announced = True
         return passed
+
+    def hang_warning(self, passed: bool) -> str | None:
+        """ps tasks, no chief, and no legacy flags for the script: only a TF1 script that
+        reads its cluster from the flags finishes in that shape (its workers are the
+        finishers). A TF2 ParameterServerStrategy script's workers and ps only serve, so
+        the job would wait for ever, silently: say so before it starts. A warning, not a
+        refusal: a TF1 script may read TF_CONFIG itself and then runs fine."""
+        if not self.request.ps or self.request.chief or passed:
+            return None
+        why = ("--no-legacy-flags" if self.request.legacy_flags == "off"
+               else "the script reads no legacy flags (--ps_hosts ...)")
+        return (f"ps tasks, no --chief, and {why}: if this is a TF2 ParameterServerStrategy "
+                f"script, its workers and ps only serve and the job hangs (nothing ends it "
+                f"but --timeout, --idle-fail or Ctrl-C); run it with --chief")
 
     def script_path(self) -> str:
         script = self.request.script

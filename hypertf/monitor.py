@@ -58,8 +58,12 @@ class TaskState:
             return "stopped by HyperTF (SIGKILL after the grace)"
         if self.stop_result == "stopped" and code in (None, 128 + signal.SIGTERM):
             return "stopped by HyperTF (SIGTERM)"
-        if code is None:
-            return "lost with its host" if lost else "killed (no exit code recorded)"
+        if code is None and lost:
+            return "lost with its host"
+        if code is None and self.ended is None:  # its watcher never said it ended
+            return "end not seen (its host's watcher did not report it)"
+        if code is None:  # task.sh died with it, before writing the code
+            return "killed with its wrapper (no exit code: a SIGKILL not sent by HyperTF)"
         if code > 128 and code - 128 in signal.valid_signals():
             return f"died of signal {code - 128} ({signal.Signals(code - 128).name})"
         return f"exit {code}"
@@ -138,7 +142,8 @@ class Monitor:
     """The state of one attempt's tasks and the rules that end it."""
 
     def __init__(self, tasks: Mapping[str, TaskState], limits: Limits, now: float,
-                 logs_hint: str = "", idle_causes: str = "") -> None:
+                 logs_hint: str = "", idle_causes: str = "",
+                 facts: diagnose.JobFacts | None = None) -> None:
         self.tasks = dict(tasks)
         self.limits = limits
         placements: Sequence[Placement] = [t.placement for t in self.tasks.values()]
@@ -147,12 +152,15 @@ class Monitor:
         self.begun = now
         self.last_output = now
         self.idle_warned = False
+        self.idle_warnings = 0  # said for the current silence (repeated every idle_timeout)
+        self._warned_silence = now  # the last_output that silence started from
         self.all_started = False
         self.host_seen = {t.placement.host: now for t in self.tasks.values()}
         self.lost_hosts: set[str] = set()
         self._by_file = {(t.placement.host, t.file_name): t for t in self.tasks.values()}
         self._logs_hint = logs_hint
         self._idle_causes = idle_causes
+        self._facts = facts or diagnose.JobFacts()
 
     def feed(self, event: Event, now: float) -> Decision:
         """One event at ``now`` (monotonic seconds): the decision it leads to."""
@@ -244,13 +252,23 @@ class Monitor:
             return Decision(Verdict.FAILED,
                             f"job timeout: still running after {limits.timeout:.0f} s")
         idle = limits.idle_timeout
-        if self.all_started and idle and now - self.last_output > idle and not self.idle_warned:
+        silent = now - self.last_output
+        if self.idle_warnings and self.last_output != self._warned_silence:
+            self.idle_warnings = 0  # a task wrote since: a new silence is said in full again
+        if self.all_started and idle and silent > idle * (self.idle_warnings + 1):
+            self._warned_silence = self.last_output
+            self.idle_warnings += 1
             self.idle_warned = True
             why = (f"every task listens and none has written a line for {idle:.0f} s: "
                    f"{self._idle_causes}")
             if limits.idle_fail:
                 return Decision(Verdict.FAILED, f"idle: {why}")
-            said.append(f"hypertf: warning: {why} (--idle-fail ends such a job)")
+            if self.idle_warnings == 1:
+                said.append(f"hypertf: warning: {why} (--idle-fail ends such a job)")
+            else:  # without --idle-fail nothing ends it: keep saying so, not wait silently
+                said.append(f"hypertf: warning: still no line from any task after "
+                            f"{silent:.0f} s; the job waits until a task writes or ends "
+                            f"(--idle-fail, --timeout or Ctrl-C end it)")
         for host, seen in self.host_seen.items():
             if now - seen > limits.host_silence and any(
                     t.running for t in self.tasks.values() if t.placement.host == host):
@@ -262,7 +280,8 @@ class Monitor:
     # -- words ----------------------------------------------------------------------------
     def failure(self, task: TaskState, what: str) -> str:
         """What died and why: a refused legacy flag named with its fix, the exception (the
-        last traceback's final line and frame, FATAL and error lines), the last lines."""
+        last traceback's whole error and the script's own frame, FATAL and error lines), the
+        fixes HyperTF recognises (Keras 3, a missing module), the last lines."""
         lines = list(task.tail)
         refused = diagnose.unknown_legacy_flag(lines)
         if refused:
@@ -270,8 +289,9 @@ class Monitor:
                     f"passed); run it with --no-legacy-flags (it reads TF_CONFIG then)")
         causes = diagnose.cause_lines(lines)
         cause = "".join(f"\n    {line}" for line in causes)
+        fixes = "".join(f"\n  hint: {hint}" for hint in diagnose.hints(lines, self._facts))
         last = [line for line in lines[-10:] if line.strip() not in causes]
         tail = "\n".join(f"    {line}" for line in last) or "    (no output)"
         return (f"task {task.label} failed: {what}."
-                + (f" Cause:{cause}" if cause else "")
+                + (f" Cause:{cause}" if cause else "") + fixes
                 + f"\n  last lines of its log:\n{tail}\n  full logs: {self._logs_hint}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -297,8 +298,12 @@ def preflight(workdir: str, script: str) -> dict:
     if script and not (work / script).is_file():
         problems.append(f"script {script} not found (relative paths start in {workdir})")
     reads_flags = bool(script) and diagnose.files_read_legacy_flags([work / script])
+    # tf-keras in this venv (the tasks' venv): a Keras 3 error's hint says whether
+    # TF_USE_LEGACY_KERAS=1 would work as is. find_spec imports nothing (fast).
+    tf_keras = importlib.util.find_spec("tf_keras") is not None
     return {"python": sys.executable, "problems": problems,
-            "hostname": socket.gethostname(), "legacy_flags": reads_flags}
+            "hostname": socket.gethostname(), "legacy_flags": reads_flags,
+            "tf_keras": tf_keras}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -276,3 +276,36 @@ def test_a_tf_compat_v1_flags_script_gets_the_legacy_flags_by_default(lab, tmp_p
         "the script reads them" in out
     assert "job_name=worker task_index=0 workers=2" in out
     assert "job_name=worker task_index=1 workers=2" in out
+
+
+def test_tasks_that_exit_on_their_own_after_the_first_failure_keep_their_exit_code(lab, tmp_path):
+    """Both workers fail at once (exit 3): the job ends at the first exit, and the other's
+    exit, reported a moment later, is still recorded (it read 'killed (no exit code
+    recorded)' when the launcher stopped listening at the decision)."""
+    done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2", "--",
+                   "--lr", "0.5", "--fail_lr", "0.5", "--fail_s", "1", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (summary,) = summaries(tmp_path)
+    ends = {t["task"]: (t["exit_code"], t["end"]) for t in summary["tasks"]}
+    assert ends == {"worker:0": (3, "exit 3"), "worker:1": (3, "exit 3")}, ends
+    assert all_free(lab.inventory)
+
+
+def test_ps_without_chief_for_a_script_without_legacy_flags_warns_of_the_hang(lab, tmp_path):
+    """ps, no --chief, a script that reads no legacy flags: a TF2 ParameterServerStrategy
+    script would hang; the start says so, and without --idle-fail the idle warning comes
+    back with the time instead of the launcher waiting silently."""
+    finish = finish_file(tmp_path)
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "1",
+                        "--ps", "1", "--idle-timeout", "1", "--", "--until_file", str(finish),
+                        cwd=tmp_path)
+    lines = until_line(job, "still no line from any task after")
+    finish.touch()
+    out, _ = job.communicate(timeout=120)
+    out = "".join(lines) + out
+    assert job.returncode == 0, out
+    assert ("hypertf: warning: ps tasks, no --chief, and the script reads no legacy flags "
+            "(--ps_hosts ...): if this is a TF2 ParameterServerStrategy script, its workers "
+            "and ps only serve and the job hangs") in out
+    assert "none has written a line for 1 s" in out
+    assert all_free(lab.inventory)
