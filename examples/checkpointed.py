@@ -14,7 +14,8 @@ subdirectory, and every worker restores the chief's, so a multi-worker job needs
 ``--checkpoint-dir`` on storage every worker reads (NFS, a shared mount). Workers that
 restored different steps say so and exit 2 instead of hanging in a collective.
 
-The chief prints ``test_accuracy=<x.xxxx>`` last and exits 0 at 0.90 or more, 1 below.
+The chief prints ``test_accuracy=<x.xxxx>`` last and exits 0 once trained, whatever the
+accuracy (the caller judges it).
 """
 
 from __future__ import annotations

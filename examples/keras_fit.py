@@ -7,8 +7,9 @@ requires the ``tensorflow`` package: install it without its dependencies next to
 ``tensorflow-cpu`` (``hypertf_python_packages_no_deps: [tf-keras==<TensorFlow's version>]``).
 
 The cluster comes from TF_CONFIG; every worker runs ``fit`` and exits. The chief (worker 0)
-evaluates on the held-out digits and prints ``test_accuracy=<x.xxxx>`` last, exiting 0 at
-0.90 or more, 1 below. Unknown flags are ignored (``parse_known_args``).
+evaluates on the held-out digits and prints ``test_accuracy=<x.xxxx>`` last, exiting 0
+once trained, whatever the accuracy (the caller judges it: a sweep, a test). Unknown flags
+are ignored (``parse_known_args``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import tf_keras as keras
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-ACCURACY_THRESHOLD = 0.90
 SEED = 42
 
 
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     predictions = np.argmax(model(x_test, training=False).numpy(), axis=1)
     accuracy = float(np.mean(predictions == y_test))
     print(f"test_accuracy={accuracy:.4f}", flush=True)
-    return 0 if accuracy >= ACCURACY_THRESHOLD else 1
+    return 0  # a low accuracy is a result, not a failure
 
 
 if __name__ == "__main__":

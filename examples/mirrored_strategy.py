@@ -6,10 +6,11 @@ of them serves forever. A custom loop is used because Keras 3 ``model.fit`` fail
 strategy (keras-team/keras#20585).
 
 The chief (the "chief" task, else worker 0) evaluates on the held-out digits; its last line
-of output is ``test_accuracy=<x.xxxx>`` and it exits 0 when the accuracy is at least 0.90,
-1 below that. Unknown flags (including the legacy ``--ps_hosts/--worker_hosts/--job_name/
---task_index``) are ignored: this script reads only TF_CONFIG. Without TF_CONFIG it trains
-alone, as a single-worker job.
+of output is ``test_accuracy=<x.xxxx>`` and it exits 0 once training is done, whatever the
+accuracy: judging it is the caller's job (a sweep compares trials by it, a test asserts its
+threshold), and an exit code says only whether the script ran. Unknown flags (including
+the legacy ``--ps_hosts/--worker_hosts/--job_name/--task_index``) are ignored: this script
+reads only TF_CONFIG. Without TF_CONFIG it trains alone, as a single-worker job.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-ACCURACY_THRESHOLD = 0.90
 SEED = 42
 
 
@@ -106,8 +106,9 @@ def make_training(strategy: tf.distribute.Strategy, x_train: np.ndarray, y_train
 
 
 def evaluate(model: keras.Model, x_test: np.ndarray, y_test: np.ndarray) -> int:
-    """The chief's last line, ``test_accuracy=<x.xxxx>``, and its exit code (0 at the
-    threshold or above). The variables are mirrored, so it evaluates alone."""
+    """The chief's last line, ``test_accuracy=<x.xxxx>`` (and HYPERTF_METRICS_FILE), and its
+    exit code: 0, a low accuracy is a result, not a failure (a sweep would mark every weak
+    trial failed). The variables are mirrored, so it evaluates alone."""
     predictions = np.argmax(model(x_test, training=False).numpy(), axis=1)
     accuracy = float(np.mean(predictions == y_test))
     print(f"test_accuracy={accuracy:.4f}", flush=True)
@@ -115,7 +116,7 @@ def evaluate(model: keras.Model, x_test: np.ndarray, y_test: np.ndarray) -> int:
     if metrics_file:
         with open(metrics_file, "w") as handle:
             json.dump({"test_accuracy": round(accuracy, 4)}, handle)
-    return 0 if accuracy >= ACCURACY_THRESHOLD else 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,8 +7,9 @@ The task comes from TF_CONFIG (cluster with "chief", "worker" and "ps" jobs):
 * the "chief" builds the strategy, schedules ``--steps`` training steps on the workers
   (asynchronous updates, variables on the ps tasks), evaluates on the held-out digits and exits.
 
-The chief's last line of output is ``test_accuracy=<x.xxxx>``; it exits 0 when the accuracy
-is at least 0.90, 1 below that, 2 when TF_CONFIG is missing or names another task type.
+The chief's last line of output is ``test_accuracy=<x.xxxx>``; it exits 0 once trained,
+whatever the accuracy (the caller judges it), 2 when TF_CONFIG is missing or names another
+task type.
 Unknown flags (including the legacy ``--ps_hosts/--worker_hosts/--job_name/--task_index``)
 are ignored: this script reads only TF_CONFIG.
 """
@@ -32,7 +33,6 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-ACCURACY_THRESHOLD = 0.90
 SEED = 42
 
 
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     accuracy = train_and_evaluate(resolver, args)
     print(f"test_accuracy={accuracy:.4f}", flush=True)
-    return 0 if accuracy >= ACCURACY_THRESHOLD else 1
+    return 0  # a low accuracy is a result, not a failure
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -62,3 +64,20 @@ def test_invoke_train_on_this_machine_runs_on_cpu(local_inventory, tmp_path):
     assert [(t["task"], t["host"], t["gpus"]) for t in summary["tasks"]] == [
         ("worker:0", "localhost", []), ("worker:1", "localhost", [])]
     assert all_free(local_inventory)
+
+
+@pytest.mark.tf
+def test_the_mirrored_example_exits_0_after_training_whatever_its_accuracy(tmp_path):
+    """An example is a user's template: a weak result (2 steps) is a result, not a failure,
+    or a sweep marks every weak trial failed. The accuracy is judged by the tests that run
+    it with its default steps (test_train_lab, above), here only reported."""
+    metrics = tmp_path / "metrics.json"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "mirrored_strategy.py"), "--steps", "2"],
+        env={**env, "HYPERTF_METRICS_FILE": str(metrics), "TF_CPP_MIN_LOG_LEVEL": "2"},
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    accuracy = float(re.findall(r"test_accuracy=([0-9.]+)", done.stdout)[-1])
+    assert accuracy < 0.90, done.stdout  # low: the old example exited 1 here
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(metrics.read_text()) == {"test_accuracy": round(accuracy, 4)}
