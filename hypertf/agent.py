@@ -228,8 +228,8 @@ class Agent:
         """Disconnected for long: a new client, because a ZooKeeper whose data was lost
         refuses every reconnect of a client that has seen a newer transaction id."""
         since = self._disconnected_since
-        limit = max(3 * self.inventory.cluster.zk_session_timeout, 10.0)
-        return since is not None and time.monotonic() - since > limit
+        limit = store.outage_patience(self.inventory.cluster)
+        return since is not None and time.monotonic() - since >= limit
 
     def run(self, once: bool = False) -> AgentRecord | None:
         """Serve until stopped; with ``once``, publish one record and return it."""

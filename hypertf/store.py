@@ -169,6 +169,14 @@ def credentials_dir(cluster: ClusterSettings) -> Path:
     return auth.credentials_dir(cluster.zk_credentials, cluster.zookeeper_hosts, cluster.zk_root)
 
 
+def outage_patience(cluster: ClusterSettings) -> float:
+    """How long a long-lived client waits for ZooKeeper to answer again: well past its
+    session (a restarted server keeps sessions for a session timeout after it is back).
+    Longer means ZooKeeper refuses us: it lost its data and will never take this session
+    (it refuses a client that has seen a newer transaction id), so waiting would hang."""
+    return max(3 * cluster.zk_session_timeout, 10.0)
+
+
 def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | None = None,
             check: bool = True, long_lived: bool = False,
             on_pause: Callable[[str], None] | None = None) -> KazooClient:
@@ -176,14 +184,14 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
     (default ``$HYPERTF_ZK_IDENTITY`` or ``user.<login>``), or a message saying how to
     start ZooKeeper or which credential file to fix. ``check``: the root must exist, be
     secured and accept the credential. Its calls wait out a connection loss
-    (hypertf.zkclient): a ``long_lived`` client until ZooKeeper answers or its session
-    expires (``on_pause`` hears of the outage once), a one-shot one for at most a session
-    timeout."""
+    (hypertf.zkclient): a ``long_lived`` client until ZooKeeper answers, its session
+    expires or ``outage_patience`` is spent (``on_pause`` hears of the outage once), a
+    one-shot one for at most a session timeout."""
     credential = auth.load(credentials_dir(cluster), identity or auth.default_identity())
     tls = {"use_ssl": True, "ca": cluster.zk_tls_ca, "verify_certs": True} \
         if cluster.zk_tls_ca else {}
     client = PatientClient(
-        patience_s=None if long_lived else cluster.zk_session_timeout,
+        patience_s=outage_patience(cluster) if long_lived else cluster.zk_session_timeout,
         on_pause=on_pause,
         hosts=cluster.zookeeper_hosts,
         timeout=cluster.zk_session_timeout,

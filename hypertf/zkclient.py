@@ -6,9 +6,10 @@ itself. What fails is the request that was in flight when the connection dropped
 raises ``ConnectionLoss`` for it. Our long-lived clients (a waiting or running launcher,
 the sweep driver, ``logs -f``, the agents and the keeper) must not die of that, so every
 synchronous operation of ``PatientClient`` waits for the connection to come back and tries
-again in the same session. Only an expired session (or ``patience_s`` spent, for one-shot
-commands) ends the wait: the session's ephemerals are then gone, which the caller must
-learn (``SessionExpiredError``), not paper over.
+again in the same session. Only an expired session or ``patience_s`` spent ends the wait
+(the caller then sees ``SessionExpiredError`` or the ``ConnectionLoss``): an expired
+session's ephemerals are gone, which the caller must learn, not paper over, and a server
+that lost its data refuses the session forever without expiring it.
 
 A retried write may already have been applied when its answer was lost; every write of
 HyperTF is version-checked or idempotent (a create that finds its node, a delete that finds
@@ -20,12 +21,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState, TransactionRequest
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
-T = TypeVar("T")
 RIDDEN_OUT = (ConnectionLoss, OperationTimeoutError)
 
 
@@ -56,51 +56,61 @@ class PatientClient(KazooClient):
                 self.on_pause("ZooKeeper is unreachable: waiting for it (nothing is lost "
                               "unless the session expires)")
 
-    def patiently(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``call(*args, **kwargs)``, tried again after each connection loss within the same
-        session; an expired session raises ``SessionExpiredError``."""
+    def patiently(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs).get()`` for an asynchronous kazoo call, sent again after
+        each connection loss within the same session. A request made while disconnected
+        waits in kazoo's queue, and kazoo's own ``get()`` would wait for it forever: here
+        every wait ends with ``patience_s`` (``ConnectionLoss``). An expired session
+        raises ``SessionExpiredError``."""
         session = self._session_id
-        paused_at: float | None = None
+        deadline = None if self.patience_s is None else time.monotonic() + self.patience_s
         while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                return call(*args, **kwargs)
+                return call(*args, **kwargs).get(timeout=left)
+            except self.handler.timeout_exception:
+                raise ConnectionLoss(f"ZooKeeper did not answer within {self.patience_s:.0f} s"
+                                     ) from None
             except RIDDEN_OUT:
-                if self._stopped.is_set():
+                if self._stopped.is_set() or left == 0.0:
                     raise
-                now = time.monotonic()
-                paused_at = paused_at if paused_at is not None else now
-                if self.patience_s is not None and now - paused_at > self.patience_s:
-                    raise
-                self._connected.wait(0.5)
+                self._connected.wait(0.5 if left is None else min(0.5, left))
                 if self.connected and self._session_id != session:
                     raise SessionExpiredError() from None
 
-    def get(self, *args: Any, **kwargs: Any) -> Any:
-        return self.patiently(super().get, *args, **kwargs)
+    def get(self, path: str, watch: Callable[..., Any] | None = None) -> Any:
+        return self.patiently(self.get_async, path, watch=watch)
 
-    def set(self, *args: Any, **kwargs: Any) -> Any:
-        return self.patiently(super().set, *args, **kwargs)
+    def exists(self, path: str, watch: Callable[..., Any] | None = None) -> Any:
+        return self.patiently(self.exists_async, path, watch=watch)
 
-    def create(self, *args: Any, **kwargs: Any) -> Any:
-        return self.patiently(super().create, *args, **kwargs)
+    def get_children(self, path: str, watch: Callable[..., Any] | None = None,
+                     include_data: bool = False) -> Any:
+        return self.patiently(self.get_children_async, path, watch=watch,
+                              include_data=include_data)
 
-    def delete(self, *args: Any, **kwargs: Any) -> Any:
-        return self.patiently(super().delete, *args, **kwargs)
+    def set(self, path: str, value: bytes, version: int = -1) -> Any:
+        return self.patiently(self.set_async, path, value, version=version)
 
-    def exists(self, *args: Any, **kwargs: Any) -> Any:
-        return self.patiently(super().exists, *args, **kwargs)
+    def create(self, path: str, value: bytes = b"", acl: Any = None, ephemeral: bool = False,
+               sequence: bool = False, makepath: bool = False, include_data: bool = False,
+               ) -> Any:
+        return self.patiently(self.create_async, path, value, acl=acl, ephemeral=ephemeral,
+                              sequence=sequence, makepath=makepath, include_data=include_data)
 
-    def get_children(self, *args: Any, **kwargs: Any) -> Any:
-        return self.patiently(super().get_children, *args, **kwargs)
+    def delete(self, path: str, version: int = -1, recursive: bool = False) -> Any:
+        if recursive:  # kazoo walks the tree with synchronous calls, each of them patient
+            return super().delete(path, version=version, recursive=True)
+        return self.patiently(self.delete_async, path, version=version)
 
-    def ensure_path(self, *args: Any, **kwargs: Any) -> Any:
-        return self.patiently(super().ensure_path, *args, **kwargs)
+    def ensure_path(self, path: str, acl: Any = None) -> Any:
+        return self.patiently(self.ensure_path_async, path, acl=acl)
 
-    def get_acls(self, *args: Any, **kwargs: Any) -> Any:
-        return self.patiently(super().get_acls, *args, **kwargs)
+    def get_acls(self, path: str) -> Any:
+        return self.patiently(self.get_acls_async, path)
 
-    def set_acls(self, *args: Any, **kwargs: Any) -> Any:
-        return self.patiently(super().set_acls, *args, **kwargs)
+    def set_acls(self, path: str, acls: Any, version: int = -1) -> Any:
+        return self.patiently(self.set_acls_async, path, acls, version=version)
 
     def transaction(self) -> TransactionRequest:
         return PatientTransaction(self)
@@ -112,8 +122,8 @@ class PatientTransaction(TransactionRequest):
     client: PatientClient
 
     def commit(self) -> list[Any]:
-        def once() -> list[Any]:
+        def send() -> Any:
             self.committed = False  # a commit lost with the connection may be sent again
-            return TransactionRequest.commit(self)
+            return self.commit_async()
 
-        return self.client.patiently(once)
+        return self.client.patiently(send)  # type: ignore[no-any-return]

@@ -101,7 +101,12 @@ def test_agents_register_by_themselves_after_zookeeper_lost_its_data(lab):
         return "hypertf auth init" in on_host(lab.inventory, host, "cat /srv/hypertf/agent.log")
 
     for host in lab.hosts:  # each agent found the root gone and says what the admin runs
-        wait_for(lambda h=host.name: told_to_init(h), 60, f"{host.name}'s agent asking for init")
+        try:
+            wait_for(lambda h=host.name: told_to_init(h), 60, f"{host.name}'s agent asking "
+                     f"for init")
+        except AssertionError as err:
+            log = on_host(lab.inventory, host.name, "tail -n 30 /srv/hypertf/agent.log")
+            raise AssertionError(f"{err}; its log ends:\n{log}") from None
     assert all(pids.values())
     assert {host.name: agent_pid(lab, host.name) for host in lab.hosts} == pids  # none quit
     done = hypertf("auth", "init", "-i", lab.inventory, cwd=Path.cwd(), timeout=60)

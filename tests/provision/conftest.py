@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,16 +66,22 @@ def make_lab(state_home: Path) -> Iterator[Callable[..., lab_module.Lab]]:
 
 
 @pytest.fixture
-def ansible_dirs(tmp_path: Path) -> dict[str, str]:
-    """Private Ansible/molecule state (short paths: ssh control sockets live there)."""
+def ansible_dirs(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Private Ansible/molecule state. SSH control sockets get a short directory of their
+    own under /tmp: a Unix socket path is limited to 108 bytes, and pytest's tmp_path is
+    longer in parallel runs (``popen-gw0/...``)."""
     dirs = {}
     for key, name in (("ANSIBLE_HOME", "ah"), ("ANSIBLE_LOCAL_TEMP", "at"),
-                      ("ANSIBLE_SSH_CONTROL_PATH_DIR", "cp"),
                       ("MOLECULE_EPHEMERAL_DIRECTORY", "mol")):
         path = tmp_path / name
         path.mkdir()
         dirs[key] = str(path)
-    return dirs
+    sockets = tempfile.mkdtemp(prefix="htfcp-", dir="/tmp")
+    dirs["ANSIBLE_SSH_CONTROL_PATH_DIR"] = sockets
+    try:
+        yield dirs
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def molecule(role: str, inventory: Path, dirs: dict[str, str], timeout: float = 600,
