@@ -9,29 +9,26 @@ keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import difflib
-import logging
-import os
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 
-from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
-
-from hypertf import commands
-from hypertf.errors import HyperTFError
-from hypertf.request import TRAIN_OPTIONS, TrainRequest
-from hypertf.settings import DEFAULT_INVENTORY
-
-
-def default_inventory() -> str:
-    """``$HYPERTF_INVENTORY``, else the embedded default (inventory/local.yml)."""
-    return os.environ.get("HYPERTF_INVENTORY", DEFAULT_INVENTORY)
+from hypertf import commands, trainargs
+from hypertf.exits import SIGPIPE_EXIT as SIGPIPE_EXIT  # re-exported for Invoke's tasks
+from hypertf.exits import quiet_kazoo, reader_gone, run
+from hypertf.trainargs import (
+    add_train_options,
+    default_inventory,
+    inventory_option,
+    script_args_note,
+    train_request,
+)
 
 
-def train_request(args: argparse.Namespace) -> TrainRequest:
-    return TrainRequest.from_options(vars(args), args.hyperparameters)
+def parse_train(argv: Sequence[str]) -> argparse.Namespace:
+    """trainargs.parse_train, bound to the train verb."""
+    args = trainargs.parse_train(argv)
+    args.func = cmd_train
+    return args
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -39,60 +36,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                           job_key=args.job_key)
 
 
-def add_train_options(p: argparse.ArgumentParser) -> None:
-    """The options of ``train`` (TRAIN_OPTIONS); everything else is passed to the script."""
-    _inventory_option(p)
-    for option in TRAIN_OPTIONS:
-        if option.kind is bool:
-            p.add_argument(option.flag, action="store_true", help=option.help)
-        elif option.kind is list:
-            p.add_argument(option.flag, action="append", default=option.default,
-                           metavar=option.metavar, help=option.help)
-        else:
-            p.add_argument(option.flag, type=option.kind, default=option.default,
-                           required=option.required, metavar=option.metavar, help=option.help)
-    p.add_argument("--job-key", help=argparse.SUPPRESS)  # the detached launcher's key
 
 
-def train_flags() -> list[str]:
-    """Every flag ``hypertf train`` knows, for telling a typo from a script argument."""
-    return ["--inventory", *(option.flag for option in TRAIN_OPTIONS)]
 
 
-def script_args_note(unknown: Sequence[str]) -> str | None:
-    """Say which arguments go to the script because HyperTF does not know them, and name
-    the option a typo was meant to be: ``--max-restart 1`` silently runs without restarts."""
-    if not unknown:
-        return None
-    lines = [f"hypertf: not HyperTF options, passed to the script: {shlex.join(unknown)} "
-             f"(put them after '--' to say so)"]
-    for word in unknown:
-        flag = word.partition("=")[0]
-        if flag.startswith("--") and flag != "--":
-            close = difflib.get_close_matches(flag, train_flags(), n=1, cutoff=0.75)
-            if close:
-                lines.append(f"hypertf: {flag}: did you mean {close[0]}?")
-    return "\n".join(lines)
 
 
-def parse_train(argv: Sequence[str]) -> argparse.Namespace:
-    """``--`` or any unknown option starts the hyperparameters, kept verbatim; the unknown
-    ones are named on stderr (with the option a typo resembles)."""
-    argv = list(argv)
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(prog="hypertf train", allow_abbrev=False)
-    add_train_options(parser)
-    args, unknown = parser.parse_known_args(argv)
-    note = script_args_note(unknown)
-    if note:
-        print(note, file=sys.stderr)
-    args.hyperparameters = unknown + extra
-    args.func = cmd_train
-    args.command = "train"
-    return args
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -130,16 +79,13 @@ def parse_export(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _inventory_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-i", "--inventory", default=default_inventory(),
-                        help=f"inventory YAML (default $HYPERTF_INVENTORY or {DEFAULT_INVENTORY})")
 
 
 def _verb(sub: argparse._SubParsersAction, name: str, func: Callable[..., int], help: str,
           inventory: bool = True) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help)
     if inventory:
-        _inventory_option(p)
+        inventory_option(p)
     p.set_defaults(func=func)
     return p
 
@@ -256,41 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def quiet_kazoo() -> None:
-    """kazoo's connection warnings are noise for a one-shot command: our error says it."""
-    kazoo_log = logging.getLogger("hypertf.kazoo")
-    kazoo_log.addHandler(logging.NullHandler())
-    kazoo_log.propagate = False
 
 
-def run(func: Callable[[], int]) -> int:
-    """Turn HyperTFError into a message and its exit code."""
-    try:
-        return func()
-    except HyperTFError as err:
-        print(f"hypertf: error: {err}", file=sys.stderr)
-        return err.exit_code
-    except (KazooException, KazooTimeoutError) as err:  # an outage, not a bug
-        print(f"hypertf: error: ZooKeeper failed ({type(err).__name__}: {err or 'no detail'}); "
-              f"check 'hypertf status' and the ZooKeeper servers", file=sys.stderr)
-        return 3
-    except KeyboardInterrupt:
-        print("hypertf: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return reader_gone()
 
 
-SIGPIPE_EXIT = 128 + 13  # what a shell reports for a writer killed by SIGPIPE
 
 
-def reader_gone() -> int:
-    """The reader of stdout left (``| head -1``, ``| grep -q``): end quietly, as ``cat``
-    does. Stdout goes to /dev/null so that the interpreter's last flush cannot complain."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return SIGPIPE_EXIT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 ``hypertf`` (hypertf.cli) parses a command line into these arguments; Invoke's tasks.py
 calls the same functions with typed values (no argv round trip). Each returns the exit code;
-a HyperTFError is turned into one message and its code by ``cli.run``.
+a HyperTFError is turned into one message and its code by ``exits.run``.
 """
 
 from __future__ import annotations

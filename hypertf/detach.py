@@ -69,20 +69,27 @@ def start_detached(inventory: str, request: TrainRequest) -> int:
 
 def main(argv: list[str]) -> int:
     """The background launcher: ``python -m hypertf.detach INVENTORY REQUEST.json KEY``."""
-    from hypertf import cli, commands
+    from hypertf.exits import quiet_kazoo, run
+    from hypertf.launcher import train
 
     inventory, request_path, key = argv
     fields = json.loads(Path(request_path).read_text())
     fields.update(args=tuple(fields["args"]), env=tuple(fields["env"]))
     request = TrainRequest(**fields)
-    cli.quiet_kazoo()
+    quiet_kazoo()
     print(f"hypertf: detached launcher of job {key} (PID {os.getpid()})", flush=True)
-    return cli.run(lambda: commands.train(inventory, request, job_key=key))
+
+    def job() -> int:
+        train(load_inventory(inventory), request, say=lambda line: print(line, flush=True),
+              first_key=key)
+        return 0
+
+    return run(job)
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
-    except HyperTFError as err:  # pragma: no cover - cli.run reports these
+    except HyperTFError as err:  # pragma: no cover - exits.run reports these
         print(f"hypertf: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

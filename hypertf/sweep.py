@@ -341,7 +341,7 @@ def detach(sweep: Sweep) -> int:
 
 if __name__ == "__main__":  # the detached driver: python -m hypertf.sweep ID
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    from hypertf.cli import run
+    from hypertf.exits import run
 
     sys.exit(run(lambda: Driver(Sweep.load(sys.argv[1]), say=lambda line: print(
         line, flush=True)).run()))

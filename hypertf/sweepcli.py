@@ -73,7 +73,7 @@ def run(argv: Sequence[str], default_inventory: str) -> int:
                              "--mode may be given beside it")
         train_argv = train_argv_of(spec)
     else:
-        from hypertf.cli import parse_train
+        from hypertf.trainargs import parse_train
 
         parsed = parse_train([*rest, "--", *after])  # --script and the options, checked
         spec = SweepSpec(script=parsed.script, train={}, grid=parse_grid_option(known.grid))
