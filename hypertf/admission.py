@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hypertf.allocation import PortsExhausted, Request, pick_ports
+from hypertf.layout import owner_of
 from hypertf.matrix import Matrix
 from hypertf.scheduler import NoFit, Placement, schedule
-from hypertf.store import owner_of
 
 RESOURCES, PRIORITY, USER_LIMIT, HELD = "Resources", "Priority", "UserLimit", "Held"
 

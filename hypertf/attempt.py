@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
@@ -26,15 +26,47 @@ from hypertf import diagnose
 from hypertf import spec as specs
 from hypertf.allocation import Grant, release
 from hypertf.errors import HyperTFError, StoreError
-from hypertf.inventory import Node
+from hypertf.inventory import Inventory, Node
 from hypertf.jobs import update_job
+from hypertf.layout import Layout
 from hypertf.monitor import Event, Limits, Monitor, TaskState, Verdict
 from hypertf.nodeclient import NodeClient, PortsBusy
-from hypertf.remote import GroupResult, Session
+from hypertf.records import AgentRecord
+from hypertf.remote import Cluster, GroupResult, Session
+from hypertf.request import TrainRequest
 from hypertf.rundir import RunDir
 
-if TYPE_CHECKING:
-    from hypertf.launcher import Job
+
+class Job(Protocol):
+    """What an attempt needs of its job (hypertf.launcher.Job): the job hands itself in,
+    and the attempt sees only these members, so the two modules do not import each other."""
+
+    client: Any
+    store: Any
+    layout: Layout
+    cluster: Cluster | None
+    inventory: Inventory
+    request: TrainRequest
+    records: dict[str, AgentRecord]
+    lost_session: threading.Event
+    queued: set[str]
+    tf_keras: dict[str, bool]
+    cpu_only: bool
+    started_at: float
+    max_port_retries: int
+
+    def say(self, line: str) -> None: ...
+
+    def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
+              avoid: frozenset[str] = ...) -> Grant: ...
+
+    def announce_flags(self) -> bool: ...
+
+    def checkpoint_dir(self, host: str) -> str: ...
+
+    def script_path(self) -> str: ...
+
+    def attempts_summary(self) -> list[dict[str, Any]]: ...
 
 LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow reads as TF_USE_LEGACY_KERAS set
 LATE_EXIT_WAIT_S = 5.0  # after the stop: how long the watchers may take to report the ends

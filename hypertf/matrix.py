@@ -14,7 +14,8 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from hypertf.store import AgentRecord, decode, encode, owner_of
+from hypertf.layout import owner_of
+from hypertf.records import AgentRecord, decode, encode
 
 FREE = 1
 UNAVAILABLE = 0

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import netifaces
 
 from hypertf.errors import HyperTFError, InventoryError
-from hypertf.store import GpuInfo, GpuProcess
+from hypertf.records import GpuInfo, GpuProcess
 
 log = logging.getLogger(__name__)
 

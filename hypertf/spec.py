@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hypertf.records import GpuInfo
 from hypertf.scheduler import Placement, TaskSlot
-from hypertf.store import GpuInfo
 
 ROLE_ORDER = ("chief", "worker", "ps")
 
