@@ -25,7 +25,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from hypertf import diagnose
 from hypertf import spec as specs
 from hypertf.allocation import Grant, release
-from hypertf.errors import HyperTFError, StoreError
+from hypertf.errors import Cancelled, HyperTFError, StoreError
 from hypertf.inventory import Inventory, Node
 from hypertf.jobs import update_job
 from hypertf.layout import Layout
@@ -85,6 +85,13 @@ class JobFailed(HyperTFError):
         super().__init__(message)
         self.retryable = retryable
         self.hosts = hosts
+
+
+class JobKilled(JobFailed):
+    """``hypertf kill`` or ``cancel`` ended the running job (its lease was dropped): final,
+    and its own exit code (errors.Cancelled's), so it is not taken for a failure."""
+
+    exit_code = Cancelled.exit_code
 
 
 class Interrupted(HyperTFError):
@@ -280,6 +287,8 @@ class Attempt:
             self.lost_hosts |= monitor.lost_hosts
             if decision.verdict in (Verdict.SUCCEEDED, Verdict.PORT_CLASH):
                 return decision.verdict
+            if decision.final and self.lease_dropped.is_set():
+                raise JobKilled(decision.message)
             if decision.final:
                 raise JobFailed(decision.message, decision.verdict is Verdict.RETRYABLE,
                                 decision.hosts)

@@ -48,6 +48,13 @@ class RemoteError(HyperTFError):
     exit_code = 6
 
 
+class Cancelled(HyperTFError):
+    """Someone ended the job (``hypertf cancel`` or ``kill``): not a failure of the job, so
+    scripts and the sweep driver can tell the two apart by the exit code."""
+
+    exit_code = 8
+
+
 class NotAllowed(HyperTFError):
     """This identity may not do that (another user's job, an agent's write)."""
 

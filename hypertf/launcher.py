@@ -37,6 +37,7 @@ from hypertf.attempt import (
     Attempt,
     Interrupted,
     JobFailed,
+    JobKilled,
     Outcome,
     ended_by,
     interrupted_by_signals,
@@ -77,7 +78,8 @@ class Restarts:
 
     def after(self, err: JobFailed) -> float | None:
         """The pause before the next attempt (1, 2, 4 ... s), or None: ``err`` ends the job."""
-        if not (err.retryable or self.on_failure) or self.done >= self.allowed:
+        if isinstance(err, JobKilled) or not (err.retryable or self.on_failure) \
+                or self.done >= self.allowed:  # a kill or cancel is never restarted
             return None
         self.done += 1
         self.failures.update(err.hosts)

@@ -32,7 +32,7 @@ from typing import Any
 
 from hypertf import auth
 from hypertf.allocation import new_task_key
-from hypertf.errors import UsageError
+from hypertf.errors import Cancelled, UsageError
 from hypertf.rundir import RunDir
 from hypertf.sweepspec import (
     TrialResult,
@@ -176,7 +176,7 @@ class Driver:
         summary = find_summary(trial["task_key"])
         if code == 0:
             state = "succeeded"
-        elif "was cancelled" in log or "was killed" in log or code == 130:
+        elif code in (Cancelled.exit_code, 130):  # cancel/kill, or Ctrl-C
             state = "cancelled"
         elif code < 0 or (summary or {}).get("result") == "lost":
             state = "lost"  # the launcher was killed outright

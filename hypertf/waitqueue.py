@@ -43,7 +43,7 @@ from hypertf.admission import (
     admission_pass,
 )
 from hypertf.allocation import Request, owner_info, read_matrix
-from hypertf.errors import HyperTFError, NotAllowed, StoreError, UsageError
+from hypertf.errors import Cancelled, NotAllowed, StoreError, UsageError
 from hypertf.jobs import mark_lost, read_job
 from hypertf.matrix import Matrix
 from hypertf.scheduler import Placement, TaskSlot
@@ -51,12 +51,6 @@ from hypertf.store import Store, decode, encode, owner_of, until_committed
 
 QUEUED = "queued"
 DEFAULT_PORT_RANGE = (20000, 20999)
-
-
-class Cancelled(HyperTFError):
-    """The job was cancelled (or its place lost) while it waited."""
-
-    exit_code = 1
 
 
 # -- the request as the record keeps it --------------------------------------------------
@@ -296,7 +290,7 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
             wake.wait(2.0)
             wake.clear()
             if lost_session.is_set():
-                raise Cancelled(f"lost the ZooKeeper session while job {task_key} waited: its "
+                raise StoreError(f"lost the ZooKeeper session while job {task_key} waited: its "
                                 f"place in the queue is gone and it will never start; submit "
                                 f"it again")
             record = read_job(store, task_key) or {}

@@ -209,7 +209,7 @@ def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
     killed = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
     assert killed.returncode == 0 and "lease dropped" in killed.stdout
     out, _ = job.communicate(timeout=60)
-    assert job.returncode == 1
+    assert job.returncode == 8, out  # killed: not a failure of the job (README, exit codes)
     assert f"job {key} was killed: its lease was dropped" in out
     wait_for(lambda: processes_of(lab.inventory, key) == {}, 90, "the killed job's processes")
     assert all_free(lab.inventory)
