@@ -5,6 +5,7 @@ The layer contracts are import-linter's (pyproject.toml, run by ./dev.sh test)."
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hypertf"
@@ -64,3 +65,14 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_a_cycle_is_found_when_there_is_one() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_readme_map_names_every_module() -> None:
+    """README's "How it fits together" lists every module (a subpackage by its folder)."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    block = readme.split("## How it fits together", 1)[1].split("```", 2)[1]
+    named = set(re.findall(r"\b([a-z_]+(?:\.py|/))", block))
+    modules = {p.name if p.parent == PACKAGE else p.relative_to(PACKAGE).parts[0] + "/"
+               for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    missing = sorted(modules - named)
+    assert not missing, f"README's module map misses {missing}"
