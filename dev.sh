@@ -64,7 +64,8 @@ case "${1:-}" in
         workers=${HYPERTF_TEST_WORKERS:-3}
         echo "== pytest ($workers workers)"
         set +e
-        .venv/bin/python -m pytest -n "$workers" --dist load "${@:2}"
+        # One test at a time per worker, the longest first (tests/conftest.py).
+        .venv/bin/python -m pytest -n "$workers" --dist load --maxschedchunk 1 "${@:2}"
         code=$?
         set -e
         if [ "$code" -eq 5 ]; then
