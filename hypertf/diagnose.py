@@ -1,5 +1,5 @@
 """What a script's source and a task's log say: whether it reads the legacy flags, and why
-a task died, in words a user can act on (see TENSORFLOW.md)."""
+a task died, in words a user can act on (see docs/tensorflow.md)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The launcher feeds every event (a log line, a task listening or ending, a host lost or
 silent, the lease dropped, a clock tick) with the time; ``Monitor.feed`` returns a
 ``Decision``: go on, or the job's outcome. The rules come from TensorFlow's behaviour
-(../shared/docs/TENSORFLOW.md, tests/unit/test_monitor.py):
+(docs/tensorflow.md, tests/unit/test_monitor.py):
 
 - finishers and servers: mirrored jobs finish on every task; parameter-server jobs with a
   chief when the chief does (workers and ps serve); legacy jobs (ps, no chief) when every

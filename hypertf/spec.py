@@ -1,6 +1,6 @@
 """The TensorFlow cluster spec for every task: TF_CONFIG and the legacy flags.
 
-Which tasks *finish* and which *serve* depends on the mode (see TENSORFLOW.md):
+Which tasks *finish* and which *serve* depends on the mode (see docs/tensorflow.md):
 mirrored jobs (no ps) finish on every task; parameter-server jobs with a chief finish when the
 chief does (workers and ps serve forever); legacy jobs (ps, no chief) finish when the workers
 do (ps serve forever).

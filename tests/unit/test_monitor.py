@@ -1,5 +1,5 @@
 """The Monitor's rules as a table: each row is a job shape, what its nodes report at which
-second, and the decision. The behaviours come from ../shared/docs/TENSORFLOW.md (what
+second, and the decision. The behaviours come from docs/tensorflow.md (what
 TensorFlow does when launched as separate processes) and are named in each row."""
 
 from __future__ import annotations

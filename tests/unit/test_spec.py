@@ -1,6 +1,6 @@
 """The cluster spec every task gets: TF_CONFIG, the legacy TF1 flags, and who finishes the job.
 
-TensorFlow reads these literally (see TENSORFLOW.md), so the tests pin the exact strings.
+TensorFlow reads these literally (see docs/tensorflow.md), so the tests pin the exact strings.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def test_tf_config_is_the_exact_compact_json(tasks, cluster):
 
 
 def test_tf_config_matches_the_minimal_examples_tensorflow_accepts():
-    """The shapes from TENSORFLOW.md: mirrored and parameter-server."""
+    """The shapes from docs/tensorflow.md: mirrored and parameter-server."""
     addresses = {"worker:0": "h1:p1", "worker:1": "h2:p2"}
     [first, _] = build(placements_of("worker:0", "worker:1"), addresses)
     assert json.loads(first.tf_config) == {
@@ -254,7 +254,7 @@ def test_every_task_sees_the_same_cluster():
 
 
 def test_roles_without_tasks_are_left_out_of_the_cluster():
-    """As in TENSORFLOW.md's examples: a mirrored job has no 'ps' key, not 'ps': []."""
+    """As in docs/tensorflow.md: a mirrored job has no 'ps' key, not 'ps': []."""
     specs = build(placements_of("worker:0"), A)
     assert json.loads(specs[0].tf_config)["cluster"] == {"worker": [A["worker:0"]]}
 
