@@ -78,12 +78,19 @@ def check_text(where: str, text: str) -> None:
         return  # malformed: the parser that reads it next says where, with its message
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML keeps the last of two equal keys silently; a duplicated host is a mistake."""
+    """PyYAML keeps the last of two equal keys silently; a duplicated host is a mistake.
+    Merge keys (``<<: *defaults``, common in Ansible inventories) are not duplicates: the
+    keys written out override the merged ones, as YAML says."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:
+                continue  # SafeLoader's construct_mapping merges these
             key = self.construct_object(key_node, deep=deep)
             try:
                 hash(key)

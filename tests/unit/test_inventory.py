@@ -241,6 +241,46 @@ def test_duplicate_host_key(tmp_path):
     )
 
 
+def test_yaml_merge_keys_as_ansible_inventories_use_them(tmp_path):
+    """``<<: *defaults`` merges; keys written out override merged ones; the inventory is read
+    by both our strict loader and ansible-core's parser."""
+    path = write(tmp_path, """
+        all:
+          vars:
+            hypertf_zookeeper_hosts: "zk.example:2181"
+          children:
+            gpu_nodes:
+              vars: &defaults
+                hypertf_gpu_source: static
+                hypertf_static_gpus: 2
+              hosts:
+                node1:
+                  <<: *defaults
+                  ansible_host: 10.0.0.1
+                node2:
+                  <<: *defaults
+                  ansible_host: 10.0.0.2
+                  hypertf_static_gpus: 4
+        """)
+    inventory = load_inventory(path)
+    assert inventory.node("node1").settings.static_gpus == 2
+    assert inventory.node("node2").settings.static_gpus == 4
+    assert inventory.node("node2").address == "10.0.0.2"
+
+
+def test_a_key_twice_beside_a_merge_key_is_still_refused(tmp_path):
+    path = write(tmp_path, """
+        x: &d {a: 1}
+        all:
+          hosts:
+            node1:
+              <<: *d
+              ansible_host: 10.0.0.1
+              ansible_host: 10.0.0.2
+        """)
+    assert "'ansible_host' appears twice in the same mapping" in load_error(path)
+
+
 def test_unhashable_key_is_an_inventory_error(tmp_path):
     path = write(tmp_path, """
         all:
