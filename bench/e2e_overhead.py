@@ -31,6 +31,7 @@ import common
 import yaml
 
 from hypertf import spec as specs
+from hypertf import store
 from hypertf.attempt import QUIET_ENV
 from hypertf.inventory import load_inventory
 from hypertf.scheduler import Placement
@@ -141,6 +142,8 @@ def main() -> int:
     with common.bench_home("e2e") as home, common.zookeeper(home) as zk, \
             common.lab(home, 2, 1) as lab, common.children() as kids:
         inventory = local_inventory(home, zk.hosts)
+        inv = load_inventory(inventory)
+        store.secure_cluster(inv.cluster, list(inv.nodes))  # an authenticated store, as ever
         agent_ctl("start", inventory)
         try:
             wait_agent(inventory)
