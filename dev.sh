@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
-SYSTEM_PACKAGES=(zookeeper openssh-server openssh-client iproute2 pdsh openssl)
+SYSTEM_PACKAGES=(zookeeper openssh-server openssh-client iproute2 pdsh openssl chromium chromium-driver)
 
 install_system() {
     local missing=()

@@ -153,6 +153,14 @@ def queue(c: Context, inventory: str | None = None, json: bool = False) -> None:
     _call(commands.queue, inventory=_inv(inventory), as_json=json)
 
 
+@task(help={**INVENTORY_HELP, "port": "TCP port (default 8470)",
+            "bind": "address to listen on (default 127.0.0.1; any other is unauthenticated)"})
+def dashboard(c: Context, inventory: str | None = None, port: int = 8470,
+              bind: str | None = None) -> None:
+    """Serve a read-only web page of the matrix, the queue, jobs, logs and sweeps."""
+    _call(commands.dashboard, inventory=_inv(inventory), port=port, bind=bind)
+
+
 @task(help={**INVENTORY_HELP, "task_key": "the job's task key", "follow": "follow to the end",
             "task": "only this task, e.g. worker:1"})
 def logs(c: Context, task_key: str, inventory: str | None = None, follow: bool = False,
@@ -345,4 +353,4 @@ lab.add_task(lab_down, "down")
 lab.add_task(lab_list, "list")
 
 ns = Collection(zk, auth, agent, cluster, lab, train, export, sweep, jobs, kill, cancel, queue,
-                logs, test, bench)
+                logs, dashboard, test, bench)

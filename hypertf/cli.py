@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
               "waiting jobs in admission order: position, priority, shape, waiting, reason")
     p.add_argument("--json", dest="as_json", action="store_true", help="the rows as JSON")
 
+    p = _verb(sub, "dashboard", commands.dashboard,
+              "a read-only web page of the matrix, queue, jobs, logs and sweeps")
+    p.add_argument("--port", type=int, default=8470, help="TCP port (default 8470)")
+    p.add_argument("--bind", help="address to listen on (default 127.0.0.1; any other is "
+                                  "unauthenticated)")
+
     p = _verb(sub, "hold", commands.hold, "keep a waiting job in the queue, not admitted")
     p.add_argument("task_key")
     p = _verb(sub, "unhold", commands.unhold, "let a held job be admitted again")

@@ -130,6 +130,19 @@ def queue(inventory: str, as_json: bool = False) -> int:
     return 0
 
 
+def dashboard(inventory: str, port: int = 8470, bind: str | None = None) -> int:
+    """Serve the read-only dashboard until interrupted, reading with the user's credential;
+    127.0.0.1 unless ``bind`` names another address (then it warns: no login)."""
+    from hypertf import store
+    from hypertf.dashboard import ClusterSource, serve
+
+    inv = load_inventory(inventory)
+    with store.opened(inv.cluster, long_lived=True,
+                      on_pause=lambda msg: print(f"hypertf: {msg}", file=sys.stderr)) as zk:
+        serve(ClusterSource(inv, zk), port=port, bind=bind)
+    return 0
+
+
 def hold(inventory: str, task_key: str, held: bool = True) -> int:
     """Keep a waiting job in the queue without admitting it (or let it go again)."""
     from hypertf import store

@@ -1,0 +1,106 @@
+"""Where the dashboard's data comes from: a Protocol, the live cluster, or a JSON fixture.
+
+The server only asks a ``DataSource``; ``ClusterSource`` answers with the same reads the
+terminal verbs use (status.collect, queueview.collect, jobs.list_jobs, sweep.list_sweeps,
+joblogs.show_logs) on the user's own credential, so the page says what ``hypertf status``
+says. ``FixtureSource`` serves a recorded JSON object: the browser's speed test draws 1,000
+hosts without a ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+from hypertf.inventory import Inventory
+from hypertf.store import Store
+
+
+class DataSource(Protocol):
+    """What the page shows; each call is a fresh read (the page polls)."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def queue(self) -> list[dict[str, Any]]: ...
+
+    def jobs(self) -> list[dict[str, Any]]: ...
+
+    def sweeps(self) -> list[dict[str, Any]]: ...
+
+    def logs(self, task_key: str) -> str: ...
+
+
+def sweep_rows() -> list[dict[str, Any]]:
+    """Every sweep under runs/sweeps (of the directory the dashboard runs in), its trials."""
+    from hypertf import sweep as sweeps
+
+    found = []
+    for each in sweeps.list_sweeps():
+        found.append({"sweep": each.sweep_id, "metric": each.metric, "mode": each.mode,
+                      "created": each.created, "counts": each.counts(),
+                      "running": sweeps.alive(each.driver_pid),
+                      "trials": [asdict(result) for result in each.results()]})
+    return found
+
+
+class ClusterSource:
+    """The live cluster through one long-lived Store (kazoo's client is thread-safe)."""
+
+    def __init__(self, inventory: Inventory, store: Store, log_limit: int = 200_000) -> None:
+        self.inventory, self.store, self.log_limit = inventory, store, log_limit
+        self.lock = threading.Lock()  # one status read at a time: ZooKeeper's work is shared
+
+    def status(self) -> dict[str, Any]:
+        from hypertf import status
+
+        with self.lock:
+            return status.collect(self.store.client, self.inventory)
+
+    def queue(self) -> list[dict[str, Any]]:
+        from hypertf import queueview
+
+        return queueview.collect(self.store, self.inventory.cluster.user_gpu_limit)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        from hypertf.commands import job_state
+        from hypertf.jobs import list_jobs
+
+        return [{**job, "status": job_state(job)} for job in list_jobs(self.store)[:200]]
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        return sweep_rows()
+
+    def logs(self, task_key: str) -> str:
+        """The job's task logs as they are now, read on the nodes over SSH (the page polls)."""
+        from hypertf.joblogs import show_logs
+
+        out = io.StringIO()
+        show_logs(self.store, self.inventory, task_key, out=out)
+        return out.getvalue()[-self.log_limit:]
+
+
+class FixtureSource:
+    """A recorded answer per endpoint, from a JSON object or file: ``{"status": ...,
+    "queue": [...], "jobs": [...], "sweeps": [...], "logs": {key: text}}``."""
+
+    def __init__(self, data: dict[str, Any] | str | Path) -> None:
+        self.data = data if isinstance(data, dict) else json.loads(Path(data).read_text())
+
+    def status(self) -> dict[str, Any]:
+        return self.data.get("status", {"hosts": []})
+
+    def queue(self) -> list[dict[str, Any]]:
+        return self.data.get("queue", [])
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self.data.get("jobs", [])
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        return self.data.get("sweeps", [])
+
+    def logs(self, task_key: str) -> str:
+        return self.data.get("logs", {}).get(task_key, "")
