@@ -34,7 +34,7 @@ from hypertf.nodeclient import NodeClient, PortsBusy
 from hypertf.records import AgentRecord
 from hypertf.remote import Cluster, GroupResult, Session
 from hypertf.request import TrainRequest
-from hypertf.rundir import RunDir
+from hypertf.rundir import RunDir, tensorboard_dir
 
 
 class Job(Protocol):
@@ -54,6 +54,9 @@ class Job(Protocol):
     cpu_only: bool
     started_at: float
     max_port_retries: int
+
+    @property
+    def job_id(self) -> str: ...
 
     def say(self, line: str) -> None: ...
 
@@ -420,7 +423,8 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
                **specs.gpu_env(task_spec.placement.gpus, job.records[node.name].gpus),
                "HYPERTF_TASK_KEY": attempt.task_key, "HYPERTF_TASK": task.name,
                "HYPERTF_ATTEMPT": str(attempt.number),
-               "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name)}
+               "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name),
+               "HYPERTF_TENSORBOARD_DIR": tensorboard_dir(node.settings.workdir, job.job_id)}
         if task.name == attempt.reporter:
             env["HYPERTF_METRICS_FILE"] = str(run.metrics)
         argv = ["python", script, *(task_spec.flags if legacy_flags else ()), *job.request.args]

@@ -16,6 +16,7 @@ as an argument (it spells nothing itself).
     ./runs/<task key>/{<task>.log,summary.json}  the launcher's local copy (its working dir)
     <workdir>/checkpoints/<job id>/         HYPERTF_CHECKPOINT_DIR when --checkpoint-dir is not
                                             given (the job id: its first attempt's task key)
+    <workdir>/tensorboard/<job id>/         HYPERTF_TENSORBOARD_DIR: the job's own summaries
 """
 
 from __future__ import annotations
@@ -26,12 +27,19 @@ from pathlib import Path, PurePath, PurePosixPath
 
 RUNS = "runs"
 CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"
 
 
 def checkpoint_dir(workdir: str, job_id: str) -> str:
     """``<workdir>/checkpoints/<job id>``: a job's checkpoints on a node, the same path for
     every attempt (the job id is its first attempt's task key)."""
     return str(PurePosixPath(workdir) / CHECKPOINTS / job_id)
+
+
+def tensorboard_dir(workdir: str, job_id: str) -> str:
+    """``<workdir>/tensorboard/<job id>``: HYPERTF_TENSORBOARD_DIR, where a job's tasks write
+    their summaries (``tensorboard --logdir`` on it), the same for every attempt."""
+    return str(PurePosixPath(workdir) / TENSORBOARD / job_id)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypertf import auth
+from hypertf import auth, sweepboard
 from hypertf.allocation import new_task_key
 from hypertf.errors import Cancelled, UsageError
 from hypertf.rundir import RunDir
@@ -191,6 +191,7 @@ class Driver:
         trial["wall_s"] = round(trial["ended"] - trial.get("started", trial["ended"]), 2)
         self.sweep.save()
         self.sweep.write_results()
+        sweepboard.record_trial(self.sweep.dir, self.sweep.metric, self.sweep.trials, trial)
         shown = f", {self.sweep.metric or 'metric'}={trial['metric']}" \
             if trial["metric"] is not None else ""
         self.say(f"hypertf: sweep {self.sweep.sweep_id}: trial {trial['index']} "
