@@ -63,11 +63,13 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(HTTPStatus.NOT_FOUND, {"error": f"no such page {path}"})
             return
         try:
-            self.answer(HTTPStatus.OK, read())
+            data = read()
         except Exception as err:  # one failed read must not end the server
             log.warning("dashboard: %s failed: %s", path, err)
             self.answer(HTTPStatus.SERVICE_UNAVAILABLE,
                         {"error": f"{type(err).__name__}: {err}"})
+            return
+        self.answer(HTTPStatus.OK, data)
 
     def do_HEAD(self) -> None:
         self.send(HTTPStatus.OK, b"", "text/html; charset=utf-8")
@@ -111,6 +113,12 @@ class Dashboard(ThreadingHTTPServer):
         self.source = source
         self.page = page()
         super().__init__((bind, port), Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that left mid-answer (reload, closed tab) is no error worth a trace."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
