@@ -48,20 +48,11 @@ def _span(seconds: Any) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def job_state(job: dict[str, Any]) -> str:
-    """queued / running while the lease lives; the recorded end state after (``lost`` for a
-    live state whose launcher is gone)."""
-    from hypertf.jobs import LIVE_STATES
-
-    state = job.get("state", "?")
-    if job["alive"]:
-        return "queued" if state == "queued" else "running"
-    return "lost" if state in LIVE_STATES else state
-
-
 def _job_line(job: dict[str, Any]) -> str:
     owner = job.get("owner", {})
     tasks = ", ".join(f"{p['role']}:{p['index']}@{p['host']}" for p in job.get("placements", []))
+    from hypertf.jobs import job_state
+
     state = job_state(job)
     ended = ""
     for how in ("killed", "cancelled"):
@@ -86,7 +77,7 @@ def _job_line(job: dict[str, Any]) -> str:
 
 def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
     from hypertf import store
-    from hypertf.jobs import list_jobs
+    from hypertf.jobs import job_state, list_jobs
 
     with store.opened(load_inventory(inventory).cluster) as zk:
         found = list_jobs(zk)[:last]

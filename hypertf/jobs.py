@@ -104,3 +104,12 @@ def prune_jobs(store: Store, max_age_s: float, max_records: int,
         with contextlib.suppress(NoNodeError, NoAuthError):
             store.client.delete(store.layout.job(key))
     return len(doomed)
+
+
+def job_state(job: dict[str, Any]) -> str:
+    """queued / running while the lease lives; the recorded end state after (``lost`` for a
+    live state whose launcher is gone). ``job`` is a list_jobs entry (it has ``alive``)."""
+    state = job.get("state", "?")
+    if job["alive"]:
+        return "queued" if state == "queued" else "running"
+    return "lost" if state in LIVE_STATES else state

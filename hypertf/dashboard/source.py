@@ -66,8 +66,7 @@ class ClusterSource:
         return queueview.collect(self.store, self.inventory.cluster.user_gpu_limit)
 
     def jobs(self) -> list[dict[str, Any]]:
-        from hypertf.commands import job_state
-        from hypertf.jobs import list_jobs
+        from hypertf.jobs import job_state, list_jobs
 
         return [{**job, "status": job_state(job)} for job in list_jobs(self.store)[:200]]
 
