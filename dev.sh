@@ -64,8 +64,7 @@ case "${1:-}" in
         workers=${HYPERTF_TEST_WORKERS:-3}
         echo "== pytest ($workers workers)"
         set +e
-        # One test at a time per worker, the longest first (tests/conftest.py).
-        .venv/bin/python -m pytest -n "$workers" --dist load --maxschedchunk 1 "${@:2}"
+        .venv/bin/python -m pytest -n "$workers" --dist load "${@:2}"
         code=$?
         set -e
         if [ "$code" -eq 5 ]; then

@@ -27,37 +27,6 @@ from hypertf.zkserver import ZooKeeperServer, free_port
 REPO = Path(__file__).resolve().parent.parent
 
 
-# The tests that take minutes (./dev.sh test --durations), longest first: in a parallel run
-# (--maxschedchunk 1) each worker takes the next test when it is free, so starting these
-# first keeps one of them from starting last and running alone at the end.
-LONGEST_FIRST = (
-    "test_python_env_installs_hypertf_and_tensorflow_offline",
-    "test_bare_hosts_to_a_trained_example",
-    "test_ensemble_survives_a_dead_member",
-    "test_check_mode_changes_nothing_and_a_failing_node_is_named",
-    "test_ssh_access_makes_a_key_pins_host_keys_and_authorizes_it",
-    "test_zookeeper_standalone",
-    "test_hypertf_agent_registers_every_node",
-    "test_ansible_lint_is_clean",
-    "test_eight_launchers_at_once_on_an_idle_lab_all_succeed",
-    "test_a_killed_worker_restarts_the_job_from_its_checkpoint",
-)
-# Then by folder, the slower kinds first; unit tests fill the gaps at the end.
-FOLDER_ORDER = ("provision", "faults", "launcher", "lab", "integration", "unit")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slowest first (see LONGEST_FIRST); otherwise the collection order is kept."""
-    def cost_rank(item: pytest.Item) -> tuple[int, int]:
-        name = item.name.split("[")[0]
-        if name in LONGEST_FIRST:
-            return 0, LONGEST_FIRST.index(name)
-        folder = item.path.parent.name
-        return 1, FOLDER_ORDER.index(folder) if folder in FOLDER_ORDER else len(FOLDER_ORDER)
-
-    items.sort(key=cost_rank)
-
-
 def wait_for(predicate: Callable[[], object], timeout: float, what: str,
              interval: float = 0.1) -> object:
     """Poll with a deadline instead of sleeping; the failure says what did not happen."""
