@@ -329,6 +329,16 @@ def auth_add_user(c: Context, user: str, inventory: str | None = None) -> None:
     _call(commands.auth, inventory=_inv(inventory), action="add-user", user=user)
 
 
+@task(help={**INVENTORY_HELP, "user": "the registered user to limit",
+            "max_priority": "the highest --priority that counts for the user (default 10)",
+            "gpu_limit": "GPUs the user may hold at once (0: hypertf_user_gpu_limit)"})
+def auth_limits(c: Context, user: str, inventory: str | None = None,
+                max_priority: int | None = None, gpu_limit: int | None = None) -> None:
+    """As the admin: a user's maximum priority and GPU limit, which the keeper enforces."""
+    _call(commands.auth, inventory=_inv(inventory), action="limits", user=user,
+          max_priority=max_priority, gpu_limit=gpu_limit)
+
+
 zk = Collection("zk")
 zk.add_task(zk_start, "start")
 zk.add_task(zk_stop, "stop")
@@ -346,6 +356,7 @@ cluster.add_task(cluster_teardown, "teardown")
 auth = Collection("auth")
 auth.add_task(auth_init, "init")
 auth.add_task(auth_add_user, "add-user")
+auth.add_task(auth_limits, "limits")
 
 lab = Collection("lab")
 lab.add_task(lab_up, "up")

@@ -1,4 +1,8 @@
-"""Allocation: allocate+release latency and throughput on a real ZooKeeper, beside plain sets.
+"""Allocation: submit+release latency and throughput on a real ZooKeeper, beside plain sets.
+
+Every job goes through the keeper (hypertf.waitqueue.submit: a request in the user's
+folder, admitted by the keeper's pass; here hypertf.keeper.KeeperThread in the driver, as
+an agent's keeper would). "allocate" below is that: submit -> granted.
 
 A ZooKeeper of our own (loopback, tickTime 500 ms) holds real agent records for 16 hosts x
 8 GPUs (ephemeral, from one separate session, like agents). Then:
@@ -27,14 +31,17 @@ from collections import defaultdict
 from pathlib import Path
 
 import common
+from kazoo.security import make_acl
 
 from hypertf import auth, store
-from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
+from hypertf.allocation import Request, new_task_key, read_matrix, release, sync_matrix
 from hypertf.errors import StoreError
+from hypertf.keeper import KeeperThread
 from hypertf.matrix import FREE
 from hypertf.scheduler import TaskSlot
 from hypertf.settings import ClusterSettings
 from hypertf.store import AgentRecord, Layout, Store
+from hypertf.waitqueue import submit
 
 HOSTS = tuple(f"n{i:02d}" for i in range(1, 17))
 GPUS_PER_HOST = 8
@@ -80,7 +87,7 @@ def worker(args: argparse.Namespace) -> int:
             key = new_task_key(auth.login_user())
             t0 = time.monotonic()
             try:
-                grant = allocate(Store(client, layout), one_gpu(), key)
+                grant = submit(Store(client, layout), one_gpu(), key)
             except StoreError as err:
                 mine.append({"failed": str(err)})
                 continue
@@ -119,7 +126,7 @@ def latency(client, layout: Layout, cycles: int) -> dict[str, list[float]]:
     for _ in range(cycles):
         key = new_task_key(auth.login_user())
         t0 = time.monotonic()
-        allocate(Store(client, layout), one_gpu(), key)
+        submit(Store(client, layout), one_gpu(), key)
         t1 = time.monotonic()
         release(Store(client, layout), key)
         t2 = time.monotonic()
@@ -170,7 +177,7 @@ def double_bookings(events: list[dict]) -> int:
 
 
 def all_free(client, layout: Layout) -> bool:
-    matrix, _ = sync_matrix(Store(client, layout))
+    matrix, _ = read_matrix(Store(client, layout))  # the keeper syncs it
     free = all(cell == FREE for row in matrix.gpus.values() for cell in row)
     return free and not matrix.ports and not store.Store(client, layout).leases()
 
@@ -203,11 +210,16 @@ def main() -> int:
         client = store.connect(settings(zk.hosts, root))  # a user, as a launcher is
         try:
             publish_agents(agents, layout)
-            agents.create(f"{root}/plain-set", b"", acl=store.acls(agents).matrix())
-            sync_matrix(Store(client, layout))
+            member = store.credential_of(agents).member_id  # users may write the baseline
+            admin_id = store.credential_of(agents).admin_id
+            agents.create(f"{root}/plain-set", b"", acl=[
+                make_acl("digest", admin_id, all=True),
+                make_acl("digest", member, read=True, write=True)])
+            sync_matrix(Store(agents, layout))
+            keeper = KeeperThread(settings(zk.hosts, root)).start()
             for _ in range(20):  # warm up: JIT in ZooKeeper, imports, connections
                 key = new_task_key(auth.login_user())
-                allocate(Store(client, layout), one_gpu(), key)
+                submit(Store(client, layout), one_gpu(), key)
                 release(Store(client, layout), key)
             lat = latency(client, layout, cycles)
             matrix_bytes = lat.pop("matrix_bytes")[0]
@@ -264,6 +276,8 @@ def main() -> int:
                         f"{duration:.0f} s per round; session timeout {SESSION_TIMEOUT:.0f} s; "
                         f"after every round all GPUs were free and no lease was left (checked)")
         finally:
+            if "keeper" in locals():
+                keeper.stop()
             store.close(client)
             store.close(agents)
     report.finish()

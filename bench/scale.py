@@ -32,13 +32,16 @@ from kazoo.exceptions import KazooException
 from rich.console import Console
 
 from hypertf import auth, status, store
-from hypertf.allocation import Request, allocate, new_task_key, release, sync_matrix
+from hypertf.allocation import Request, new_task_key, release, sync_matrix
 from hypertf.errors import StoreError
 from hypertf.inventory import load_inventory
+from hypertf.jobs import read_job
+from hypertf.keeper import KeeperThread
 from hypertf.matrix import Matrix
 from hypertf.scheduler import TaskSlot
 from hypertf.settings import ClusterSettings
 from hypertf.store import AgentRecord, GpuInfo, Layout, Store
+from hypertf.waitqueue import Admitter, enqueue, submit
 
 GPUS = 8
 JUTE_MAXBUFFER = 0xFFFFF  # ZooKeeper's default, 1 MiB - 1 byte
@@ -120,22 +123,24 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
         rows["publish every record (async, 4 sessions)"] = time.monotonic() - t0
         rows["one agent record"] = len(record(0).to_json())
         t0 = time.monotonic()
-        sync_matrix(Store(client, layout))
+        sync_matrix(Store(agents[0], layout))  # the keeper's first sync
         rows["build the matrix (first sync, writes it)"] = time.monotonic() - t0
         rows["read every agent record"] = timed(lambda: Store(client, layout).records())
         rows["read every agent record, pipelined (get_async)"] = timed(
             lambda: read_records_pipelined(client, layout))
         rows["sync the matrix again (no change)"] = timed(
-            lambda: sync_matrix(Store(client, layout)))
+            lambda: sync_matrix(Store(agents[0], layout)))
         rows["plain get of the matrix (1 round trip)"] = timed(
             lambda: client.get(layout.matrix), 20)
         rows["matrix znode, all free"] = len(client.get(layout.matrix)[0])
         hosts = tuple(host_name(i) for i in range(size))
 
+        keeper = KeeperThread(cluster).start()  # admits the jobs, as an agent's keeper would
+
         def cycle(request: Request) -> tuple[float, float]:
             key = new_task_key(auth.login_user())
             t0 = time.monotonic()
-            allocate(Store(client, layout), request, key)
+            submit(Store(client, layout), request, key)
             t1 = time.monotonic()
             release(Store(client, layout), key)
             return t1 - t0, time.monotonic() - t1
@@ -146,6 +151,7 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
             samples = [cycle(request) for _ in range(3)]
             rows[f"allocate a {label}"] = statistics.median(s[0] for s in samples)
             rows[f"release a {label}"] = statistics.median(s[1] for s in samples)
+        keeper.stop()
         inventory_path = write_inventory(home, size, zk_hosts, root)
         load_inventory(inventory_path)  # the first load also imports ansible-core
         rows["load the inventory (ansible-core parser)"] = timed(
@@ -158,7 +164,7 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
         held = held_matrix(size).to_json()
         rows["matrix znode, every GPU its own job (worst case)"] = len(held)
         t0 = time.monotonic()
-        client.set(layout.matrix, held)
+        agents[0].set(layout.matrix, held)  # only agents and the admin write it
         rows["write the worst-case matrix"] = time.monotonic() - t0
     finally:
         store.close(client)
@@ -182,14 +188,14 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
             matrix = held_matrix(hosts)
             try:
                 data = matrix.to_json()
-                client.set(layout.matrix, data)
+                agents.set(layout.matrix, data)
                 outcome = "written"
             except StoreError as err:  # HyperTF's own check, before ZooKeeper sees it
                 data = json.dumps({"gpus": matrix.gpus, "ports": matrix.ports}).encode()
                 outcome = f"refused by HyperTF before sending: {err!s:.60}..."
             except KazooException as err:
                 outcome = f"refused: {type(err).__name__} (the server drops the connection)"
-            common.wait_until(lambda: client.connected, 30, "the client to reconnect", 0.05)
+            common.wait_until(lambda: agents.connected, 30, "the client to reconnect", 0.05)
             report.add(f"worst-case matrix of {hosts:,} hosts ({len(data):,} bytes, {label} "
                        f"the extrapolated crossing)", outcome)
         # A stored matrix a few hundred bytes under the limit (rows of hosts that left keep
@@ -203,17 +209,19 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
             matrix.gpus[f"gone{filler:06d}"] = [0] * GPUS
         remaining = target - len(matrix.to_json()) - len(b',"tune":[]')
         matrix.gpus["tune"] = [0] * max(0, remaining // 2)  # ",0" per cell
-        client.set(layout.matrix, matrix.to_json())
+        agents.set(layout.matrix, matrix.to_json())
         stored = len(client.get(layout.matrix)[0])
         request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=(agent.host,))
         t0 = time.monotonic()
-        try:
-            allocate(Store(client, layout), request, new_task_key(auth.login_user()))
-            outcome = "granted"
+        key = new_task_key(auth.login_user())
+        enqueue(Store(client, layout), key, request, {})
+        try:  # the keeper's pass, as an agent's keeper runs it
+            Admitter(Store(agents, layout)).keep()
+            outcome = (read_job(Store(client, layout), key) or {}).get("state", "?")
         except Exception as err:
             outcome = f"{type(err).__module__}.{type(err).__name__}" + (
                 f": {err!s:.80}" if str(err) else " (no message)")
-        report.add(f"allocate 1 GPU with the stored matrix at {stored:,} bytes "
+        report.add(f"admit 1 GPU with the stored matrix at {stored:,} bytes "
                    f"({time.monotonic() - t0:.2f} s)", outcome)
     finally:
         store.close(client)

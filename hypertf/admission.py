@@ -19,10 +19,11 @@ Reasons, as squeue shows them: ``Resources`` (not enough free GPUs even if it we
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypertf.allocation import PortsExhausted, Request, pick_ports
 from hypertf.layout import owner_of
+from hypertf.limits import Limits
 from hypertf.matrix import Matrix
 from hypertf.scheduler import NoFit, Placement, schedule
 
@@ -39,6 +40,7 @@ class Waiting:
     order: int = 0  # the job record's czxid: FIFO within a priority
     held: bool = False
     exclude_ports: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    no_wait: bool = False  # --no-wait: admitted in the keeper's next pass, or refused
 
     @property
     def user(self) -> str:
@@ -58,6 +60,7 @@ class Decision:
     reason: str = ""  # "" when admitted
     placements: tuple[Placement, ...] = ()
     ports: Mapping[str, int] = field(default_factory=dict)
+    refused: bool = False  # a --no-wait job that cannot start now: it leaves the queue
 
     @property
     def admitted(self) -> bool:
@@ -84,36 +87,48 @@ def _fits(job: Waiting, free: Mapping[str, list[int]], live: set[str]
         return None
 
 
+def clamped(waiting: Sequence[Waiting], limits: Limits) -> list[Waiting]:
+    """The jobs with the priority that counts: a record is its owner's to write, so its
+    priority is a wish, capped at the maximum the admin gave its owner."""
+    return [replace(job, priority=limits.priority(job.user, job.priority)) for job in waiting]
+
+
 def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waiting],
-                   user_gpu_limit: int = 0) -> list[Decision]:
+                   user_gpu_limit: int = 0, limits: Limits | None = None) -> list[Decision]:
     """Decide every waiting job, in queue order, against ``matrix`` (as synced now) and
     the hosts with a live agent. Pure: nothing is written; the caller commits the admitted
-    ones in one transaction. ``user_gpu_limit`` 0 means none."""
+    ones in one transaction. ``user_gpu_limit`` 0 means none; ``limits`` (the admin's, per
+    user) cap each job's priority and its owner's GPUs. A ``no_wait`` job that cannot
+    start now is refused and reserves nothing."""
+    limits = limits or Limits()
     live = set(live)
     taken = matrix.copy()
     free = {host: taken.free(host) for host in live}
     used = matrix.held_per_user()
     reserved: set[str] = set()
     decisions = []
-    for position, job in enumerate(sorted(waiting, key=Waiting.sort_key), start=1):
+    for position, job in enumerate(sorted(clamped(waiting, limits), key=Waiting.sort_key),
+                                   start=1):
         if job.held:
-            decisions.append(Decision(job.task_key, position, HELD))
+            decisions.append(Decision(job.task_key, position, HELD, refused=job.no_wait))
             continue
-        if user_gpu_limit and used.get(job.user, 0) + job.request.gpus > user_gpu_limit:
-            decisions.append(Decision(job.task_key, position, USER_LIMIT))
+        cap = limits.gpu_limit(job.user, user_gpu_limit)
+        if cap and used.get(job.user, 0) + job.request.gpus > cap:
+            decisions.append(Decision(job.task_key, position, USER_LIMIT, refused=job.no_wait))
             continue
         open_free = {host: cells for host, cells in free.items() if host not in reserved}
         placements = _fits(job, open_free, live)
         if placements is None:
             reason = PRIORITY if reserved and _fits(job, free, live) else RESOURCES
-            decisions.append(Decision(job.task_key, position, reason))
-            reserved |= usable_hosts(job, matrix, live)
+            decisions.append(Decision(job.task_key, position, reason, refused=job.no_wait))
+            if not job.no_wait:
+                reserved |= usable_hosts(job, matrix, live)
             continue
         exclude = {host: set(ports) for host, ports in job.exclude_ports.items()}
         try:
             ports = pick_ports(taken, placements, job.request.port_ranges, exclude)
         except PortsExhausted:
-            decisions.append(Decision(job.task_key, position, RESOURCES))
+            decisions.append(Decision(job.task_key, position, RESOURCES, refused=job.no_wait))
             continue
         gpus: dict[str, list[int]] = {}
         host_ports: dict[str, list[int]] = {}

@@ -23,7 +23,7 @@ from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store, tasknode
-from hypertf.allocation import confirm_drained, read_matrix, sync_matrix
+from hypertf.allocation import confirm_drained, read_matrix
 from hypertf.errors import HyperTFError, StoreError
 from hypertf.inventory import Inventory, Node
 from hypertf.jobs import prune_jobs
@@ -202,13 +202,15 @@ class Agent:
             log.info("pruned %d finished job records", pruned)
 
     def keep(self, zk: Store, admitter: Admitter) -> None:
-        """The keeper's pass: sync the matrix, admit waiting jobs, prune old records."""
+        """The keeper's pass: sync the matrix (and repair it), admit or refuse waiting jobs,
+        prune old records."""
         try:
-            sync_matrix(zk)
-            for decision in admitter.admit():
+            for decision in admitter.keep():
                 if decision.admitted:
-                    log.info("admitted %s from the queue: %s", decision.task_key,
+                    log.info("admitted %s: %s", decision.task_key,
                              ", ".join(f"{p.name}@{p.host}" for p in decision.placements))
+                elif decision.refused:
+                    log.info("refused %s (--no-wait): %s", decision.task_key, decision.reason)
         except StoreError as err:  # e.g. the matrix outgrew its znode
             log.error("cannot sync the matrix or admit waiting jobs: %s", err)
         self.prune(zk)

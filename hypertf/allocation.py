@@ -1,26 +1,29 @@
-"""Allocate and release GPUs and ports as version-checked ZooKeeper transactions.
+"""GPUs and ports in the matrix: planning (read-only), release, sync, drain, kill.
 
-An allocation writes, in one transaction: the matrix (checked against the version it was
-computed from), an ephemeral lease ``leases/<task_key>`` tied to the launcher's session,
-and the job record. Two allocators that read the same matrix cannot both win; the loser
-re-reads and tries again.
+There is one way to take GPUs: a job is a request in its owner's folder, and the keeper
+admits it (hypertf.waitqueue). Users never write the matrix (its ACL lets only the agents
+and the admin), so nothing here that a user runs writes it either:
 
-A GPU is free only when its node has confirmed the job's processes dead. The launcher's
-own release frees the cells of the hosts where it stopped the tasks itself. If instead the
-lease vanishes (the launcher died, or ``hypertf kill``), whoever next syncs the matrix marks
-the job ``lost`` (unless it was killed) and its cells ``draining``; the agent of each host
-then stops the job's process groups there and frees its own host's cells
-(``confirm_drained``). A host whose agent is down keeps its draining cells.
+- ``release`` (the launcher, at the end) records how the job ended and on which hosts it saw
+  the tasks dead (``stopped_on``), and drops the lease, in one transaction;
+- ``sync_matrix`` (the keeper, on every change) frees the cells of an ended job on the
+  hosts its launcher confirmed, turns its other cells ``draining`` (and a job whose lease
+  vanished without a release ``lost``), and gives running jobs back any granted cell that
+  someone else's write took (``restored``);
+- ``confirm_drained`` (each node's agent) frees its own host's draining cells once it has
+  seen the job's processes dead there. A host whose agent is down keeps its draining cells.
 """
 
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import secrets
 import socket
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +31,8 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.retry import ForceRetryError
 
 from hypertf.errors import InsufficientResources, NotAllowed, StoreError, UsageError
-from hypertf.jobs import ENDED_BY_OTHERS, mark_lost
-from hypertf.matrix import Matrix, same, synced
+from hypertf.jobs import ENDED_BY_OTHERS, LIVE_STATES, mark_lost, read_job
+from hypertf.matrix import Held, Matrix, restored, same, synced
 from hypertf.scheduler import NoFit, Placement, TaskSlot, schedule
 from hypertf.store import (
     AgentRecord,
@@ -40,6 +43,8 @@ from hypertf.store import (
     until_committed,
 )
 
+log = logging.getLogger(__name__)
+
 
 class RootMissing(StoreError):
     """The root is gone (ZooKeeper lost its data) until the admin secures it again."""
@@ -49,10 +54,6 @@ class PortsExhausted(InsufficientResources):
     """A host's port range is used up: planning again elsewhere does not help."""
 
 
-class OverUserLimit(InsufficientResources):
-    """The owner's running jobs plus this one would hold more than hypertf_user_gpu_limit."""
-
-
 def new_task_key(user: str, now: float | None = None) -> str:
     """Time-based (sortable, readable), random (unique across launchers), then the owner
     (whose ``leases/<user>`` and ``jobs/<user>`` hold the job)."""
@@ -60,8 +61,8 @@ def new_task_key(user: str, now: float | None = None) -> str:
     return f"{stamp}-{secrets.token_hex(3)}.{user}"
 
 
-def _check_registered(store: Store, user: str) -> None:
-    """Asked only after a refused allocation: a user without parents cannot hold a job."""
+def check_registered(store: Store, user: str) -> None:
+    """Asked only after a refused request: a user without parents cannot hold a job."""
     if store.client.exists(store.layout.user_leases(user)) is None:
         raise StoreError(f"user {user!r} is not registered in ZooKeeper root {store.layout.root}: "
                          f"the cluster admin runs 'hypertf auth add-user {user}'")
@@ -111,11 +112,11 @@ class Grant:
         return f"{addresses[placement.host]}:{self.ports[placement.name]}"
 
 
-def describe_free(matrix: Matrix, records: Mapping[str, AgentRecord], hosts: Sequence[str]) -> str:
+def describe_free(matrix: Matrix, live: Collection[str], hosts: Sequence[str]) -> str:
     """'h1: 1 of 4 free (GPU 3); h2: agent down' - what the user can ask for instead."""
     parts = []
     for host in hosts:
-        if host not in records:
+        if host not in live:
             parts.append(f"{host}: agent down")
             continue
         row = matrix.gpus.get(host, [])
@@ -173,155 +174,141 @@ def _commit_or_conflict(transaction: Any) -> bool:
     raise StoreError(f"ZooKeeper refused the transaction: {real or errors}")
 
 
-def _place(store: Store, request: Request,
-           ) -> tuple[Matrix, Matrix, int, list[Placement]]:
-    """Read the matrix (as stored, and as it should be now) and schedule on it (writes
-    nothing)."""
-    matrix, version = read_matrix(store)
-    records = store.records(only=request.hosts)
-    current = synced(matrix, records, store.leases())
-    live = [host for host in request.hosts if host in records]
-    free = {host: current.free(host) for host in live}
+def cannot_place(request: Request, matrix: Matrix, live: Collection[str]) -> str | None:
+    """Why ``request`` does not fit on ``matrix``'s free cells of the live hosts now (None
+    when it fits): the message names what is free where."""
+    hosts = [host for host in request.hosts if host in live]
     try:
-        placements = schedule(free, request.slots, request.policy, cpu_hosts=live)
+        schedule({host: matrix.free(host) for host in hosts}, request.slots, request.policy,
+                 cpu_hosts=hosts)
     except NoFit as err:
         gpus = err.slot.gpus
         need = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "a live host"
-        raise InsufficientResources(
-            f"cannot place {err.slot.name} ({need} on one host): asked for "
-            f"{request.describe()}; "
-            f"free now: {describe_free(current, records, request.hosts)}. "
-            f"Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status)."
-        ) from None
-    return matrix, current, version, placements
+        return (f"cannot place {err.slot.name} ({need} on one host): asked for "
+                f"{request.describe()}; free now: {describe_free(matrix, live, request.hosts)}. "
+                f"Ask for fewer tasks or GPUs, or wait for running jobs (hypertf status).")
+    return None
 
 
 def plan(store: Store, request: Request) -> list[Placement]:
-    """Where the request would go now: used to preflight only the hosts a job needs."""
+    """Where the request would go now (writes nothing): the launcher preflights only the
+    hosts a job needs; InsufficientResources when it does not fit now."""
     if not request.slots:
         raise UsageError("a job needs at least one task")
-    return _place(store, request)[3]
-
-
-def allocate(store: Store, request: Request, task_key: str,
-             job: Mapping[str, Any] | None = None, deadline_s: float = 30.0,
-             exclude_ports: Mapping[str, set[int]] | None = None,
-             user_gpu_limit: int = 0) -> Grant:
-    """Take GPUs and ports for ``request`` atomically, or raise InsufficientResources
-    (OverUserLimit when the owner's GPUs would exceed ``user_gpu_limit``, 0: none)."""
-    if not request.slots:
-        raise UsageError("a job needs at least one task")
-    acls = store.acls
-    user = owner_of(task_key)
-
-    def attempt(retries: int) -> Grant:
-        before, current, version, placements = _place(store, request)
-        held = current.held_per_user().get(user, 0)
-        if user_gpu_limit and held + request.gpus > user_gpu_limit:
-            raise OverUserLimit(f"{user} holds {held} GPUs; this job's {request.gpus} more "
-                                f"would pass the limit of {user_gpu_limit} "
-                                f"(hypertf_user_gpu_limit)")
-        ports = pick_ports(current, placements, request.port_ranges, exclude_ports or {})
-        gpus: dict[str, list[int]] = {}
-        host_ports: dict[str, list[int]] = {}
-        for p in placements:
-            gpus.setdefault(p.host, []).extend(p.gpus)
-            host_ports.setdefault(p.host, []).append(ports[p.name])
-        taken = current.take(task_key, gpus, host_ports)
-        owner = {**owner_info(), "user": owner_of(task_key)}
-        record = {
-            "task_key": task_key,
-            "state": "allocated",
-            "created": time.time(),
-            "owner": owner,
-            "policy": request.policy,
-            "placements": [
-                {"role": p.role, "index": p.index, "host": p.host, "gpus": list(p.gpus),
-                 "port": ports[p.name]}
-                for p in placements
-            ],
-            **(job or {}),
-        }
-        tx = store.client.transaction()
-        tx.set_data(store.layout.matrix, taken.to_json(), version=version)
-        tx.create(store.layout.lease(task_key), encode(owner), acl=acls.lease(),
-                  ephemeral=True)
-        tx.create(store.layout.job(task_key), encode(record), acl=acls.job())
-        try:
-            committed = _commit_or_conflict(tx)
-        except StoreError:
-            _check_registered(store, owner_of(task_key))  # the likely cause, named
-            raise
-        if not committed:
-            raise ForceRetryError()
-        for dead in current.draining_keys() - before.draining_keys():
-            mark_lost(store, dead)  # this write drained them: record why
-        return Grant(task_key, tuple(placements), ports, retries=retries)
-
-    return until_committed(attempt, "allocating", deadline_s=deadline_s)
-
-
-
+    matrix, _ = read_matrix(store)
+    records = store.records(only=request.hosts)
+    current = synced(matrix, records, store.leases())
+    live = [host for host in request.hosts if host in records]
+    why = cannot_place(request, current, live)
+    if why:
+        raise InsufficientResources(why)
+    return schedule({host: current.free(host) for host in live}, request.slots,
+                    request.policy, cpu_hosts=live)
 
 
 def release(store: Store, task_key: str, state: str = "released",
             extra: Mapping[str, Any] | None = None,
-            stopped_on: Sequence[str] | None = None) -> bool:
-    """Give back what ``task_key`` holds; idempotent. True if something was freed.
+            stopped_on: Sequence[str] | None = None, wait_s: float = 10.0) -> bool:
+    """Give back what ``task_key`` holds; idempotent. True if its lease was still there.
 
-    ``stopped_on``: the hosts where the caller has seen the job's processes dead (default
-    every host); the job's cells elsewhere turn draining, for their agents to confirm.
-    """
+    Records the end (``state``, ``extra``) and ``stopped_on`` (the hosts where the caller
+    has seen the job's processes dead; None: every host, nothing ran) and drops the lease,
+    in one transaction. The keeper frees the cells on those hosts and drains the others
+    for their agents to confirm; this waits up to ``wait_s`` for the keeper to have done
+    so, so that a command that ends here leaves the matrix as it says."""
     def attempt(_retries: int) -> bool:
-        try:
-            matrix, version = read_matrix(store)
-        except RootMissing:
-            return False  # ZooKeeper lost everything, this job's cells with it
-        records = store.records(only=matrix.hosts_of(task_key))
-        freed = matrix.release({task_key}, records, hosts=stopped_on)
-        freed = freed.drain({task_key})  # what is still held: hosts not confirmed
-        changed = not same(matrix, freed)
         lease_stat = store.client.exists(store.layout.lease(task_key))
-        job_stat = store.client.exists(store.layout.job(task_key))
+        try:
+            data, job_stat = store.client.get(store.layout.job(task_key))
+        except NoNodeError:
+            data, job_stat = b"", None
+        if lease_stat is None and job_stat is None:
+            return False
         tx = store.client.transaction()
-        if changed:
-            tx.set_data(store.layout.matrix, freed.to_json(), version=version)
-        else:
-            tx.check(store.layout.matrix, version)
-        if lease_stat is not None:
-            tx.delete(store.layout.lease(task_key))
         if job_stat is not None:
-            data, _ = store.client.get(store.layout.job(task_key))
             job = decode(data, "job record")
             ended = job.get("state") if job.get("state") in ENDED_BY_OTHERS else state
             job.update({"released": time.time(), **(extra or {}), "state": ended})
+            if lease_stat is not None:  # after a kill the agents confirm every host
+                job["stopped_on"] = "all" if stopped_on is None else sorted(stopped_on)
             tx.set_data(store.layout.job(task_key), encode(job), version=job_stat.version)
+        if lease_stat is not None:
+            tx.delete(store.layout.lease(task_key))
         try:
             if _commit_or_conflict(tx):
-                return changed or lease_stat is not None
+                return lease_stat is not None
         except StoreError:
             pass  # the lease or the job vanished between the reads: read again
         raise ForceRetryError()
 
-    return until_committed(attempt, f"releasing {task_key}")
+    released = until_committed(attempt, f"releasing {task_key}")
+    if released and wait_s > 0:
+        wait_settled(store, task_key, wait_s)
+    return released
 
 
-def sync_matrix(store: Store) -> tuple[Matrix, dict[str, AgentRecord]]:
-    """Bring the stored matrix in line with the records and leases; write only on change.
-    Jobs found without a lease are recorded as ``lost`` (unless killed) as their cells
-    turn draining."""
+def wait_settled(store: Store, task_key: str, timeout: float) -> bool:
+    """Wait until the matrix no longer shows ``task_key`` holding anything (the keeper has
+    freed or drained its cells). False after ``timeout`` (no keeper yet: it will)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        changed = threading.Event()
+        try:
+            data, _ = store.client.get(store.layout.matrix, watch=_setter(changed))
+        except NoNodeError:
+            return True
+        if task_key not in Matrix.from_json(data).task_keys():
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        changed.wait(min(left, 1.0))
+
+
+def _setter(event: threading.Event) -> Callable[[Any], None]:
+    return lambda _watched: event.set()
+
+
+def ended_job_hosts(job: Mapping[str, Any] | None) -> list[str] | bool | None:
+    """From an ended job's record: the hosts its launcher saw its tasks dead on (None: every
+    host), or False when nobody confirmed anything (a lost launcher, a kill)."""
+    if not job or job.get("state") in LIVE_STATES or "stopped_on" not in job:
+        return False
+    hosts = job["stopped_on"]
+    return None if hosts == "all" else [str(h) for h in hosts]
+
+
+def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
+                ) -> tuple[Matrix, dict[str, AgentRecord]]:
+    """Bring the stored matrix in line with the records, the leases and the ended jobs'
+    releases; write only on change (the keeper, or the admin). Jobs found without a lease
+    and without a release are recorded as ``lost`` (unless killed) as their cells turn
+    draining. ``grants`` (the keeper's admissions): running jobs get back granted cells that
+    another write took."""
     def attempt(_retries: int) -> tuple[Matrix, dict[str, AgentRecord], set[str]]:
         matrix, version = read_matrix(store)
         records = store.records()
         leases = store.leases()
         current = synced(matrix, records, leases)
+        dead = matrix.task_keys() - leases
+        lost = set()
+        for key in dead:
+            hosts = ended_job_hosts(read_job(store, key))
+            if hosts is False:
+                lost.add(key)
+            else:
+                current = current.release({key}, records, hosts=hosts)
+        if grants:
+            current, repairs = restored(current, grants, leases)
+            for line in repairs:
+                log.warning("matrix repaired: %s", line)
         if same(matrix, current):
             return current, records, set()
         try:
             store.client.set(store.layout.matrix, current.to_json(), version=version)
         except BadVersionError:
             raise ForceRetryError() from None
-        return current, records, matrix.task_keys() - leases
+        return current, records, lost
 
     current, records, lost = until_committed(attempt, "syncing the matrix")
     for task_key in lost:
@@ -388,5 +375,5 @@ def kill(store: Store, task_key: str) -> bool:
 
     if not until_committed(attempt, f"killing job {task_key}"):
         return False
-    sync_matrix(store)
+    wait_settled(store, task_key, 5.0)  # the keeper drains its cells; the agents stop it
     return True

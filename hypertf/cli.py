@@ -147,8 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _verb(sub, "auth", commands.auth,
               "credentials and the secured ZooKeeper root (the admin)")
-    p.add_argument("action", choices=("init", "add-user"))
-    p.add_argument("user", nargs="?", help="the user to register (add-user)")
+    p.add_argument("action", choices=("init", "add-user", "limits"))
+    p.add_argument("user", nargs="?", help="the user to register (add-user) or to limit")
+    p.add_argument("--max-priority", type=int, default=None,
+                   help="limits: the highest --priority that counts for the user (default 10)")
+    p.add_argument("--gpu-limit", type=int, default=None,
+                   help="limits: GPUs the user may hold at once (0: hypertf_user_gpu_limit)")
     p.add_argument("--reset", action="store_true",
                    help="delete a root made without credentials, then secure it (init)")
     p.add_argument("--print-dir", action="store_true",

@@ -224,13 +224,21 @@ def zk(inventory: str, action: str) -> int:
 
 
 def auth(inventory: str, action: str, user: str | None = None, reset: bool = False,
-         print_dir: bool = False) -> int:
+         print_dir: bool = False, max_priority: int | None = None,
+         gpu_limit: int | None = None) -> int:
     from hypertf import auth as credentials
     from hypertf import store
 
     inv = load_inventory(inventory)
-    if action == "add-user" and not user:
-        raise UsageError("hypertf auth add-user NAME: name the user")
+    if action in ("add-user", "limits") and not user:
+        raise UsageError(f"hypertf auth {action} NAME: name the user")
+    if action == "limits":
+        with store.opened(inv.cluster) as zk:
+            limits = credentials.set_user_limits(zk.client, inv.cluster.zk_root, str(user),
+                                                 max_priority, gpu_limit).of(str(user))
+        cap = limits.gpu_limit or "the cluster's hypertf_user_gpu_limit"
+        print(f"{user}: priority at most {limits.max_priority}, GPUs at most {cap}")
+        return 0
     users = [credentials.check_name("user", user)] if action == "add-user" and user else []
     directory = store.secure_cluster(inv.cluster, list(inv.nodes), users, reset=reset)
     if action == "add-user":

@@ -20,7 +20,7 @@ from hypertf.store import Store, decode, encode, until_committed
 
 LIVE_STATES = ("queued", "allocated", "starting", "running")
 # states a launcher's own release does not overwrite
-ENDED_BY_OTHERS = ("killed", "cancelled", "lost")
+ENDED_BY_OTHERS = ("killed", "cancelled", "lost", "refused")
 
 
 def mark_lost(store: Store, task_key: str) -> None:

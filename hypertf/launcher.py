@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +25,7 @@ from hypertf import auth, store
 from hypertf.admission import fits_cluster
 from hypertf.allocation import (
     Grant,
-    PortsExhausted,
     Request,
-    allocate,
     new_task_key,
     plan,
     read_matrix,
@@ -51,14 +48,12 @@ from hypertf.nodeclient import NodeClient
 from hypertf.remote import Cluster, Session
 from hypertf.request import TrainRequest
 from hypertf.rundir import checkpoint_dir
-from hypertf.scheduler import Placement
 from hypertf.store import Layout
-from hypertf.waitqueue import enqueue, read_view, wait_for_admission
+from hypertf.waitqueue import enqueue, grant_of, read_view, wait_for_admission
 
 __all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
 
 MAX_PORT_RETRIES = 3
-MAX_PLACE_ATTEMPTS = 20  # lost allocation races before giving up
 MAX_RESTART_PAUSE_S = 30.0  # restarts wait 1, 2, 4 ... seconds, at most this
 
 
@@ -214,10 +209,12 @@ class Job:
 
     def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
               avoid: frozenset[str] = frozenset()) -> Grant:
-        """Take GPUs now, or wait in the queue for them (unless --no-wait). Hosts in
-        ``avoid`` (they failed two attempts) are left out when the others can take the job.
-        A request larger than the whole cluster, or than the owner's GPU limit, fails at
-        once whatever --no-wait says."""
+        """Ask the keeper for GPUs: the one way to get them (on an idle cluster too). The
+        job waits in the queue until admitted, or with --no-wait is admitted at once or
+        refused (exit 4). When it would start now, the hosts it would use are preflighted
+        before it asks. Hosts in ``avoid`` (they failed two attempts) are left out when
+        the others can take the job. A request larger than the whole cluster, or than the
+        owner's GPU limit, fails at once whatever --no-wait says."""
         others = [host for host in live if host not in avoid]
         if avoid and others:
             with contextlib.suppress(InsufficientResources):  # it needs them: keep them
@@ -225,16 +222,19 @@ class Job:
                 live = others
         request = self._allocation_request(live)
         self._check_could_ever_run(request)
-        if self.request.wait and read_view(self.store):
-            return self._wait_in_queue(task_key, request, exclude)  # others wait: in line
-        try:
-            return self._take_now(task_key, live, exclude)
-        except PortsExhausted:
-            raise
-        except InsufficientResources:
-            if not self.request.wait:
-                raise
-        return self._wait_in_queue(task_key, request, exclude)
+        expect_wait = bool(read_view(self.store))  # others wait: in line behind them
+        if not expect_wait:
+            try:
+                chosen = self.needed_hosts(live)
+            except InsufficientResources:
+                if not self.request.wait:
+                    raise  # the message names what is free where
+                expect_wait = True
+            else:
+                new = [host for host in chosen if host not in self.preflighted]
+                if new:
+                    self.preflight(new)
+        return self._wait_in_queue(task_key, request, exclude, expect_wait)
 
     def _check_could_ever_run(self, request: Request) -> None:
         limit = self.inventory.cluster.user_gpu_limit
@@ -248,50 +248,29 @@ class Job:
             raise InsufficientResources(f"{request.describe()}: more than the whole cluster "
                                         f"has; ask for fewer tasks or GPUs")
 
-    def _take_now(self, task_key: str, live: list[str], exclude: dict[str, set[int]]) -> Grant:
-        """Plan over every live host, preflight the hosts chosen that have not passed yet,
-        then allocate on the hosts that passed. A lost race (a neighbour took the GPUs
-        between the plan and the allocation) plans again over every live host, so a
-        request is refused only when it does not fit now (and the message lists every
-        host's free GPUs)."""
-        for _ in range(MAX_PLACE_ATTEMPTS):
-            chosen = self.needed_hosts(live)  # InsufficientResources: does not fit now
-            new = [host for host in chosen if host not in self.preflighted]
-            if new:
-                self.preflight(new)
-            try:
-                hosts = [h for h in live if h in self.preflighted]
-                return allocate(self.store, self._allocation_request(hosts),
-                                task_key, job=self._record(), exclude_ports=exclude,
-                                user_gpu_limit=self.inventory.cluster.user_gpu_limit)
-            except PortsExhausted:
-                raise
-            except InsufficientResources:
-                if self.request.wait:
-                    raise  # to the queue
-                time.sleep(random.uniform(0.01, 0.1))  # lost a race: plan again, staggered
-        raise InsufficientResources(
-            f"other jobs took the free GPUs first {MAX_PLACE_ATTEMPTS} times in a row; "
-            f"the cluster is too busy for this request now (hypertf status)")
-
-    def _wait_in_queue(self, task_key: str, request: Request,
-                       exclude: dict[str, set[int]]) -> Grant:
+    def _wait_in_queue(self, task_key: str, request: Request, exclude: dict[str, set[int]],
+                       expect_wait: bool) -> Grant:
         """Queue the job, wait for the keeper to admit it, then preflight its hosts."""
-        enqueue(self.store, task_key, request, self._record(), self.request.priority, exclude)
+        enqueue(self.store, task_key, request, self._record(), self.request.priority, exclude,
+                wait=self.request.wait)
         self.queued.add(task_key)
         queued_at = time.monotonic()
-        self.say(f"hypertf: job {task_key} queued (priority {self.request.priority}, "
-                 f"{request.describe()}): it starts when the GPUs are free; 'hypertf queue' "
-                 f"shows the queue, 'hypertf cancel {task_key}' ends it")
-        record = wait_for_admission(self.store, task_key, self.say, self.lost_session)
-        placements = tuple(Placement(p["role"], p["index"], p["host"], tuple(p["gpus"]))
-                           for p in record["placements"])
-        grant = Grant(task_key, placements, {p["role"] + ":" + str(p["index"]): p["port"]
-                                             for p in record["placements"]})
-        self.say(f"hypertf: job {task_key} admitted after {time.monotonic() - queued_at:.1f} s "
-                 f"in the queue")
+        said: list[str] = []
+
+        def say(line: str) -> None:
+            said.append(line)
+            self.say(line)
+
+        if expect_wait and self.request.wait:
+            say(f"hypertf: job {task_key} queued (priority {self.request.priority}, "
+                f"{request.describe()}): it starts when the GPUs are free; 'hypertf queue' "
+                f"shows the queue, 'hypertf cancel {task_key}' ends it")
+        grant = grant_of(wait_for_admission(self.store, task_key, say, self.lost_session))
+        if said:
+            self.say(f"hypertf: job {task_key} admitted after "
+                     f"{time.monotonic() - queued_at:.1f} s in the queue")
         self.live_hosts()  # fresh records (addresses, GPU UUIDs) after the wait
-        hosts = sorted({p.host for p in placements})
+        hosts = sorted({p.host for p in grant.placements})
         gone = [host for host in hosts if host not in self.records]
         if gone:
             raise JobFailed(f"the agent of {', '.join(gone)} went away while the job waited",

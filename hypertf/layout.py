@@ -24,6 +24,11 @@ class Layout:
         return f"{self.root}/matrix"
 
     @property
+    def limits(self) -> str:
+        """Each user's maximum priority and GPU limit: only the admin writes it."""
+        return f"{self.root}/limits"
+
+    @property
     def jobs(self) -> str:
         return f"{self.root}/jobs"
 

@@ -216,3 +216,54 @@ def same(a: Matrix, b: Matrix) -> bool:
     return json.dumps([a.gpus, a.ports], sort_keys=True) == json.dumps(
         [b.gpus, b.ports], sort_keys=True
     )
+
+
+@dataclass(frozen=True)
+class Held:
+    """What an admitted job holds, as its admission granted it: GPUs and ports per host."""
+
+    gpus: Mapping[str, tuple[int, ...]]
+    ports: Mapping[str, tuple[int, ...]]
+
+
+def restored(matrix: Matrix, grants: Mapping[str, Held], leases: set[str],
+             ) -> tuple[Matrix, list[str]]:
+    """The matrix with every live job's granted cells and ports held by it again.
+
+    Whoever wrote the matrix last (an agent's or the admin's credential, by mistake or not),
+    a running job keeps what it was granted: a cell of a live grant that reads free,
+    unavailable, draining or held by a job without a lease is given back to its job. A cell
+    that another live job holds is left alone and reported (two live grants never overlap,
+    so that is a forged or damaged matrix a person must look at). Returns the matrix and
+    the repairs made, as lines for the log."""
+    result = matrix.copy()
+    repairs: list[str] = []
+    for key, held in sorted(grants.items()):
+        if key not in leases:
+            continue
+        for host, indices in held.gpus.items():
+            row = result.gpus.setdefault(host, [])
+            row.extend([UNAVAILABLE] * (max(indices, default=-1) + 1 - len(row)))
+            for i in indices:
+                cell = row[i]
+                if cell == key:
+                    continue
+                other = holder(cell)
+                if other is not None and other in leases:
+                    repairs.append(f"GPU {i} of {host}: granted to {key} but held by {other}; "
+                                   f"left as it is")
+                    continue
+                row[i] = key
+                repairs.append(f"GPU {i} of {host}: restored to {key} (was {cell!r})")
+        for host, numbers in held.ports.items():
+            row_ports = result.ports.setdefault(host, {})
+            for port in numbers:
+                cell = row_ports.get(str(port))
+                if cell == key:
+                    continue
+                other = holder(cell) if cell is not None else None
+                if other is not None and other in leases:
+                    continue
+                row_ports[str(port)] = key
+                repairs.append(f"port {port} of {host}: restored to {key}")
+    return result, repairs

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,11 +41,21 @@ from hypertf.admission import (
     Decision,
     Waiting,
     admission_pass,
+    clamped,
 )
-from hypertf.allocation import Request, owner_info, read_matrix
-from hypertf.errors import Cancelled, NotAllowed, StoreError, UsageError
+from hypertf.allocation import (
+    Grant,
+    Request,
+    cannot_place,
+    check_registered,
+    owner_info,
+    read_matrix,
+    sync_matrix,
+)
+from hypertf.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
 from hypertf.jobs import mark_lost, read_job
-from hypertf.matrix import Matrix
+from hypertf.limits import Limits
+from hypertf.matrix import Held, Matrix
 from hypertf.scheduler import Placement, TaskSlot
 from hypertf.store import Store, decode, encode, owner_of, until_committed
 
@@ -55,7 +65,8 @@ DEFAULT_PORT_RANGE = (20000, 20999)
 
 # -- the request as the record keeps it --------------------------------------------------
 def request_to_json(request: Request, priority: int,
-                    exclude_ports: Mapping[str, set[int]] | None = None) -> dict[str, Any]:
+                    exclude_ports: Mapping[str, set[int]] | None = None,
+                    wait: bool = True) -> dict[str, Any]:
     """Compact: 1000 hosts share one port range, so only the differing ones are listed."""
     ranges = list(request.port_ranges.values())
     common = max(ranges, key=ranges.count) if ranges else DEFAULT_PORT_RANGE
@@ -65,7 +76,7 @@ def request_to_json(request: Request, priority: int,
             "port_ranges": {h: list(r) for h, r in request.port_ranges.items()
                             if tuple(r) != tuple(common)},
             "exclude_ports": {h: sorted(p) for h, p in (exclude_ports or {}).items() if p},
-            "held": False}
+            "held": False, "no_wait": not wait}
 
 
 def waiting_from_record(record: Mapping[str, Any], order: int) -> Waiting:
@@ -78,23 +89,68 @@ def waiting_from_record(record: Mapping[str, Any], order: int) -> Waiting:
     return Waiting(record["task_key"], request, priority=int(queue.get("priority", 0)),
                    order=order, held=bool(queue.get("held")),
                    exclude_ports={h: frozenset(p) for h, p in
-                                  queue.get("exclude_ports", {}).items()})
+                                  queue.get("exclude_ports", {}).items()},
+                   no_wait=bool(queue.get("no_wait")))
 
 
 def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, Any],
-            priority: int = 0, exclude_ports: Mapping[str, set[int]] | None = None) -> None:
-    """The lease and the ``queued`` record, in one transaction."""
+            priority: int = 0, exclude_ports: Mapping[str, set[int]] | None = None,
+            wait: bool = True) -> None:
+    """The lease and the ``queued`` record, in one transaction, in the owner's folders (the
+    only places a user may write). ``wait`` False (--no-wait): the keeper admits the job in
+    its next pass or refuses it."""
+    if not request.slots:
+        raise UsageError("a job needs at least one task")
     owner = {**owner_info(), "user": owner_of(task_key)}
     job = {"task_key": task_key, "state": QUEUED, "created": time.time(), "owner": owner,
            "policy": request.policy, "placements": [],
-           "queue": request_to_json(request, priority, exclude_ports), **record}
+           "queue": request_to_json(request, priority, exclude_ports, wait), **record}
     tx = store.client.transaction()
     tx.create(store.layout.lease(task_key), encode(owner), acl=store.acls.lease(),
               ephemeral=True)
     tx.create(store.layout.job(task_key), encode(job), acl=store.acls.job())
     errors = [r for r in tx.commit() if isinstance(r, Exception)]
     if errors:
+        check_registered(store, owner_of(task_key))  # the likely cause, named
         raise StoreError(f"ZooKeeper refused to queue job {task_key}: {errors}")
+
+
+def submit(store: Store, request: Request, task_key: str,
+           record: Mapping[str, Any] | None = None, *, priority: int = 0,
+           exclude_ports: Mapping[str, set[int]] | None = None, wait: bool = True,
+           say: Callable[[str], None] | None = None,
+           lost_session: threading.Event | None = None) -> Grant:
+    """The one way to take GPUs: queue the request, and return the grant once the keeper
+    admitted it. With ``wait`` False, InsufficientResources when the keeper refuses it (it
+    could not start at once); the lease is dropped then, and on any error."""
+    enqueue(store, task_key, request, record or {}, priority, exclude_ports, wait)
+    try:
+        admitted = wait_for_admission(store, task_key, say or (lambda _line: None),
+                                      lost_session or threading.Event())
+    except BaseException:
+        with contextlib.suppress(Exception):
+            store.client.delete(store.layout.lease(task_key))
+        raise
+    return grant_of(admitted)
+
+
+def grant_of(record: Mapping[str, Any]) -> Grant:
+    """The placements and ports an admitted job record holds."""
+    placements = tuple(Placement(p["role"], int(p["index"]), p["host"], tuple(p["gpus"]))
+                       for p in record["placements"])
+    return Grant(str(record["task_key"]), placements,
+                 {f"{p['role']}:{p['index']}": int(p["port"]) for p in record["placements"]})
+
+
+def held_of(placements: Iterable[Mapping[str, Any]]) -> Held:
+    """What a grant holds, per host (for the keeper's repairs)."""
+    gpus: dict[str, list[int]] = {}
+    ports: dict[str, list[int]] = {}
+    for p in placements:
+        gpus.setdefault(p["host"], []).extend(int(g) for g in p["gpus"])
+        ports.setdefault(p["host"], []).append(int(p["port"]))
+    return Held({h: tuple(g) for h, g in gpus.items() if g},
+                {h: tuple(n) for h, n in ports.items()})
 
 
 def set_held(store: Store, task_key: str, held: bool) -> None:
@@ -126,15 +182,18 @@ def set_held(store: Store, task_key: str, held: bool) -> None:
 @dataclass
 class QueueReader:
     """Reads the waiting jobs; remembers the keys it saw were not waiting (running jobs),
-    so a pass reads only the records of waiting and new jobs, in parallel."""
+    so a pass reads only the records of waiting and new jobs, in parallel. What running
+    jobs were granted is kept (``grants``): the keeper restores it if the matrix loses it."""
 
     store: Store
     settled: set[str] = field(default_factory=set)
     records: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
+    grants: dict[str, Held] = field(default_factory=dict)
 
     def waiting(self) -> list[Waiting]:
         leases = self.store.leases()
         self.settled &= leases
+        self.grants = {key: held for key, held in self.grants.items() if key in leases}
         gone = set(self.records) - leases
         for key in gone:  # a waiter whose lease went without a cancel: its launcher is gone
             mark_lost(self.store, key)
@@ -150,6 +209,9 @@ class QueueReader:
                 continue  # not written yet (the launcher's transaction), or unreadable
             if record.get("state") != QUEUED or "queue" not in record:
                 self.settled.add(key)
+                if record.get("placements") and key not in self.grants:
+                    with contextlib.suppress(KeyError, TypeError, ValueError):
+                        self.grants[key] = held_of(record["placements"])  # a new keeper
                 continue
             self.records[key] = (record, stat.version)
             found.append(waiting_from_record(record, stat.czxid))
@@ -163,10 +225,23 @@ def live_hosts(store: Store) -> list[str]:
     return []
 
 
+def read_limits(store: Store) -> Limits:
+    """The admin's per-user ceilings (defaults when the root has none yet)."""
+    try:
+        data, _ = store.client.get(store.layout.limits)
+    except NoNodeError:
+        return Limits()
+    try:
+        return Limits.from_json(data)
+    except (StoreError, TypeError, ValueError, AttributeError):
+        return Limits()  # damaged: the defaults, never a user's wish
+
+
 # -- admitting ---------------------------------------------------------------------------
 @dataclass
 class Admitter:
-    """The keeper's admission: read, decide, commit in one transaction, publish the view."""
+    """The keeper's pass: sync the matrix, decide every waiting job, commit admissions and
+    refusals in one transaction, publish the view."""
 
     store: Store
     user_gpu_limit: int = 0
@@ -176,27 +251,41 @@ class Admitter:
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
 
+    def keep(self) -> list[Decision]:
+        """Sync (free ended jobs, repair running ones), then admit."""
+        self.reader.waiting()  # fresh grants before the repair (a new keeper reads them)
+        sync_matrix(self.store, self.reader.grants)
+        return self.admit()
+
     def admit(self) -> list[Decision]:
-        """One pass; returns the decisions (admitted ones committed)."""
+        """One pass; returns the decisions (admitted and refused ones committed)."""
         def attempt(_retries: int) -> list[Decision]:
             matrix, version = read_matrix(self.store)
             waiting = self.reader.waiting()
-            decisions = admission_pass(matrix, live_hosts(self.store), waiting,
-                                       self.user_gpu_limit)
-            admitted = [d for d in decisions if d.admitted]
-            if admitted and not self._commit(matrix, version, admitted):
+            live = live_hosts(self.store)
+            limits = read_limits(self.store)
+            decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
+            settled = [d for d in decisions if d.admitted or d.refused]
+            if settled and not self._commit(matrix, version, settled, live, limits):
                 raise ForceRetryError()
-            self.publish(decisions, {w.task_key: w for w in waiting})
+            self.publish(decisions, {w.task_key: w for w in clamped(waiting, limits)})
             return decisions
 
         return until_committed(attempt, "admitting waiting jobs")
 
-    def _commit(self, matrix: Matrix, version: int, admitted: list[Decision]) -> bool:
+    def _commit(self, matrix: Matrix, version: int, settled: list[Decision],
+                live: list[str], limits: Limits) -> bool:
         taken = matrix
         tx = self.store.client.transaction()
         now = time.time()
-        for decision in admitted:
+        for decision in settled:
             record, record_version = self.reader.records[decision.task_key]
+            if decision.refused:
+                tx.set_data(self.store.layout.job(decision.task_key), encode({
+                    **record, "state": "refused", "refused": now,
+                    "refused_reason": self.refusal(decision, record, matrix, live, limits)}),
+                    version=record_version)
+                continue
             gpus: dict[str, list[int]] = {}
             ports: dict[str, list[int]] = {}
             for p in decision.placements:
@@ -209,11 +298,33 @@ class Admitter:
                 "waited_s": round(now - float(record.get("created", now)), 3),
                 "placements": placements_json(decision.placements, decision.ports)}),
                 version=record_version)
-        tx.set_data(self.store.layout.matrix, taken.to_json(), version=version)
+        if taken is not matrix:
+            tx.set_data(self.store.layout.matrix, taken.to_json(), version=version)
+        else:
+            tx.check(self.store.layout.matrix, version)
         errors = [r for r in tx.commit() if isinstance(r, Exception)]
-        if not errors:
-            self.reader.settled.update(d.task_key for d in admitted)
-        return not errors  # a cancel, a lost waiter or another writer: read and decide again
+        if errors:
+            return False  # a cancel, a lost waiter or another writer: read and decide again
+        for decision in settled:
+            self.reader.settled.add(decision.task_key)
+            if decision.admitted:
+                self.reader.grants[decision.task_key] = held_of(
+                    placements_json(decision.placements, decision.ports))
+        return True
+
+    def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
+                live: list[str], limits: Limits) -> str:
+        """Why a --no-wait job cannot start now, naming what is free or the limit."""
+        job = waiting_from_record(record, 0)
+        if decision.reason == USER_LIMIT:
+            held = matrix.held_per_user().get(job.user, 0)
+            cap = limits.gpu_limit(job.user, self.user_gpu_limit)
+            return (f"{job.user} holds {held} GPUs; this job's {job.request.gpus} more would "
+                    f"pass the limit of {cap} (hypertf_user_gpu_limit, or the admin's "
+                    f"'hypertf auth limits')")
+        why = cannot_place(job.request, matrix, live)
+        return why or (f"the GPUs it needs are promised to jobs ahead of it in the queue "
+                       f"({REASONS[PRIORITY]}); run it without --no-wait to wait in line")
 
     def publish(self, decisions: list[Decision], waiting: Mapping[str, Waiting]) -> None:
         """``keeper/queue``: an ephemeral of the keeper's session, rewritten on change."""
@@ -244,7 +355,7 @@ def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting]) -> dict[s
     """What waiters and ``hypertf queue`` show: every job still waiting, in order."""
     entries = []
     for d in decisions:
-        if d.admitted:
+        if d.admitted or d.refused:
             continue
         job = waiting[d.task_key]
         entries.append({"task_key": d.task_key, "position": len(entries) + 1,
@@ -297,6 +408,9 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
             state = record.get("state")
             if state == "allocated":
                 return record
+            if state == "refused":
+                raise InsufficientResources(str(record.get("refused_reason")
+                                                or "the keeper could not start it now"))
             if state != QUEUED or store.client.exists(store.layout.lease(task_key)) is None:
                 by = record.get("cancelled_by") or record.get("killed_by") or {}
                 who = by.get("identity") or by.get("user")

@@ -1,8 +1,9 @@
 """A separate allocator process for the concurrency and SIGKILL tests.
 
 usage: python allocator_worker.py ZK_HOSTS ROOT HOSTS MODE [CYCLES [SESSION_TIMEOUT]]
-MODE 'cycle': allocate 1 GPU, hold briefly, release, CYCLES times; prints one JSON per grant.
-MODE 'hold': allocate 1 GPU, print the grant, then sleep until killed.
+MODE 'cycle': take 1 GPU (through the keeper's queue), hold briefly, release, CYCLES times;
+prints one JSON per grant.
+MODE 'hold': take 1 GPU, print the grant, then sleep until killed.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import sys
 import time
 
 from hypertf import store
-from hypertf.allocation import Request, allocate, new_task_key, release
-from hypertf.errors import InsufficientResources
+from hypertf.allocation import Request, new_task_key, release
 from hypertf.scheduler import TaskSlot
 from hypertf.settings import ClusterSettings
 from hypertf.store import Store
+from hypertf.waitqueue import submit
 
 
 def main() -> None:
@@ -29,12 +30,7 @@ def main() -> None:
     request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=tuple(hosts.split(",")))
     for _ in range(cycles):
         key = new_task_key("root")
-        while True:
-            try:
-                grant = allocate(Store(client, layout), request, key)
-                break
-            except InsufficientResources:
-                time.sleep(0.01)
+        grant = submit(Store(client, layout), request, key)  # waits in the queue
         start = time.time()
         placement = grant.placements[0]
         print(json.dumps({"key": key, "host": placement.host, "gpu": placement.gpus[0],

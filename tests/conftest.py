@@ -19,6 +19,7 @@ from kazoo.client import KazooClient
 from hypertf import lab as lab_module
 from hypertf import store
 from hypertf.inventory import Inventory, load_inventory
+from hypertf.keeper import KeeperThread
 from hypertf.remote import Session
 from hypertf.settings import ClusterSettings
 from hypertf.store import AgentRecord, Layout
@@ -134,6 +135,22 @@ def fake_agents(secured: ClusterSettings, layout: Layout,
     yield publish
     for client in clients:
         store.close(client)
+
+
+@pytest.fixture
+def keeper(secured: ClusterSettings) -> Iterator[Callable[..., KeeperThread]]:
+    """Run the keeper's pass (the real Admitter) in a thread for hosts without agent
+    processes: ``keeper()`` for the test's root, ``keeper(settings, user_gpu_limit=2)``."""
+    started: list[KeeperThread] = []
+
+    def start(cluster: ClusterSettings | None = None, user_gpu_limit: int = 0) -> KeeperThread:
+        thread = KeeperThread(cluster or secured, user_gpu_limit).start()
+        started.append(thread)
+        return thread
+
+    yield start
+    for thread in started:
+        thread.stop()
 
 
 LAB_HOSTS, LAB_GPUS = 3, 4

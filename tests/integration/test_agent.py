@@ -16,7 +16,7 @@ import yaml
 from rich.console import Console
 
 from hypertf import status, store
-from hypertf.allocation import sync_matrix
+from hypertf.allocation import read_matrix
 from hypertf.inventory import load_inventory
 from hypertf.store import Store
 from tests.conftest import wait_for
@@ -53,13 +53,13 @@ def test_agent_publishes_refreshes_and_deletes_on_sigterm(agent_inventory):
         assert record.data_addr == record.mgmt_addr == "127.0.0.1"
         assert 20000 <= record.port <= 20999
         assert [g.available for g in record.gpus] == [True, True, False]
-        matrix, _ = sync_matrix(Store(client, layout))
-        assert matrix.gpus["node1"] == [1, 1, 0]
+        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus.get("node1") == [1, 1, 0],
+                 10, "the keeper's row for node1")
         # The static source is re-read every heartbeat: GPU 0 gets busy, GPU 2 idle.
         gpus.write_text(json.dumps([{"memory_used": 15 * 1024**3}, {}, {}]))
         wait_for(lambda: store.Store(client, layout).records()["node1"].gpu_avail_list == [1, 2],
                  10, "the new availability")
-        wait_for(lambda: sync_matrix(Store(client, layout))[0].gpus["node1"] == [0, 1, 1], 10,
+        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus["node1"] == [0, 1, 1], 10,
                  "the matrix to follow (keeper agent)")
         beat = store.Store(client, layout).records()["node1"].heartbeat
         wait_for(lambda: store.Store(client, layout).records()["node1"].heartbeat > beat, 5,
@@ -117,7 +117,7 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
         assert record.gpus[0].reason == f"foreign process pid {foreign.pid}"
         assert record.gpus[1].reason == f"in use by {key}"
         assert record.gpus[1].processes == [store.GpuProcess(stray.pid, None, key)]
-        wait_for(lambda: sync_matrix(Store(client, layout))[0].gpus["node1"] == [0, 0, 1], 10,
+        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus["node1"] == [0, 0, 1], 10,
                  "the matrix to follow")
         view = status.collect(client, inventory)
         first, second, third = view["hosts"][0]["gpus"]
@@ -139,7 +139,7 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
         foreign.kill()
         stray.kill()
         gpus.write_text(json.dumps([{}, {}, {}]))
-        wait_for(lambda: sync_matrix(Store(client, layout))[0].gpus["node1"] == [1, 1, 1], 10,
+        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus["node1"] == [1, 1, 1], 10,
                  "the GPUs to free when the processes are gone")
     finally:
         for process in (agent, foreign, stray):

@@ -17,7 +17,6 @@ import pytest
 from hypertf import store
 from hypertf.allocation import (
     Request,
-    allocate,
     confirm_drained,
     new_task_key,
     release,
@@ -27,6 +26,7 @@ from hypertf.errors import InsufficientResources
 from hypertf.matrix import DRAINING, FREE
 from hypertf.scheduler import TaskSlot
 from hypertf.store import Store
+from hypertf.waitqueue import submit
 from tests.conftest import wait_for
 
 WORKER = Path(__file__).resolve().parent.parent / "allocator_worker.py"
@@ -42,8 +42,9 @@ def all_free(zk, layout) -> bool:
     return all(cell == FREE for row in matrix.gpus.values() for cell in row) and not matrix.ports
 
 
-def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents):
+def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents, keeper):
     fake_agents({"n1": 2, "n2": 2})
+    keeper()
     request = Request(
         slots=(TaskSlot("chief", 0, 1), TaskSlot("worker", 0, 1), TaskSlot("worker", 1, 1),
                TaskSlot("ps", 0, 0)),
@@ -51,7 +52,7 @@ def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents):
         port_ranges={"n1": (21000, 21010), "n2": (21000, 21010)},
     )
     key = new_task_key("root")
-    grant = allocate(Store(zk, layout), request, key)
+    grant = submit(Store(zk, layout), request, key)
     assert [(p.name, p.host, p.gpus) for p in grant.placements] == [
         ("chief:0", "n1", (0,)), ("worker:0", "n2", (0,)), ("worker:1", "n1", (1,)),
         ("ps:0", "n1", ()),
@@ -67,13 +68,15 @@ def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents):
     assert zk.exists(layout.lease(key)) is None
 
 
-def test_impossible_request_says_what_is_free_where(zk, layout, fake_agents):
+def test_impossible_request_says_what_is_free_where(zk, layout, fake_agents, keeper):
+    """--no-wait: the keeper refuses what cannot start now, naming what is free where."""
     fake_agents({"n1": 2, "n2": 1})
-    allocate(Store(zk, layout), Request((TaskSlot("worker", 0, 1),), ("n1", "n2")),
-             new_task_key("root"))
+    keeper()
+    submit(Store(zk, layout), Request((TaskSlot("worker", 0, 1),), ("n1", "n2")),
+           new_task_key("root"))
     request = Request(tuple(TaskSlot("worker", i, 1) for i in range(3)), ("n1", "n2", "n3"))
     with pytest.raises(InsufficientResources) as err:
-        allocate(Store(zk, layout), request, new_task_key("root"))
+        submit(Store(zk, layout), request, new_task_key("root"), wait=False)
     assert str(err.value) == (
         "cannot place worker:2 (1 GPU on one host): asked for 3 worker (1 GPU each): "
         "3 GPUs in all; free now: n1: 1 of 2 free (GPU 1); n2: 1 of 1 free (GPU 0); "
@@ -83,7 +86,8 @@ def test_impossible_request_says_what_is_free_where(zk, layout, fake_agents):
     assert matrix.free("n1") == [1] and matrix.free("n2") == [0]  # nothing taken by the failure
 
 
-def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, cluster_settings):
+def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, cluster_settings,
+                                                     keeper):
     """16 threads (own sessions) and 16 processes hold GPUs at once, then cycle.
 
     Sessions get 15 s here: 32 clients and 16 Python start-ups on 2 cores can starve a
@@ -91,6 +95,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
     """
     cluster_settings = dataclasses.replace(cluster_settings, zk_session_timeout=15.0)
     fake_agents({host: 8 for host in HOSTS})  # 32 GPUs for 32 allocators
+    keeper()
     held: list[tuple[str, int]] = []
     lock = threading.Lock()
     everyone_holds = threading.Event()
@@ -99,7 +104,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
         client = store.connect(cluster_settings)
         try:
             key = new_task_key("root")
-            grant = allocate(Store(client, layout), one_gpu(), key)
+            grant = submit(Store(client, layout), one_gpu(), key)
             with lock:
                 held.extend((p.host, g) for p in grant.placements for g in p.gpus)
             everyone_holds.wait(timeout=120)
@@ -122,7 +127,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
         wait_for(lambda: len(held) == 32, 60, "32 grants")
         assert len(set(held)) == 32, "a GPU was granted twice"
         with pytest.raises(InsufficientResources):
-            allocate(Store(zk, layout), one_gpu(), new_task_key("root"))
+            submit(Store(zk, layout), one_gpu(), new_task_key("root"), wait=False)
         everyone_holds.set()
         for thread in threads:
             thread.join(60)
@@ -164,8 +169,9 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
     assert all_free(zk, layout)
 
 
-def test_sigkilled_allocator_gpus_return(zk, layout, fake_agents, cluster_settings):
+def test_sigkilled_allocator_gpus_return(zk, layout, fake_agents, cluster_settings, keeper):
     fake_agents({"n1": 2})
+    keeper()
     proc = subprocess.Popen([sys.executable, str(WORKER), cluster_settings.zookeeper_hosts,
                              layout.root, "n1", "hold"], stdout=subprocess.PIPE, text=True)
     grant = json.loads(proc.stdout.readline())
@@ -212,15 +218,16 @@ def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layo
     assert sorted(zk.get_children(layout.user_jobs("root"))) == ["b-old-running.root", "e-new.root"]
 
 
-def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents):
+def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents, keeper):
     """'hypertf kill' during a launcher's start: the launcher's later state updates and its
     release keep 'killed' (who killed it, and when)."""
     from hypertf.allocation import kill
     from hypertf.jobs import read_job, update_job
 
     fake_agents({"n1": 1})
+    keeper()
     key = new_task_key("root")
-    allocate(Store(zk, layout), one_gpu(), key)
+    submit(Store(zk, layout), one_gpu(), key)
     assert kill(Store(zk, layout), key) is True
     update_job(Store(zk, layout), key, state="starting", note="still here")
     release(Store(zk, layout), key, state="failed")

@@ -4,12 +4,14 @@ mistake is one line naming the file (exit 3)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,10 +21,15 @@ from kazoo.exceptions import NoAuthError, NotEmptyError
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from hypertf import auth, store
-from hypertf.allocation import Request, allocate, new_task_key
+from hypertf.allocation import Request, new_task_key, release
+from hypertf.errors import InsufficientResources
 from hypertf.inventory import Inventory, load_inventory
+from hypertf.keeper import KeeperThread
+from hypertf.matrix import FREE, Matrix
 from hypertf.scheduler import TaskSlot
 from hypertf.store import AgentRecord, Layout, Store
+from hypertf.waitqueue import read_view, submit
+from tests.conftest import wait_for
 
 
 @pytest.fixture
@@ -54,20 +61,36 @@ def hypertf(*argv: str, identity: str | None = None) -> subprocess.CompletedProc
 
 
 @pytest.fixture
-def job(cluster) -> Iterator[str]:
-    """A running job of this login user (its launcher's session holds the lease)."""
+def keeper(cluster) -> Iterator[KeeperThread]:
+    """n1's record (2 GPUs, published by the admin) and the keeper's pass in a thread."""
     _, inventory, layout = cluster
     admin = store.connect(inventory.cluster, identity="admin")
     record = AgentRecord(host="n1", mgmt_addr="127.0.0.1", data_addr="127.0.0.1", port=1,
                          gpu=2, gpu_avail_list=[0, 1], heartbeat=time.time())
     admin.create(layout.resource("n1"), record.to_json(),
                  acl=store.acls(admin).agent_record(), ephemeral=True)
-    launcher = store.connect(inventory.cluster)
-    key = new_task_key(auth.login_user())
-    allocate(Store(launcher, layout), Request((TaskSlot("worker", 0, 1),), ("n1",)), key)
-    yield key
-    store.close(launcher)
+    thread = KeeperThread(inventory.cluster).start()
+    yield thread
+    thread.stop()
     store.close(admin)
+
+
+@pytest.fixture
+def launcher(cluster, keeper) -> Iterator[Store]:
+    """This login user's launcher session."""
+    _, inventory, layout = cluster
+    client = store.connect(inventory.cluster)
+    yield Store(client, layout)
+    store.close(client)
+
+
+@pytest.fixture
+def job(launcher) -> str:
+    """A running job of this login user holding GPU 0 of n1 (its launcher's session holds
+    the lease)."""
+    key = new_task_key(auth.login_user())
+    submit(launcher, Request((TaskSlot("worker", 0, 1),), ("n1",)), key)
+    return key
 
 
 def every_path(layout: Layout, key: str) -> list[str]:
@@ -130,8 +153,8 @@ def test_another_user_cannot_end_a_job_and_the_admin_can(cluster, job):
                 attempt()
         assert bob.exists(layout.lease(job)) is not None
         # bob can run his own jobs: his parents exist and are his
-        allocate(Store(bob, layout), Request((TaskSlot("worker", 0, 1),), ("n1",)),
-                 new_task_key("bob"))
+        submit(Store(bob, layout), Request((TaskSlot("worker", 0, 1),), ("n1",)),
+               new_task_key("bob"))
     finally:
         store.close(bob)
     killed = hypertf("kill", "-i", str(path), job, identity="admin")
@@ -295,3 +318,106 @@ def test_tls_to_zookeeper_when_the_inventory_names_a_ca(state_home, tmp_path):
         plain.close()
     finally:
         server.stop()
+
+
+def test_a_registered_user_writes_nothing_outside_his_own_folders_and_waits_his_turn(
+        cluster, job, launcher):
+    """Bob, with his own valid credential, can read everything but change nothing outside
+    his folders: not the matrix (so not another job's GPUs), not the limits, not a record,
+    not another user's job. His request for the GPUs the job holds waits in the queue and
+    is admitted once the job released them."""
+    _, inventory, layout = cluster
+    owner = auth.login_user()
+    bob = store.connect(inventory.cluster, identity="user.bob")
+    outside = [layout.root, layout.matrix, layout.limits, layout.resources, layout.resource("n1"),
+               layout.leases, layout.user_leases(owner), layout.lease(job), layout.jobs,
+               layout.user_jobs(owner), layout.job(job), layout.keeper]
+    try:
+        for path in outside:
+            assert bob.get(path) is not None  # reading is every member's right
+            for write in (lambda p: bob.set(p, b"{}"),
+                          lambda p: bob.create(f"{p}/x.bob", b"{}"),
+                          lambda p: bob.delete(p),
+                          lambda p: bob.set_acls(p, OPEN_ACL_UNSAFE)):
+                with pytest.raises((NoAuthError, NotEmptyError)):
+                    write(path)
+        matrix = Matrix.from_json(bob.get(layout.matrix)[0])
+        assert matrix.gpus["n1"][0] == job  # the job's GPU was never set free
+
+        got: list[object] = []
+        waiter = threading.Thread(target=lambda: got.append(submit(
+            Store(bob, layout), Request((TaskSlot("worker", 0, 2),), ("n1",)),
+            new_task_key("bob"))))
+        waiter.start()
+        wait_for(lambda: read_view(Store(bob, layout)), 10, "bob's job in the queue")
+        time.sleep(0.5)
+        assert not got, "bob's job was admitted onto a GPU another job holds"
+        release(launcher, job)
+        waiter.join(20)
+        assert got and got[0].placements[0].gpus == (0, 1)
+    finally:
+        store.close(bob)
+
+
+def in_background(call: Callable[[], object]) -> None:
+    """A waiter that waits until the test ends (its session closes then: not an error)."""
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            call()
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def test_priorities_are_capped_by_the_admin_and_a_users_own_record_gains_nothing(
+        cluster, job, launcher):
+    """The admin gives bob a maximum priority of 0. Bob asks for 50 and later writes 1000
+    into his own queued record: a later job of priority 1 still goes first."""
+    path, inventory, layout = cluster
+    limited = hypertf("auth", "limits", "bob", "--max-priority", "0", "--gpu-limit", "2",
+                      "-i", str(path), identity="admin")
+    assert limited.returncode == 0, limited.stderr
+    assert "bob: priority at most 0, GPUs at most 2" in limited.stdout
+    refused = hypertf("auth", "limits", "bob", "--max-priority", "99", "-i", str(path),
+                      identity="user.bob")
+    assert refused.returncode != 0 and "only the cluster admin" in refused.stderr
+
+    busy = Request((TaskSlot("worker", 0, 1),), ("n1",))
+    submit(launcher, busy, new_task_key(owner := auth.login_user()))  # n1 is now full
+    bob = store.connect(inventory.cluster, identity="user.bob")
+    try:
+        bobs = new_task_key("bob")
+        in_background(lambda: submit(Store(bob, layout), busy, bobs, priority=50))
+        wait_for(lambda: [e["task_key"] for e in read_view(launcher)] == [bobs], 10,
+                 "bob's job waiting")
+        data, stat_ = bob.get(layout.job(bobs))
+        record = yaml.safe_load(data)
+        record["queue"]["priority"] = 1000
+        bob.set(layout.job(bobs), store.encode(record), version=stat_.version)
+        mine = new_task_key(owner)
+        in_background(lambda: submit(launcher, busy, mine, priority=1))
+        wait_for(lambda: [e["task_key"] for e in read_view(launcher)] == [mine, bobs], 10,
+                 "the priority-1 job ahead of bob's 1000")
+        assert read_view(launcher)[1]["priority"] == 0
+    finally:
+        store.close(bob)
+
+
+def test_the_keeper_restores_a_running_jobs_cells_whoever_wrote_the_matrix(
+        cluster, job, launcher):
+    """An agent's credential (it may write the matrix) sets the job's GPU free: the keeper's
+    next pass gives it back, and a --no-wait request for it is refused meanwhile."""
+    _, inventory, layout = cluster
+    agent = store.connect(inventory.cluster, identity="agent.n2")
+    try:
+        data, stat_ = agent.get(layout.matrix)
+        forged = Matrix.from_json(data)
+        forged.gpus["n1"] = [FREE, FREE]
+        forged.ports.pop("n1", None)
+        agent.set(layout.matrix, forged.to_json(), version=stat_.version)
+        wait_for(lambda: Matrix.from_json(agent.get(layout.matrix)[0]).gpus["n1"][0] == job,
+                 10, "the job's GPU restored")
+        with pytest.raises(InsufficientResources):
+            submit(launcher, Request((TaskSlot("worker", 0, 2),), ("n1",)),
+                   new_task_key(auth.login_user()), wait=False)
+    finally:
+        store.close(agent)

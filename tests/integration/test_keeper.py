@@ -19,11 +19,12 @@ import pytest
 import yaml
 
 from hypertf import store
-from hypertf.allocation import Request, allocate
+from hypertf.allocation import Request
 from hypertf.inventory import load_inventory
 from hypertf.matrix import Matrix
 from hypertf.scheduler import TaskSlot
 from hypertf.store import Store
+from hypertf.waitqueue import submit
 from tests.conftest import wait_for
 
 HOSTS = ("node1", "node2")
@@ -133,7 +134,7 @@ def test_keeper_frees_the_cells_of_a_job_whose_lease_vanished(keeper_lab, agents
     try:
         request = Request(slots=(TaskSlot("worker", 0, 2), TaskSlot("worker", 1, 1)),
                           hosts=HOSTS, policy="pack")
-        allocate(Store(launcher, layout), request, "job-1.root")
+        submit(Store(launcher, layout), request, "job-1.root")
     finally:
         taken = stored().gpus
         store.close(launcher)  # the session ends: the lease is gone
