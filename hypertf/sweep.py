@@ -36,6 +36,7 @@ from hypertf.errors import Cancelled, UsageError
 from hypertf.rundir import RunDir
 from hypertf.sweepspec import (
     TrialResult,
+    metric_fields,
     read_metrics,
     render_table,
     to_csv,
@@ -111,7 +112,8 @@ class Sweep:
     def results(self) -> list[TrialResult]:
         return [TrialResult(index=t["index"], params=t["params"], state=t["state"],
                             task_key=t.get("task_key"), metric=t.get("metric"),
-                            wall_s=t.get("wall_s"), message=t.get("message", ""))
+                            wall_s=t.get("wall_s"), message=t.get("message", ""),
+                            unranked_metric=t.get("unranked_metric"))
                 for t in self.trials]
 
     def write_results(self) -> None:
@@ -158,7 +160,8 @@ class Driver:
     def start(self, trial: dict[str, Any]) -> None:
         key = new_task_key(auth.job_owner())
         trial.update(state="queued", task_key=key, tries=trial.get("tries", 0) + 1,
-                     started=time.time(), metric=None, wall_s=None, message="")
+                     started=time.time(), metric=None, unranked_metric=None, wall_s=None,
+                     message="")
         self.sweep.save()  # the key is recorded before the job can exist: never two jobs
         with open(self.sweep.dir / f"trial-{trial['index']}.log", "ab") as log:
             launcher = subprocess.Popen(self.trial_argv(trial, key), stdin=subprocess.DEVNULL,
@@ -184,16 +187,17 @@ class Driver:
             state = "failed"
         lines = [line for line in log.splitlines() if line.startswith("hypertf: error")]
         metrics = find_metrics(summary) if summary else None
+        reported = read_metrics(metrics, self.sweep.metric) if metrics is not None else None
         trial.update(state=state, message=lines[-1][16:200] if lines and state != "succeeded"
-                     else "", metric=read_metrics(metrics, self.sweep.metric)
-                     if metrics is not None else None,
-                     ended=time.time())
+                     else "", **metric_fields(reported), ended=time.time())
         trial["wall_s"] = round(trial["ended"] - trial.get("started", trial["ended"]), 2)
         self.sweep.save()
         self.sweep.write_results()
         sweepboard.record_trial(self.sweep.dir, self.sweep.metric, self.sweep.trials, trial)
-        shown = f", {self.sweep.metric or 'metric'}={trial['metric']}" \
-            if trial["metric"] is not None else ""
+        name = self.sweep.metric or "metric"
+        shown = f", {name}={trial['metric']}" if trial["metric"] is not None else ""
+        if trial.get("unranked_metric"):
+            shown = f", {name}={trial['unranked_metric']} (not a finite number: ranked last)"
         self.say(f"hypertf: sweep {self.sweep.sweep_id}: trial {trial['index']} "
                  f"({trial['label']}) {state}{shown}")
 
@@ -282,7 +286,8 @@ def settle_orphans(sweep: Sweep) -> None:
         if summary and summary.get("result") == "succeeded":
             metrics = find_metrics(summary)
             trial.update(state="succeeded", wall_s=summary.get("wall_s"),
-                         metric=read_metrics(metrics, sweep.metric) if metrics else None)
+                         **metric_fields(read_metrics(metrics, sweep.metric)
+                                         if metrics else None))
         else:
             trial.update(state="lost", message="its launcher went away with the sweep's driver")
     sweep.save()

@@ -3,6 +3,12 @@
 Expansion is deterministic: a grid is the product in the order given (first name slowest);
 a random search draws each sample from ``random.Random("<seed>:<sample>")``, independent of
 Python's hash randomisation, so the same spec gives the same trials in any process.
+
+A spec is read as YAML 1.2 reads numbers (``1e-5`` is a float; PyYAML's YAML 1.1 would make
+it text), with duplicate keys refused; each mistake is one line that names the fix.
+A trial's metric is a finite number or nothing: NaN and infinity are kept as text
+(``unranked_metric``; JSON has none of them) and such trials are ranked after every
+trial with a number.
 """
 
 from __future__ import annotations
@@ -21,11 +27,24 @@ from typing import Any
 import yaml
 
 from hypertf.errors import UsageError
+from hypertf.yamlguard import UniqueKeyLoader
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 KEYS = ("script", "train", "grid", "random", "num_samples", "seed", "max_concurrent",
         "max_failed", "metric", "mode")
 DISTRIBUTIONS = ("uniform", "loguniform", "choice", "randint")
+
+
+class SpecLoader(UniqueKeyLoader):
+    """Safe YAML, duplicate keys refused, and exponents without a dot (``1e-5``) as floats,
+    as YAML 1.2 and every user read them."""
+
+    error = UsageError
+
+
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT,
+                                 list("-+0123456789."))
 
 
 @dataclass(frozen=True)
@@ -84,8 +103,18 @@ def parse_grid_option(values: Sequence[str]) -> dict[str, list[Any]]:
         _check_name(name, "--grid")
         if name in grid:
             raise UsageError(f"--grid {name} is given twice: list all its values in one")
-        grid[name] = [_value(v) for v in items]
+        grid[name] = _distinct([_value(v) for v in items], f"--grid {name}")
     return grid
+
+
+def _distinct(values: list[Any], where: str) -> list[Any]:
+    """The values, refused when one is listed twice (the same trial would run twice)."""
+    for i, value in enumerate(values):
+        if any(value == earlier and isinstance(value, bool) == isinstance(earlier, bool)
+               for earlier in values[:i]):
+            raise UsageError(f"{where} lists {value!r} twice: keep one (each grid value is "
+                             f"a trial of its own)")
+    return values
 
 
 def _positive_int(payload: Mapping[str, Any], key: str, default: Any, low: int = 1) -> Any:
@@ -97,30 +126,59 @@ def _positive_int(payload: Mapping[str, Any], key: str, default: Any, low: int =
     return value
 
 
+def _number(value: Any, where: str, whole: bool) -> int | float:
+    """A bound of a numeric range: a number, or text that reads as one ("1e-5")."""
+    number: Any = value
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise UsageError(f"sweep spec: {where}: {value!r} is not a number; write numbers, "
+                         f"e.g. [1e-5, 1e-1]")
+    if not math.isfinite(number):
+        raise UsageError(f"sweep spec: {where}: {value!r} is not a finite number")
+    if whole:
+        if number != int(number):
+            raise UsageError(f"sweep spec: {where}: randint takes whole numbers, not "
+                             f"{value!r}; use uniform for fractions")
+        return int(number)
+    return number
+
+
 def _check_distribution(name: str, spec: Any) -> dict[str, Any]:
     if not isinstance(spec, Mapping) or len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
         raise UsageError(f"sweep spec: random.{name} must be one of {{uniform: [lo, hi]}}, "
                          f"{{loguniform: [lo, hi]}}, {{randint: [lo, hi]}}, {{choice: [...]}}")
     kind, args = next(iter(spec.items()))
+    where = f"random.{name}.{kind}"
     if kind == "choice":
         if not isinstance(args, list) or not args:
-            raise UsageError(f"sweep spec: random.{name}.choice needs a non-empty list")
-    elif (not isinstance(args, list) or len(args) != 2
-          or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args)
-          or not args[0] < args[1] or (kind == "loguniform" and args[0] <= 0)):
-        raise UsageError(f"sweep spec: random.{name}.{kind} needs [lo, hi] with lo < hi"
-                         + (" and lo > 0" if kind == "loguniform" else ""))
-    return {kind: args}
+            raise UsageError(f"sweep spec: {where} needs a non-empty list")
+        return {kind: list(args)}
+    if not isinstance(args, list) or len(args) != 2:
+        raise UsageError(f"sweep spec: {where} needs [lo, hi] (two numbers), not {args!r}")
+    low, high = (_number(a, where, whole=kind == "randint") for a in args)
+    if not low < high:
+        raise UsageError(f"sweep spec: {where} needs [lo, hi] with lo < hi, not {args!r}")
+    if kind == "loguniform" and low <= 0:
+        raise UsageError(f"sweep spec: {where} needs [lo, hi] with lo > 0 (a log scale), "
+                         f"not {args!r}")
+    return {kind: [low, high]}
 
 
 def load_spec(path: str) -> SweepSpec:
     """A sweep spec YAML, checked: one message per mistake, naming the key."""
     try:
-        payload = yaml.safe_load(Path(path).read_text())
+        payload = yaml.load(Path(path).read_text(), Loader=SpecLoader)
     except OSError as err:
         raise UsageError(f"cannot read sweep spec {path}: {err.strerror or err}") from None
-    except yaml.YAMLError as err:
-        raise UsageError(f"sweep spec {path} is not valid YAML: {err}") from None
+    except UsageError as err:
+        raise UsageError(f"sweep spec {path}: {err}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        problem = " ".join(str(err).split())
+        raise UsageError(f"sweep spec {path} is not valid YAML: {problem}") from None
     if not isinstance(payload, Mapping):
         raise UsageError(f"sweep spec {path} must be a mapping with keys {', '.join(KEYS)}")
     unknown = sorted(set(payload) - set(KEYS))
@@ -140,8 +198,21 @@ def load_spec(path: str) -> SweepSpec:
         _check_name(name, "sweep spec grid")
         if not isinstance(values, list) or not values:
             raise UsageError(f"sweep spec: grid.{name} must be a non-empty list of values")
+        _distinct(values, f"sweep spec: grid.{name}")
     if not grid and not randoms:
         raise UsageError(f"sweep spec {path}: give a grid or a random search (or both)")
+    both = [name for name in grid if name in randoms]
+    if both:
+        raise UsageError(f"sweep spec {path}: {', '.join(both)} is in both grid and random; "
+                         f"keep each hyperparameter in one of them")
+    distributions = {_check_name(k, "sweep spec random"): _check_distribution(k, v)
+                     for k, v in randoms.items()}
+    if "num_samples" in payload and not randoms:
+        raise UsageError(f"sweep spec {path}: num_samples is the number of random draws, and "
+                         f"there is no random search; remove num_samples or add random")
+    if randoms and "num_samples" not in payload:
+        raise UsageError(f"sweep spec {path}: a random search needs num_samples (how many "
+                         f"draws, e.g. num_samples: 8)")
     mode = payload.get("mode", "max")
     if mode not in ("max", "min"):
         raise UsageError(f"sweep spec: mode must be max or min, not {mode!r}")
@@ -153,8 +224,7 @@ def load_spec(path: str) -> SweepSpec:
         raise UsageError(f"sweep spec: seed must be a whole number, not {seed!r}")
     return SweepSpec(
         script=script.strip(), train=dict(train), grid={k: list(v) for k, v in grid.items()},
-        random={_check_name(k, "sweep spec random"): _check_distribution(k, v)
-                for k, v in randoms.items()},
+        random=distributions,
         num_samples=_positive_int(payload, "num_samples", 1),
         seed=seed, max_concurrent=_positive_int(payload, "max_concurrent", 2),
         max_failed=_positive_int(payload, "max_failed", None, low=0), metric=metric,
@@ -201,19 +271,52 @@ class TrialResult:
     metric: float | None = None
     wall_s: float | None = None
     message: str = ""
+    unranked_metric: str | None = None  # a NaN or infinite metric, as text ("nan", "inf")
+
+    @property
+    def ranked(self) -> bool:
+        return self.metric is not None and math.isfinite(self.metric)
+
+    @property
+    def shown_metric(self) -> str:
+        if self.metric is not None:
+            return f"{self.metric:g}"
+        return self.unranked_metric or ""
+
+
+def metric_fields(value: float | None) -> dict[str, Any]:
+    """How a trial records the metric it reported: a finite number as ``metric``; NaN or
+    infinity as ``unranked_metric`` text with ``metric`` None (strict JSON has neither,
+    and they cannot be ranked)."""
+    if value is not None and not math.isfinite(value):
+        return {"metric": None, "unranked_metric": f"{value:g}"}
+    return {"metric": value, "unranked_metric": None}
 
 
 def sort_results(results: Iterable[TrialResult], mode: str) -> list[TrialResult]:
-    """Trials with a metric first, best first; then the others in trial order."""
+    """Trials with a finite metric first, best first; then those that reported NaN or
+    infinity; then the others; each of the last two in trial order."""
     results = list(results)
-    scored = sorted((r for r in results if r.metric is not None),
+    scored = sorted((r for r in results if r.ranked),
                     key=lambda r: (-r.metric if mode == "max" else r.metric, r.index))
-    return scored + sorted((r for r in results if r.metric is None), key=lambda r: r.index)
+    rest = sorted((r for r in results if not r.ranked),
+                  key=lambda r: (r.metric is None and r.unranked_metric is None, r.index))
+    return scored + rest
 
 
 def best(results: Iterable[TrialResult], mode: str) -> TrialResult | None:
     ranked = sort_results(results, mode)
-    return ranked[0] if ranked and ranked[0].metric is not None else None
+    return ranked[0] if ranked and ranked[0].ranked else None
+
+
+def unranked_note(results: Iterable[TrialResult], metric_name: str) -> str | None:
+    """One line naming the trials whose metric was NaN or infinite, if any."""
+    odd = [r for r in results if not r.ranked and (r.metric is not None or r.unranked_metric)]
+    if not odd:
+        return None
+    listed = ", ".join(f"{r.index} ({r.shown_metric})" for r in sorted(odd, key=lambda r: r.index))
+    return (f"unranked: trial(s) {listed} reported {metric_name} as NaN or infinity: ranked "
+            f"last; check the training for divergence")
 
 
 def _param_names(results: Sequence[TrialResult]) -> list[str]:
@@ -231,15 +334,17 @@ def to_csv(results: Sequence[TrialResult], path: Path, mode: str = "max") -> Non
         writer.writerow(["index", *names, "state", "metric", "wall_s", "task_key", "message"])
         for r in ranked:
             writer.writerow([r.index, *(r.params.get(n, "") for n in names), r.state,
-                             "" if r.metric is None else r.metric,
+                             r.metric if r.ranked else r.shown_metric,
                              "" if r.wall_s is None else r.wall_s, r.task_key or "", r.message])
 
 
 def to_json(results: Sequence[TrialResult], path: Path, extra: Mapping[str, Any],
             mode: str = "max") -> None:
     winner = best(results, mode)
-    path.write_text(json.dumps({"trials": [asdict(r) for r in sort_results(results, mode)],
-                                "best": asdict(winner) if winner else None, **extra}, indent=2))
+    trials = [{**asdict(r), **metric_fields(r.metric)} if r.metric is not None
+              else asdict(r) for r in sort_results(results, mode)]
+    path.write_text(json.dumps({"trials": trials, "best": asdict(winner) if winner else None,
+                                **extra}, indent=2))
 
 
 def render_table(results: Sequence[TrialResult], mode: str, metric_name: str) -> str:
@@ -247,11 +352,14 @@ def render_table(results: Sequence[TrialResult], mode: str, metric_name: str) ->
     names = _param_names(ranked)
     header = ["#", *names, "STATE", metric_name.upper(), "WALL(s)", "TASK KEY"]
     rows = [[str(r.index), *(str(r.params.get(n, "")) for n in names), r.state,
-             "" if r.metric is None else f"{r.metric:g}",
+             r.shown_metric,
              "" if r.wall_s is None else f"{r.wall_s:.1f}", r.task_key or ""] for r in ranked]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
              .rstrip() for row in [header, *rows]]
+    note = unranked_note(results, metric_name)
+    if note:
+        lines.append(note)
     winner = best(results, mode)
     if winner is None:
         lines.append("best: none (no trial reported a metric)")
@@ -263,7 +371,9 @@ def render_table(results: Sequence[TrialResult], mode: str, metric_name: str) ->
 
 def read_metrics(text: str, metric: str | None) -> float | None:
     """The metric from the trial's metrics file; None when it wrote none or nothing usable
-    (a trial without metrics is finished with no metric, not a crash of the sweep)."""
+    (a trial without metrics is finished with no metric, not a crash of the sweep). NaN
+    and infinity (``NaN``, ``Infinity`` in the file, as Python's json writes them) come
+    back as such: record them with ``metric_fields``."""
     try:
         payload = json.loads(text)
     except (json.JSONDecodeError, TypeError):

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from hypertf.errors import InventoryError
+from hypertf.errors import HyperTFError, InventoryError
 from hypertf.settings import DEFAULT_INVENTORY
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # a 10,000-host inventory with variables is about 2 MB
@@ -81,10 +81,13 @@ def check_text(where: str, text: str) -> None:
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML keeps the last of two equal keys silently; a duplicated host is a mistake.
     Merge keys (``<<: *defaults``, common in Ansible inventories) are not duplicates: the
-    keys written out override the merged ones, as YAML says."""
+    keys written out override the merged ones, as YAML says. Subclasses for other files
+    (sweep specs) set ``error`` to their own exception class."""
+
+    error: type[HyperTFError] = InventoryError
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -96,13 +99,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 hash(key)
             except TypeError:
                 mark = key_node.start_mark
-                raise InventoryError(
+                raise self.error(
                     f"line {mark.line + 1}, column {mark.column + 1}: a mapping key must be "
                     f"a plain value, not {key!r}"
                 ) from None
             if key in seen:
                 mark = key_node.start_mark
-                raise InventoryError(
+                raise self.error(
                     f"line {mark.line + 1}, column {mark.column + 1}: "
                     f"{key!r} appears twice in the same mapping; keep one"
                 )
@@ -186,7 +189,7 @@ def read_yaml(path: Path) -> Any:
     except OSError as err:
         raise InventoryError(f"inventory {path} cannot be read: {err.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = yaml.load(text, Loader=UniqueKeyLoader)
     except InventoryError as err:
         raise InventoryError(f"{path}: {err}") from None
     except yaml.YAMLError as err:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,7 @@ from hypertf.sweepspec import (
     best,
     expand,
     load_spec,
+    metric_fields,
     parse_grid_option,
     read_metrics,
     render_table,
@@ -122,3 +125,108 @@ def test_results_files_and_table(tmp_path):
 ])
 def test_metrics_files_never_crash_a_sweep(text, metric, value):
     assert read_metrics(text, metric) == value
+
+
+# -- hardened specs (issue 20, item 11) -----------------------------------------------------
+def spec_file(tmp_path, text):
+    path = tmp_path / "spec.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_exponents_without_a_dot_are_numbers_in_ranges_and_grids(tmp_path):
+    """PyYAML reads 1e-5 as text (YAML 1.1); a spec reads it as YAML 1.2 and users do."""
+    spec = load_spec(spec_file(tmp_path, "script: s.py\nnum_samples: 5\n"
+                                         "grid: {wd: [1e-4, 1E-3]}\n"
+                                         "random: {lr: {loguniform: [1e-5, 1e-1]},"
+                                         " drop: {uniform: ['0', '5e-1']}}\n"))
+    assert spec.random["lr"] == {"loguniform": [1e-5, 1e-1]}
+    assert spec.random["drop"] == {"uniform": [0.0, 0.5]}  # quoted numbers are numbers too
+    assert spec.grid["wd"] == [1e-4, 1e-3]
+    assert all(1e-5 <= t.params["lr"] <= 1e-1 for t in expand(spec))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("random: {lr: {loguniform: [small, 1]}}\nnum_samples: 2\n",
+     r"random.lr.loguniform: 'small' is not a number; write numbers, e.g. \[1e-5, 1e-1\]"),
+    ("random: {lr: {uniform: [0, .inf]}}\nnum_samples: 2\n", "not a finite number"),
+    ("random: {n: {randint: [1, 2.5]}}\nnum_samples: 2\n", "whole numbers.*use uniform"),
+    ("random: {lr: {uniform: [1]}}\nnum_samples: 2\n", r"needs \[lo, hi\] \(two numbers\)"),
+    ("grid: {lr: [0.1, 0.01, 0.1]}\n", "grid.lr lists 0.1 twice: keep one"),
+    ("grid: {lr: [1e-5, 0.00001]}\n", "lists 1e-05 twice"),
+    ("grid: {lr: [1]}\ngrid: {bs: [2]}\n", "line 3, column 1: 'grid' appears twice.*keep one"),
+    ("grid: {lr: [1], lr: [2]}\n", "'lr' appears twice in the same mapping; keep one"),
+    ("grid: {lr: [1]}\nrandom: {lr: {uniform: [0, 1]}}\nnum_samples: 2\n",
+     "lr is in both grid and random; keep each hyperparameter in one of them"),
+    ("grid: {lr: [1]}\nnum_samples: 4\n", "remove num_samples or add random"),
+    ("random: {lr: {uniform: [0, 1]}}\n", "needs num_samples"),
+])
+def test_hardened_spec_mistakes_get_one_line_naming_the_fix(tmp_path, text, message):
+    with pytest.raises(UsageError, match=message) as caught:
+        load_spec(spec_file(tmp_path, "script: s.py\n" + text))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_grid_option_value_given_twice_is_refused():
+    with pytest.raises(UsageError, match=r"--grid lr lists 0\.1 twice"):
+        parse_grid_option(["lr=0.1,0.01,0.1"])
+    assert parse_grid_option(["flag=1,true"]) == {"flag": [1, "true"]}
+
+
+def test_nan_and_infinite_metrics_are_recorded_and_ranked_last(tmp_path):
+    assert math.isnan(read_metrics('{"acc": NaN}', "acc"))
+    assert read_metrics('{"acc": -Infinity}', None) == -math.inf
+    assert metric_fields(math.nan) == {"metric": None, "unranked_metric": "nan"}
+    assert metric_fields(0.5) == {"metric": 0.5, "unranked_metric": None}
+    trials = [TrialResult(0, {"lr": 0.1}, "succeeded", "k0", math.nan),
+              TrialResult(1, {"lr": 0.2}, "succeeded", "k1", 0.5),
+              TrialResult(2, {"lr": 0.3}, "failed", "k2"),
+              TrialResult(3, {"lr": 0.4}, "succeeded", "k3", None,
+                          unranked_metric="inf"),  # as a sweep's record keeps it
+              TrialResult(4, {"lr": 0.5}, "succeeded", "k4", math.inf),
+              TrialResult(5, {"lr": 0.6}, "succeeded", "k5", 0.7)]
+    for mode in ("max", "min"):
+        assert [r.index for r in sort_results(trials, mode)][2:] == [0, 3, 4, 2]
+    assert best(trials, "max").index == 5 and best(trials, "min").index == 1
+    assert best(trials[:1], "max") is None
+    table = render_table(trials, "max", "acc").splitlines()
+    assert table[3].split()[2:4] == ["succeeded", "nan"]
+    assert table[-2] == ("unranked: trial(s) 0 (nan), 3 (inf), 4 (inf) reported acc as NaN or "
+                         "infinity: ranked last; check the training for divergence")
+    assert table[-1] == "best: trial 5 (lr=0.6): acc=0.7"
+
+    def strict(constant):
+        raise AssertionError(f"results.json holds {constant}, which is not JSON")
+
+    to_json(trials, tmp_path / "r.json", {}, "max")
+    payload = json.loads((tmp_path / "r.json").read_text(), parse_constant=strict)
+    assert [t["unranked_metric"] for t in payload["trials"][2:5]] == ["nan", "inf", "inf"]
+    to_csv(trials, tmp_path / "r.csv", "max")
+    assert [r["metric"] for r in csv.DictReader((tmp_path / "r.csv").open())] == [
+        "0.7", "0.5", "nan", "inf", "inf", ""]
+
+
+def test_the_driver_records_a_nan_metric_and_says_it_is_ranked_last(tmp_path, monkeypatch):
+    from hypertf import sweep as sweeps
+    from hypertf.rundir import RunDir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweeps.sweepboard, "record_trial", lambda *a: None)  # imports TF: 20 s
+    spec = SweepSpec("s.py", grid={"lr": [0.1, 0.2]})
+    sweep = sweeps.create("inv.yml", ["--script", "s.py"], expand(spec), "acc", "max", 2, None)
+    said: list[str] = []
+    driver = sweeps.Driver(sweep, say=said.append)
+    for trial, reported in zip(sweep.trials, ("NaN", "0.25"), strict=True):
+        key = f"key{trial['index']}"
+        trial.update(task_key=key, started=0.0)
+        run = RunDir.of(".", key, local=True)
+        run.local.mkdir(parents=True)
+        Path(run.summary).write_text(json.dumps({"task_key": key, "result": "succeeded"}))
+        Path(run.metrics).write_text(f'{{"acc": {reported}}}')
+        (sweep.dir / f"trial-{trial['index']}.log").write_text("")
+        driver.finish(trial, 0)
+    assert said[0].endswith("succeeded, acc=nan (not a finite number: ranked last)")
+    saved = sweeps.Sweep.load(sweep.sweep_id)
+    assert (saved.trials[0]["metric"], saved.trials[0]["unranked_metric"]) == (None, "nan")
+    assert best(saved.results(), "max").index == 1
+    assert "unranked: trial(s) 0 (nan)" in saved.table()
