@@ -6,6 +6,11 @@ with it), a host key pinned in the lab's known_hosts, and, unless asked otherwis
 agent with a static GPU source. A ZooKeeper for the lab listens on the bridge address. Names
 and the subnet carry a random lab id, so two labs (or a lab and a CI run) never collide.
 Everything the lab creates is recorded in ``lab.json`` and removed by ``down``.
+
+The hosts log in as this machine's root, whose shell startup files are the operator's own
+(``pyenv init``, banners): each sshd sets ``SHLVL=1``, so bash does not read ``~/.bashrc``
+for the lab's commands. ``StartupFiles`` builds the opposite, a node as users have them:
+each host's user gets a private HOME with a given ``.bashrc`` that every command runs.
 """
 
 from __future__ import annotations
@@ -32,6 +37,18 @@ from hypertf.paths import state_home
 from hypertf.zkserver import ZooKeeperServer, ensemble, free_port
 
 SSHD = "/usr/sbin/sshd"
+
+
+@dataclass(frozen=True)
+class StartupFiles:
+    """Hosts whose user has shell startup files, as real nodes do: HOME is
+    ``<host dir>/home`` (sshd's SetEnv) holding ``bashrc`` as ``.bashrc``, which bash runs
+    for every SSH command. The sshd of the hosts named in ``accept_shlvl`` takes SHLVL from
+    the client (``AcceptEnv SHLVL``, what an admin may allow), so HyperTF's commands, which
+    send SHLVL=1, skip the file there."""
+
+    bashrc: str
+    accept_shlvl: tuple[str, ...] = ()
 
 
 @dataclass
@@ -168,9 +185,22 @@ UseDNS no
 MaxStartups 100:30:200
 Subsystem sftp /usr/lib/openssh/sftp-server
 """
+QUIET_SHELL = "SetEnv SHLVL=1\n"  # bash reads no ~/.bashrc for sshd's commands (SHLVL >= 2)
 
 
-def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost]) -> None:
+def _shell_setup(hostdir: Path, host: LabHost, startup: StartupFiles | None) -> str:
+    """The sshd_config lines for the user's shell: no startup files, or the given ones."""
+    if startup is None:
+        return QUIET_SHELL
+    home = hostdir / "home"
+    home.mkdir(mode=0o700)
+    (home / ".bashrc").write_text(startup.bashrc)
+    accept = "AcceptEnv SHLVL\n" if host.name in startup.accept_shlvl else ""
+    return f"SetEnv HOME={home}\n{accept}"
+
+
+def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost],
+                startup: StartupFiles | None = None) -> None:
     hostdir = lab.dir / host.name
     (hostdir / "srv").mkdir(parents=True)
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{host.name}-hostkey",
@@ -182,6 +212,7 @@ def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost]) -> None:
     (hostdir / "sshd_config").write_text(
         SSHD_CONFIG.format(address=host.address, hostdir=hostdir,
                            authorized_keys=lab.dir / "authorized_keys")
+        + _shell_setup(hostdir, host, startup)
     )
     script = (
         f"hostname {host.name} && mount --bind {hostdir}/srv /srv && "
@@ -236,11 +267,12 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
 
 def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = True,
        session_timeout: float = 4.0, base: Path | None = None, zookeeper_members: int = 1,
-       ) -> Lab:
+       startup_files: StartupFiles | None = None) -> Lab:
     """Build a lab; on any failure, remove what was built and raise LabError.
 
     ``zookeeper_members`` > 1 runs a quorum ensemble on the bridge address instead of one
-    standalone server.
+    standalone server. ``startup_files``: the hosts' user has these (see StartupFiles);
+    by default the lab's commands read none.
     """
     if not 1 <= hosts <= 50:
         raise LabError(f"--hosts must be between 1 and 50, not {hosts}")
@@ -281,7 +313,7 @@ def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = Tru
         authorized.write_text(lab.key_file.with_suffix(".pub").read_text())
         authorized.chmod(0o600)
         for host in lab.hosts:
-            _start_host(lab, host, lab.hosts)
+            _start_host(lab, host, lab.hosts, startup_files)
         lab.save()
         lines = []
         for host in lab.hosts:

@@ -1,12 +1,15 @@
 """The launcher's side of the node protocol: one node, one session, ``tasknode`` verbs.
 
 Every verb runs ``<venv>/bin/python -m hypertf.tasknode <verb>`` on the node and reads its
-JSON answer (the last line of stdout). ``start`` sends its request as a file read on stdin:
-a command line is limited (128 KiB per argument on Linux), a job's task specs are not.
+JSON answer: the first JSON object line of what the command printed after its frame (what
+the user's shell startup files print is dropped by ``remote.Session``). ``start`` sends its
+request as a file read on stdin: a command line is limited (128 KiB per argument on Linux),
+a job's task specs are not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import queue
@@ -71,7 +74,14 @@ class NodeClient:
                 why = (f"the virtualenv {self.node.settings.venv} has no python with HyperTF "
                        f"(run invoke cluster.setup): {why}")
             raise RemoteError(why)
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        for line in result.stdout.splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                answer = json.loads(line)
+                if isinstance(answer, dict):
+                    return answer
+        said = " ".join(result.stdout.split())
+        raise RemoteError(f"{self.node.name}: no answer from hypertf.tasknode (it printed "
+                          f"{said[:200]!r}); is HyperTF installed in {self.node.settings.venv}?")
 
     def preflight(self, script: str, timeout: float) -> dict[str, Any]:
         """Venv, work dir and script on this node; problems raise RemoteError."""

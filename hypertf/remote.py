@@ -3,6 +3,19 @@
 Host keys are always verified against the known_hosts the inventory names: paramiko's
 default of accepting unknown keys is switched off. A node with ``ansible_connection: local``
 runs its commands through Invoke on this machine, with the same interface.
+
+Shell startup files: sshd runs every command (and the sftp-server) through the user's login
+shell, and bash sources ``~/.bashrc`` for a command that comes from sshd (``SSH_CLIENT``
+set, ``SHLVL`` below 2). HyperTF cannot stop sshd from starting that shell, so:
+
+- what the startup files print is dropped: each command first prints ``FRAME`` on stdout
+  and on stderr, and only what follows it is the command's output (``framed``/``unframe``);
+- each command is sent with ``SHLVL=1``: where sshd accepts it (``AcceptEnv SHLVL`` in
+  sshd_config, or ``SetEnv SHLVL=1`` as the lab does), bash skips ``~/.bashrc``, its time and
+  its hangs (a stale pyenv lock made every command wait 60 s); elsewhere the file still
+  runs, and a slow or hanging one is paid by every command (docs/provisioning.md);
+- files go to the node through ``cat`` on a command channel, not SFTP: a ``~/.bashrc``
+  that prints breaks the SFTP protocol unless sshd uses ``internal-sftp``.
 """
 
 from __future__ import annotations
@@ -34,6 +47,43 @@ def quote(value: object) -> str:
 
 def command_line(argv: Sequence[object]) -> str:
     return " ".join(quote(arg) for arg in argv)
+
+
+FRAME = "HYPERTF-OUTPUT-BEGINS"  # printed before a command's own output (see above)
+QUIET_SHELL = {"SHLVL": "1"}  # bash skips ~/.bashrc for sshd's commands when SHLVL >= 2
+
+
+def framed(command: str) -> str:
+    """``command`` after a mark on stdout and stderr: what comes before is startup files'."""
+    return f"printf '%s\\n' {FRAME}; printf '%s\\n' {FRAME} >&2; {command}"
+
+
+def unframe(text: str) -> str:
+    """What a framed command printed after its mark; all of ``text`` when the mark is
+    missing (the shell ended in its startup files: what they said is the news)."""
+    at = text.find(FRAME + "\n")
+    return text if at < 0 else text[at + len(FRAME) + 1:]
+
+
+class _Unframed(io.TextIOBase):
+    """A stream's output after its mark, as it arrives (``Session.stream``)."""
+
+    def __init__(self, sink: io.TextIOBase) -> None:
+        self.sink, self.held, self.open = sink, "", False
+
+    def write(self, text: str) -> int:
+        if self.open:
+            self.sink.write(text)
+            return len(text)
+        self.held += text
+        if FRAME + "\n" in self.held:
+            self.open, rest, self.held = True, unframe(self.held), ""
+            if rest:
+                self.sink.write(rest)
+        return len(text)
+
+    def flush(self) -> None:
+        self.sink.flush()
 
 
 @dataclass(frozen=True)
@@ -85,6 +135,7 @@ class Session:
             connect_timeout=self.cluster.ssh_timeout,
             connect_kwargs=connect_kwargs,
             config=Config(overrides={"load_ssh_configs": False}),
+            inline_ssh_env=False,  # SHLVL as an SSH env request, read before bash starts
         )
         conn.client.load_host_keys(str(known_hosts))
         conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -122,29 +173,65 @@ class Session:
         runner = self._open()
         kwargs.setdefault("in_stream", False)
         kwargs.setdefault("hide", True)
+        remote = isinstance(runner, Connection)
+        if remote:  # through the user's login shell: frame it, ask for no ~/.bashrc
+            kwargs["env"] = QUIET_SHELL
+            if "out_stream" in kwargs:
+                kwargs["out_stream"] = _Unframed(kwargs["out_stream"])
         try:
-            result = runner.run(command, warn=True, timeout=timeout, **kwargs)
+            result = runner.run(framed(command) if remote else command, warn=True,
+                                timeout=timeout, **kwargs)
         except UnexpectedExit as err:  # only with warn=False, kept for safety
             result = err.result
         except (OSError, EOFError, paramiko.SSHException) as err:
             self.close()
             raise RemoteError(f"{self.node.name}: connection lost: "
                               f"{err or type(err).__name__}") from None
-        return Result(self.node.name, command, result.exited, result.stdout, result.stderr)
+        stdout, stderr = result.stdout, result.stderr
+        if remote:
+            stdout, stderr = unframe(stdout), unframe(stderr)
+        return Result(self.node.name, command, result.exited, stdout, stderr)
 
-    def put(self, data: bytes, path: str) -> None:
-        """Write ``data`` to ``path`` on the node (SFTP; a plain write for a local node).
+    def put(self, data: bytes, path: str, timeout: float = 300.0) -> None:
+        """Write ``data`` to ``path`` on the node (a plain write for a local node).
         Large payloads go this way: a command line is limited, and Invoke's stdin feeding
-        is slow and breaks on large inputs."""
+        is slow and breaks on large inputs. Not SFTP, which startup files' output breaks:
+        ``cat`` on a channel of its own, fed with paramiko's ``sendall``."""
         runner = self._open()
-        try:
-            if isinstance(runner, Connection):
-                runner.put(io.BytesIO(data), path)
-            else:
+        if not isinstance(runner, Connection):
+            try:
                 Path(path).write_bytes(data)
+            except OSError as err:
+                raise RemoteError(f"{self.node.name}: cannot write {path}: "
+                                  f"{err.strerror or err}") from None
+            return
+        why = ""
+        try:
+            channel = runner.transport.open_session(timeout=self.cluster.ssh_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            self.close()
+            raise RemoteError(f"{self.node.name}: connection lost: "
+                              f"{err or type(err).__name__}") from None
+        try:
+            channel.settimeout(timeout)
+            channel.update_environment(QUIET_SHELL)
+            channel.exec_command(framed(f"cat > {quote(path)}"))
+            try:
+                channel.sendall(data)
+                channel.shutdown_write()
+            except OSError as err:  # cat ended early: its exit and stderr say why
+                why = str(err) or type(err).__name__
+            stderr = unframe(channel.makefile_stderr("rb").read().decode(errors="replace"))
+            code = channel.recv_exit_status()
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise RemoteError(f"{self.node.name}: cannot write {path}: "
                               f"{err or type(err).__name__}") from None
+        finally:
+            channel.close()
+        if code != 0:
+            lines = stderr.strip().splitlines()
+            raise RemoteError(f"{self.node.name}: cannot write {path}: "
+                              f"{lines[-1] if lines else why or f'exit {code}'}")
 
     def stream(self, command: str, sink: io.TextIOBase) -> Result:
         """Run a long command whose stdout goes to ``sink`` as it arrives."""
