@@ -330,6 +330,14 @@ def open_root_message(root: str) -> str:
             f"-i INVENTORY' as the cluster admin (it deletes the old records)")
 
 
+def previous_layout_message(root: str) -> str:
+    """A root secured by a HyperTF from before the keeper admitted every job: users could
+    still write its matrix, and it has no limits. ``auth init`` brings it up to date."""
+    return (f"ZooKeeper root {root} is in the previous layout (users may write its matrix; "
+            f"it has no user limits): the cluster admin runs 'hypertf auth init -i INVENTORY' "
+            f"to migrate it (running jobs and queued ones are kept)")
+
+
 def check_access(client: KazooClient, root: str, credential: Credential) -> None:
     """After connecting: the root exists, is secured, and knows this credential (its digest
     id is in the ACL where the admin registered it: ZooKeeper accepts any secret at login
@@ -346,6 +354,8 @@ def check_access(client: KazooClient, root: str, credential: Credential) -> None
         # hidden from readers without ADMIN, so they cannot be compared instead.)
         client.set(registered_at, b"", version=2**31 - 1)
     except BadVersionError:
+        if client.exists(layout.limits) is None:
+            raise StoreError(previous_layout_message(root)) from None
         return
     except NoNodeError:
         if registered_at != root and client.exists(root) is not None:

@@ -64,12 +64,14 @@ def _job_line(job: dict[str, Any]) -> str:
                if job.get("attempt", 1) > 1 else "")
     created = job.get("created")
     started = job.get("admitted", created) if state != "queued" else None
-    ends = [job.get(k) for k in ("released", "killed", "cancelled", "lost")]
+    ends = [job.get(k) for k in ("released", "killed", "cancelled", "lost", "refused")]
     end = max((t for t in ends if isinstance(t, (int, float))), default=None)
     waited = job.get("waited_s") if state != "queued" else \
         (time.time() - created if isinstance(created, (int, float)) else None)
+    if state != "queued" and isinstance(waited, (int, float)) and waited < 1.0:
+        waited = None  # admitted at once (every job passes the keeper): it did not wait
     ran = (end or time.time()) - started if isinstance(started, (int, float)) and \
-        state not in ("queued", "cancelled") else None
+        state not in ("queued", "cancelled", "refused") else None
     return (f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
             f"  submitted {_clock(created)}  waited {_span(waited)}  ran {_span(ran)}"
             f"  {job.get('script', '')}  {tasks}{ended}{attempt}")

@@ -70,3 +70,25 @@ class KeeperThread:
         self._thread.join(10)
         with contextlib.suppress(Exception):
             store.close(self.client)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hypertf.keeper ZK_HOSTS ROOT [SESSION_TIMEOUT]``: a keeper process until
+    killed (benches and the failover test SIGKILL it)."""
+    import signal
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    cluster = ClusterSettings("gpu_nodes", args[0], args[1],
+                              float(args[2]) if len(args) > 2 else 10.0, "/nonexistent", 5.0)
+    thread = KeeperThread(cluster).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print("keeping", flush=True)
+    stop.wait()
+    thread.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -86,7 +86,10 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
         on_pause=on_pause,
         hosts=cluster.zookeeper_hosts,
         timeout=cluster.zk_session_timeout,
-        connection_retry={"max_tries": -1, "delay": 0.2, "max_delay": 2.0},
+        # Reconnect attempts at most 0.5 s apart: a restarted ZooKeeper keeps a session only
+        # for one session timeout after it serves again (4 s in the lab), and a slow JVM
+        # start on a busy machine leaves little of it; a longer backoff missed it (issue 27).
+        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 0.5},
         command_retry={"max_tries": 5, "delay": 0.2, "max_delay": 2.0},
         logger=logging.getLogger("hypertf.kazoo"),
         auth_data=credential.auth_data(),

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NotEmptyError
-from kazoo.security import OPEN_ACL_UNSAFE
+from kazoo.security import OPEN_ACL_UNSAFE, make_acl
 
 from hypertf import auth, store
 from hypertf.allocation import Request, new_task_key, release
@@ -421,3 +421,30 @@ def test_the_keeper_restores_a_running_jobs_cells_whoever_wrote_the_matrix(
                    new_task_key(auth.login_user()), wait=False)
     finally:
         store.close(agent)
+
+
+def test_a_root_in_the_previous_layout_is_refused_until_auth_init_migrates_it(cluster):
+    """A root secured before the keeper admitted every job (no limits, a matrix users may
+    write): every command says which command migrates it; after it, the matrix is closed
+    to users."""
+    path, inventory, layout = cluster
+    admin = store.connect(inventory.cluster, identity="admin")
+    try:
+        admin.delete(layout.limits)
+        admin.set_acls(layout.matrix, [*store.acls(admin).root(), make_acl(
+            "digest", store.credential_of(admin).member_id, read=True, write=True)])
+    finally:
+        store.close(admin)
+    old = hypertf("status", "-i", str(path))
+    assert old.returncode == 3, old.stdout + old.stderr
+    assert "in the previous layout" in old.stderr and "'hypertf auth init -i INVENTORY'" \
+        in old.stderr and old.stderr.count("\n") == 1, old.stderr
+    migrated = hypertf("auth", "init", "-i", str(path), identity="admin")
+    assert migrated.returncode == 0, migrated.stderr
+    assert hypertf("status", "-i", str(path)).returncode == 0
+    user = store.connect(inventory.cluster)
+    try:
+        with pytest.raises(NoAuthError):
+            user.set(layout.matrix, b"{}")
+    finally:
+        store.close(user)
