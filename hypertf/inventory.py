@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypertf import yamlguard
+from hypertf import inventorycache, yamlguard
 from hypertf.errors import InventoryError
 from hypertf.settings import (
     CLUSTER_KEYS,
@@ -244,9 +244,14 @@ def _ansible_hosts(path: Path) -> dict[str, tuple[dict[str, Any], tuple[str, ...
 
 
 def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventory:
-    """Read and validate an inventory; every mistake raises one InventoryError naming it."""
+    """Read and validate an inventory; every mistake raises one InventoryError naming it.
+    An unchanged inventory comes from the cache (hypertf.inventorycache)."""
     path = Path(path).expanduser()
     files = yamlguard.source_files(path)
+    return inventorycache.cached(path, files, lambda: _parse(path, files))
+
+
+def _parse(path: Path, files: list[Path]) -> Inventory:
     for source, raw in yamlguard.yaml_inventories(path, files):
         for name, group in raw.items():
             _check_group(source, str(name), group)

@@ -71,6 +71,12 @@ def state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(home, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_state_home(state_home: Path) -> Path:
+    """Every test writes HyperTF's state (the inventory cache too) in the session's home."""
+    return state_home
+
+
 @pytest.fixture(scope="session")
 def zk_server(state_home: Path, request: pytest.FixtureRequest) -> Iterator[ZooKeeperServer]:
     server = ZooKeeperServer("127.0.0.1", free_port(), state_home / "zookeeper")

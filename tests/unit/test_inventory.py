@@ -512,3 +512,35 @@ def test_task_env_merges_and_checks_names(tmp_path):
         path = write(tmp_path, one_node(extra=f"hypertf_task_env: {bad}"))
         with pytest.raises(InventoryError, match=message):
             load_inventory(path)
+
+
+def zk_root_in_a_new_process(path: Path) -> str:
+    """Ansible caches group_vars files within a process: a new one reads them afresh, as
+    every HyperTF command does."""
+    done = subprocess.run([sys.executable, "-c", "import sys; from hypertf.inventory import "
+                           "load_inventory; print(load_inventory(sys.argv[1]).cluster.zk_root)",
+                           str(path)], capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def test_an_unchanged_inventory_comes_from_the_cache_and_any_change_is_read(tmp_path):
+    """The parse is cached by the files' content: a rewrite of the same size within the same
+    clock tick, and a change in group_vars, are both seen; the entry is a private file."""
+    from hypertf.inventorycache import cache_dir
+
+    path = write(tmp_path, one_node(all_vars=f'{ZK}\n    hypertf_zk_root: "/aaaa"'))
+    assert load_inventory(path).cluster.zk_root == "/aaaa"
+    entries = list(cache_dir().glob("*.pickle"))
+    assert entries and all((e.stat().st_mode & 0o777) == 0o600 for e in entries)
+    assert load_inventory(path).cluster.zk_root == "/aaaa"  # from the cache
+    path.write_text(path.read_text().replace("/aaaa", "/bbbb"))  # same size, same tick
+    assert load_inventory(path).cluster.zk_root == "/bbbb"
+
+    path.write_text(path.read_text().replace('    hypertf_zk_root: "/bbbb"\n', ""))
+    write(tmp_path, "hypertf_zk_root: /from-group-vars\n", name="group_vars/gpu_nodes.yml")
+    assert zk_root_in_a_new_process(path) == "/from-group-vars"
+    (tmp_path / "group_vars" / "gpu_nodes.yml").write_text("hypertf_zk_root: /changed-again\n")
+    assert zk_root_in_a_new_process(path) == "/changed-again"
+    for entry in cache_dir().glob("*.pickle"):
+        entry.write_bytes(b"not a pickle")
+    assert zk_root_in_a_new_process(path) == "/changed-again"  # damaged: parsed again
