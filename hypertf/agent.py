@@ -1,6 +1,9 @@
 """The resource agent: probes its node and keeps an ephemeral record in ZooKeeper.
 
-It refreshes the record every ``hypertf_agent_interval`` seconds, re-registers after a lost
+It probes the node every ``hypertf_agent_interval`` seconds and writes its record only when
+something in it changed, or after a keep-alive (30 quiet intervals, at most 60 s: the
+ephemeral znode already says "alive", and 10,000 idle agents need not write every second;
+its ``heartbeat`` is the time of the last write), re-registers after a lost
 session (a ZooKeeper restart, a long network cut), and deletes the record on SIGTERM. The
 agent holding the keeper lease (``keeper/lease``) is the *matrix keeper*: it brings the
 stored matrix in line with the records and leases, so a dead agent's row turns unavailable
@@ -17,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
@@ -42,6 +46,8 @@ from hypertf.rundir import RunDir
 from hypertf.store import AgentRecord, Layout, Store
 from hypertf.waitqueue import Admitter
 
+KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at most)
+KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
 
@@ -111,6 +117,7 @@ class Agent:
         self._disconnected_since: float | None = None
         self._waiting_for = ""  # why ZooKeeper cannot take this agent now, said once
         self._republish = True
+        self._written, self._written_at = b"", 0.0  # the record as last written, and when
         self._next_prune = 0.0
         self._users: set[str] = set()
         self.metrics = AgentCollector(host)
@@ -138,9 +145,18 @@ class Agent:
         self._users = set(users)
         self._wake.set()
 
-    def publish(self, zk: Store, record: AgentRecord) -> None:
-        """Write the record (Store.publish_record); try again next pass if it cannot yet."""
+    def publish(self, zk: Store, record: AgentRecord, force: bool = False) -> None:
+        """Write the record (Store.publish_record) when it changed (the heartbeat aside) or
+        the keep-alive is due, or when ``force``d; try again next pass if it cannot yet."""
+        content = replace(record, heartbeat=0.0).to_json()
+        interval = self.node.settings.agent_interval
+        keepalive = max(interval, min(KEEPALIVE_BEATS * interval, KEEPALIVE_S))
+        if (not force and content == self._written
+                and time.monotonic() - self._written_at < keepalive):
+            return
         outcome = zk.publish_record(record)
+        if outcome in ("created", "updated"):
+            self._written, self._written_at = content, time.monotonic()
         if outcome == "created":
             log.info("registered %s: %d GPUs, %s available", self.node.name, record.gpu,
                      record.gpu_avail_list)
@@ -152,9 +168,9 @@ class Agent:
 
     def _publish_probe(self, zk: Store) -> AgentRecord:
         """Probe the node, publish the record, and serve it as metrics."""
-        self._republish = False
+        force, self._republish = self._republish, False
         record = self.prober.probe()
-        self.publish(zk, record)
+        self.publish(zk, record, force)
         self.metrics.update(record=record)
         self.metrics_server.start(record.mgmt_addr, self.node.settings.metrics_port)
         return record
