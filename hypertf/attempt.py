@@ -35,6 +35,7 @@ from hypertf.records import AgentRecord
 from hypertf.remote import Cluster, GroupResult, Session
 from hypertf.request import TrainRequest
 from hypertf.rundir import RunDir, tensorboard_dir
+from hypertf.timeline import Timeline
 
 
 class Job(Protocol):
@@ -54,6 +55,7 @@ class Job(Protocol):
     cpu_only: bool
     started_at: float
     max_port_retries: int
+    timeline: Timeline
 
     @property
     def job_id(self) -> str: ...
@@ -231,15 +233,19 @@ class Attempt:
             by_host.setdefault(task_spec.placement.host, []).append(task_spec)
         if job.request.sync_dir:
             sync_dir = job.request.sync_dir
-            cluster.each(lambda s: NodeClient(s).upload(self.run_dir(s.node.name), sync_dir),
-                         list(by_host)).raise_failed("--sync upload")
+            def upload(session: Session) -> None:
+                with job.timeline.phase("upload", session.node.name):
+                    NodeClient(session).upload(self.run_dir(session.node.name), sync_dir)
+
+            cluster.each(upload, list(by_host)).raise_failed("--sync upload")
         legacy_flags = job.announce_flags()
 
         def launch(session: Session) -> None:
             host = session.node.name
             requests = task_requests(self, session.node, by_host[host], legacy_flags)
-            NodeClient(session).start(self.run_dir(host), requests,
-                                      make_dirs=[job.checkpoint_dir(host)])
+            with job.timeline.phase("start", host):
+                NodeClient(session).start(self.run_dir(host), requests,
+                                          make_dirs=[job.checkpoint_dir(host)])
 
         update_job(job.store, self.task_key, state="starting")
         results = cluster.each(launch, list(by_host))
@@ -276,6 +282,10 @@ class Attempt:
                 event = self.events.get(timeout=0.2)
             except queue.Empty:
                 event = Event("tick")
+            if event.kind == "listening":
+                job.timeline.mark("listening", event.host)
+            elif event.kind == "log":
+                job.timeline.mark("first log line")
             if event.kind == "exit" and event.killed:
                 self.lease_dropped.wait(1.0)  # killed by an agent after 'hypertf kill'?
             if job.lost_session.is_set():
@@ -395,15 +405,19 @@ class Attempt:
         """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""
         self._over = True
         stopped: GroupResult[dict[str, str]] = GroupResult()
+        timeline = self.job.timeline
         try:
-            stopped = self.stop()
-            self.late_exits()
+            with timeline.phase("stop"):
+                stopped = self.stop()
+                self.late_exits()
         finally:
-            if self.job.client is not None and self.grant is not None:
-                self._release(confirmed_dead(self.tasks.values(), stopped, self.grant))
-            elif self.job.client is not None and self.task_key in self.job.queued:
-                self._release(None)  # left the queue (cancelled, interrupted): nothing ran
-            self.collect_logs()
+            with timeline.phase("release"):
+                if self.job.client is not None and self.grant is not None:
+                    self._release(confirmed_dead(self.tasks.values(), stopped, self.grant))
+                elif self.job.client is not None and self.task_key in self.job.queued:
+                    self._release(None)  # left the queue (cancelled, interrupted): nothing ran
+            with timeline.phase("logs"):
+                self.collect_logs()
             if self.tasks:
                 self.local_dir.mkdir(parents=True, exist_ok=True)
                 Path(self.local.summary).write_text(json.dumps(summary_of(self), indent=2))
@@ -468,4 +482,5 @@ def summary_of(attempt: Attempt) -> dict[str, Any]:
             for t in attempt.tasks.values()
         ],
         "attempts": job.attempts_summary(),
+        "timeline": job.timeline.to_json(),
     }

@@ -335,6 +335,8 @@ def train(inventory: str, request: TrainRequest, detach: bool = False,
         return start_detached(inventory, request)
     from hypertf.launcher import train as run_job
 
-    run_job(load_inventory(inventory), request, say=lambda line: print(line, flush=True),
-            first_key=job_key)
+    started = time.monotonic()
+    inv = load_inventory(inventory)
+    run_job(inv, request, say=lambda line: print(line, flush=True), first_key=job_key,
+            inventory_s=time.monotonic() - started)
     return 0

@@ -266,7 +266,7 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
 
 
 def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = True,
-       session_timeout: float = 4.0, base: Path | None = None, zookeeper_members: int = 1,
+       session_timeout: float = 6.0, base: Path | None = None, zookeeper_members: int = 1,
        startup_files: StartupFiles | None = None) -> Lab:
     """Build a lab; on any failure, remove what was built and raise LabError.
 

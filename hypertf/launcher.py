@@ -49,6 +49,7 @@ from hypertf.remote import Cluster, Session
 from hypertf.request import TrainRequest
 from hypertf.rundir import checkpoint_dir
 from hypertf.store import Layout
+from hypertf.timeline import Timeline
 from hypertf.waitqueue import enqueue, grant_of, read_view, wait_for_admission
 
 __all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
@@ -110,15 +111,17 @@ class Job:
         self.attempts: list[Attempt] = []
         self.queued: set[str] = set()  # task keys that went through the queue
         self.first_key = first_key  # a detached launcher's key, chosen by its parent
+        self.timeline = Timeline()
 
     # -- plan ---------------------------------------------------------------------------
     def plan(self) -> list[str]:
         """Connect, and find the candidate hosts (inventory GPU nodes with a live agent)."""
-        self.client = store.connect(self.inventory.cluster, long_lived=True,
-                                    on_pause=lambda msg: self.say(f"hypertf: {msg}"))
-        self.store = store.Store(self.client, self.layout)
-        self.client.add_listener(self._on_state)
-        hosts = self.live_hosts()
+        with self.timeline.phase("connect"):
+            self.client = store.connect(self.inventory.cluster, long_lived=True,
+                                        on_pause=lambda msg: self.say(f"hypertf: {msg}"))
+            self.store = store.Store(self.client, self.layout)
+            self.client.add_listener(self._on_state)
+            hosts = self.live_hosts()
         self.cpu_only = sum(self.records[h].gpu for h in hosts) == 0
         if self.cpu_only and (self.request.gpus_per_worker or self.request.gpus_per_ps):
             self.say("hypertf: notice: no GPU on any node of this cluster: every task runs on CPU")
@@ -151,8 +154,9 @@ class Job:
         script = "" if self.request.sync_dir else self.script_path()
 
         def check(session: Session) -> dict[str, Any]:
-            return NodeClient(session).preflight(
-                script, timeout=self.inventory.cluster.ssh_timeout * 3)
+            with self.timeline.phase("preflight", session.node.name):
+                return NodeClient(session).preflight(
+                    script, timeout=self.inventory.cluster.ssh_timeout * 3)
 
         results = self.cluster.each(check, hosts)
         results.raise_failed("preflight", "; nothing was started or allocated")
@@ -251,6 +255,7 @@ class Job:
     def _wait_in_queue(self, task_key: str, request: Request, exclude: dict[str, set[int]],
                        expect_wait: bool) -> Grant:
         """Queue the job, wait for the keeper to admit it, then preflight its hosts."""
+        asked = time.monotonic()
         enqueue(self.store, task_key, request, self._record(), self.request.priority, exclude,
                 wait=self.request.wait)
         self.queued.add(task_key)
@@ -265,7 +270,10 @@ class Job:
             say(f"hypertf: job {task_key} queued (priority {self.request.priority}, "
                 f"{request.describe()}): it starts when the GPUs are free; 'hypertf queue' "
                 f"shows the queue, 'hypertf cancel {task_key}' ends it")
-        grant = grant_of(wait_for_admission(self.store, task_key, say, self.lost_session))
+        try:
+            grant = grant_of(wait_for_admission(self.store, task_key, say, self.lost_session))
+        finally:
+            self.timeline.add("admission", asked, time.monotonic())
         if said:
             self.say(f"hypertf: job {task_key} admitted after "
                      f"{time.monotonic() - queued_at:.1f} s in the queue")
@@ -362,10 +370,20 @@ class Job:
 
 
 def train(inventory: Inventory, request: TrainRequest, say: Callable[[str], None] = print,
-          first_key: str | None = None) -> dict[str, Any]:
-    """Run one job to the end; returns the summary, raises JobFailed on failure."""
+          first_key: str | None = None, inventory_s: float = 0.0) -> dict[str, Any]:
+    """Run one job to the end; returns the summary, raises JobFailed on failure.
+    ``inventory_s``: how long reading the inventory took (the timeline's first phase)."""
     job = Job(inventory, request, say, first_key)
-    summary = job.run()
+    if inventory_s:
+        job.timeline.add("inventory", job.timeline.origin - inventory_s, job.timeline.origin)
+    try:
+        summary = job.run()
+    finally:
+        if request.timings:
+            key = job.job_id if job.attempts else "?"
+            say(f"hypertf: timeline of job {key} (seconds from its start):")
+            for line in job.timeline.table():
+                say(line)
     say(f"hypertf: job {summary['task_key']} {summary['result']} in {summary['wall_s']:.1f} s")
     for task in summary["tasks"]:
         say(f"  {task['task']:<10} {task['host']:<12} {task['end']}")

@@ -52,6 +52,7 @@ class TrainRequest:
     checkpoint_dir: str | None = None  # HYPERTF_CHECKPOINT_DIR; default per node's work dir
     priority: int = 0  # higher first in the queue; FIFO within a priority
     wait: bool = True  # wait in the queue when the GPUs are busy (False: refuse at once)
+    timings: bool = False  # print the launch's timeline at the end
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any], args: Sequence[str] = ()) -> TrainRequest:
@@ -70,7 +71,7 @@ class TrainRequest:
             idle_fail=values["idle_fail"], max_restarts=values["max_restarts"],
             restart_on_failure=values["restart_on_failure"],
             checkpoint_dir=values["checkpoint_dir"], priority=values["priority"],
-            wait=not values["no_wait"], args=tuple(args))
+            wait=not values["no_wait"], timings=values["timings"], args=tuple(args))
 
     def env_vars(self) -> dict[str, str]:
         """--env NAME=VALUE as a mapping; a bad name or a reserved one is a usage error."""
@@ -237,6 +238,8 @@ TRAIN_OPTIONS: tuple[Option, ...] = (
            "served within a priority (default 0)", "N"),
     Option("no_wait", bool, False, "fail at once (exit 4) when the GPUs are busy instead of "
            "waiting in the queue"),
+    Option("timings", bool, False, "print where the job's time went at the end (each phase, "
+           "per host; summary.json keeps the timeline whatever this says)"),
     Option("detach", bool, False, "print the job's key and return: a background launcher "
            "waits, runs and cleans up (its output: runs/<key>/launcher.log)"),
 )

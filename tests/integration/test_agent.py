@@ -59,7 +59,7 @@ def test_agent_publishes_refreshes_and_deletes_on_sigterm(agent_inventory):
         gpus.write_text(json.dumps([{"memory_used": 15 * 1024**3}, {}, {}]))
         wait_for(lambda: store.Store(client, layout).records()["node1"].gpu_avail_list == [1, 2],
                  10, "the new availability")
-        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus["node1"] == [0, 1, 1], 10,
+        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus.get("node1") == [0, 1, 1], 10,
                  "the matrix to follow (keeper agent)")
         # Nothing changes now: the record is not written again before its keep-alive (the
         # agent probes every interval, writes on change: idle agents cost ZooKeeper nothing).
@@ -119,7 +119,7 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
         assert record.gpus[0].reason == f"foreign process pid {foreign.pid}"
         assert record.gpus[1].reason == f"in use by {key}"
         assert record.gpus[1].processes == [store.GpuProcess(stray.pid, None, key)]
-        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus["node1"] == [0, 0, 1], 10,
+        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus.get("node1") == [0, 0, 1], 10,
                  "the matrix to follow")
         view = status.collect(client, inventory)
         first, second, third = view["hosts"][0]["gpus"]
@@ -141,7 +141,7 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
         foreign.kill()
         stray.kill()
         gpus.write_text(json.dumps([{}, {}, {}]))
-        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus["node1"] == [1, 1, 1], 10,
+        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus.get("node1") == [1, 1, 1], 10,
                  "the GPUs to free when the processes are gone")
     finally:
         for process in (agent, foreign, stray):

@@ -224,7 +224,8 @@ def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
 
 def test_env_reaches_every_task_over_the_inventory_env(lab, tmp_path):
     """hypertf_task_env (inventory) and --env (command line, wins), values verbatim (spaces,
-    quotes, $(...) are not run), recorded in summary.json."""
+    quotes, $(...) are not run), recorded in summary.json. The same job shows its timeline
+    (--timings): every phase, per host where it is per host, in order, in summary.json."""
     import yaml
 
     data = yaml.safe_load(Path(lab.inventory).read_text())
@@ -235,9 +236,18 @@ def test_env_reaches_every_task_over_the_inventory_env(lab, tmp_path):
     canary = Path("/tmp") / f"hypertf-env-canary-{time.time_ns()}"
     done = hypertf("train", "-i", str(inventory), "--script", FAKE, "--worker", "2",
                    "--env", "HYPERTF_TEST_B=cli wins", "--env", f"HYPERTF_TEST_C=$(touch {canary})",
-                   "--", "--work_s", "0", cwd=tmp_path)
+                   "--timings", "--", "--work_s", "0", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     (summary,) = summaries(tmp_path)
+    timeline = summary["timeline"]
+    phases = [e["phase"] for e in timeline]
+    for phase in ("inventory", "connect", "preflight", "admission", "start",
+                  "first log line", "stop", "release", "logs"):  # "listening": these tasks
+        assert phase in phases, " ".join(phases)  # exit before the port check sees them
+    hosts = {p["host"] for p in summary["tasks"]}
+    assert {e["host"] for e in timeline if e["phase"] == "start"} == hosts
+    assert [e["start_s"] for e in timeline] == sorted(e["start_s"] for e in timeline)
+    assert "timeline of job" in done.stdout and "admission" in done.stdout
     expected = {"HYPERTF_TEST_A": "from inventory", "HYPERTF_TEST_B": "cli wins",
                 "HYPERTF_TEST_C": f"$(touch {canary})"}
     for name in ("worker0", "worker1"):
