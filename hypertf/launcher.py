@@ -45,7 +45,7 @@ from hypertf.errors import HyperTFError, InsufficientResources
 from hypertf.inventory import Inventory
 from hypertf.monitor import Verdict
 from hypertf.nodeclient import NodeClient
-from hypertf.remote import Cluster, Session
+from hypertf.remote import Cluster, GroupResult, Session
 from hypertf.request import TrainRequest
 from hypertf.rundir import checkpoint_dir
 from hypertf.store import Layout
@@ -55,6 +55,7 @@ from hypertf.waitqueue import enqueue, grant_of, read_view, wait_for_admission
 __all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
 
 MAX_PORT_RETRIES = 3
+EARLY_PREFLIGHT_HOSTS = 32  # hosts a waiting job preflights while it waits
 MAX_RESTART_PAUSE_S = 30.0  # restarts wait 1, 2, 4 ... seconds, at most this
 
 
@@ -146,11 +147,11 @@ class Job:
     def preflight(self, hosts: list[str]) -> None:
         """SSH with verified host keys, venv, script, work dir: on every host, in parallel.
         Hosts that passed are remembered (and their sessions kept) for the whole job."""
-        if self.cluster is None:
-            self.cluster = Cluster([], self.inventory.cluster)
-        for host in hosts:
-            self.cluster.sessions.setdefault(
-                host, Session(self.inventory.node(host), self.inventory.cluster))
+        self._check_hosts(hosts).raise_failed("preflight", "; nothing was started or allocated")
+
+    def _check_hosts(self, hosts: list[str]) -> GroupResult[dict[str, Any]]:
+        """Preflight ``hosts``; what passed is remembered, what failed is returned."""
+        cluster = self._cluster(hosts)
         script = "" if self.request.sync_dir else self.script_path()
 
         def check(session: Session) -> dict[str, Any]:
@@ -158,12 +159,35 @@ class Job:
                 return NodeClient(session).preflight(
                     script, timeout=self.inventory.cluster.ssh_timeout * 3)
 
-        results = self.cluster.each(check, hosts)
-        results.raise_failed("preflight", "; nothing was started or allocated")
+        results = cluster.each(check, hosts)
         self.script_reads_flags |= any(v.get("legacy_flags") for v in results.succeeded.values())
         self.tf_keras.update({host: bool(v["tf_keras"]) for host, v in results.succeeded.items()
                               if "tf_keras" in v})
-        self.preflighted.update(hosts)
+        self.preflighted.update(results.succeeded)
+        return results
+
+    def _cluster(self, hosts: list[str]) -> Cluster:
+        """The job's SSH sessions, with one for each of ``hosts`` (made in the caller's
+        thread: the background preflight only uses them)."""
+        if self.cluster is None:
+            self.cluster = Cluster([], self.inventory.cluster)
+        for host in hosts:
+            self.cluster.sessions.setdefault(
+                host, Session(self.inventory.node(host), self.inventory.cluster))
+        return self.cluster
+
+    def preflight_while_waiting(self, hosts: list[str]) -> threading.Thread | None:
+        """A job that waits preflights the hosts it may get meanwhile (at most
+        EARLY_PREFLIGHT_HOSTS of them), so that once admitted it starts at once. A host
+        failing here is only checked again, loudly, if the job is placed on it."""
+        todo = [host for host in hosts if host not in self.preflighted][:EARLY_PREFLIGHT_HOSTS]
+        if not todo:
+            return None
+        self._cluster(todo)
+        thread = threading.Thread(target=lambda: self._check_hosts(todo), daemon=True,
+                                  name="early-preflight")
+        thread.start()
+        return thread
 
     def announce_flags(self) -> bool:
         """Whether the legacy flags are passed; said once per job, with what ends it."""
@@ -266,10 +290,12 @@ class Job:
             said.append(line)
             self.say(line)
 
+        early = None
         if expect_wait and self.request.wait:
             say(f"hypertf: job {task_key} queued (priority {self.request.priority}, "
                 f"{request.describe()}): it starts when the GPUs are free; 'hypertf queue' "
                 f"shows the queue, 'hypertf cancel {task_key}' ends it")
+            early = self.preflight_while_waiting(list(request.hosts))
         try:
             grant = grant_of(wait_for_admission(self.store, task_key, say, self.lost_session))
         finally:
@@ -277,6 +303,8 @@ class Job:
         if said:
             self.say(f"hypertf: job {task_key} admitted after "
                      f"{time.monotonic() - queued_at:.1f} s in the queue")
+        if early is not None:
+            early.join(self.inventory.cluster.ssh_timeout * 3 + 5)
         self.live_hosts()  # fresh records (addresses, GPU UUIDs) after the wait
         hosts = sorted({p.host for p in grant.placements})
         gone = [host for host in hosts if host not in self.records]
