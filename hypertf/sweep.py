@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypertf import auth, sweepboard
+from hypertf import auth, procs, sweepboard
 from hypertf.allocation import new_task_key
 from hypertf.errors import Cancelled, UsageError
 from hypertf.rundir import RunDir
@@ -57,13 +57,9 @@ def sweep_dir(sweep_id: str) -> Path:
 
 
 def alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+    """The driver's process lives (hypertf.procs.alive: one answer for zombies and for
+    another user's process everywhere)."""
+    return pid is not None and pid > 0 and procs.alive(pid)
 
 
 @dataclass
