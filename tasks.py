@@ -284,7 +284,7 @@ BENCHMARKS = ("launch_fanout", "e2e_overhead", "allocation", "scale", "queueing"
               "agent_footprint", "failure_detection")
 
 
-@task(help={"quick": "small sizes: a smoke run of about a minute per benchmark",
+@task(help={"quick": "small sizes: a smoke run of 10-30 s per benchmark",
             "only": f"comma-separated names (default all: {', '.join(BENCHMARKS)})",
             "out": "directory for the figures as JSON and report.md "
                    "(default runs/bench/<date-time>)"})

@@ -88,12 +88,12 @@ def main() -> int:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--bare", nargs=4, metavar=("ZK", "PATH", "SIZE", "INTERVAL"),
                    help=argparse.SUPPRESS)
-    p.add_argument("--window", type=float, help="seconds measured (default 60, --quick 10)")
+    p.add_argument("--window", type=float, help="seconds measured (default 60, --quick 5)")
     args = p.parse_args()
     if args.bare:
         zk_hosts, path, size, interval = args.bare
         return bare(zk_hosts, path, int(size), float(interval))
-    window = args.window or (10.0 if args.quick else 60.0)
+    window = args.window or (5.0 if args.quick else 60.0)
     report = common.Report("agent_footprint", args)
     report.start()
     churn = "agent 5 s, a job starting or ending every 1 s"
@@ -140,7 +140,7 @@ def main() -> int:
             pids["bare kazoo 1 s"] = kids.popen(
                 [common.PYTHON, __file__, "--bare", zk.hosts, record_path, str(size), "1"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
-            time.sleep(6.0)  # warm-up: imports done, first heartbeats written
+            time.sleep(3.0 if args.quick else 6.0)  # warm-up: imports, first heartbeats
             before = {n: counters(servers[n], observers[n], record_path) for n in subjects}
             cpu0 = {n: cpu_s(pids[n]) for n in subjects}
             started = time.monotonic()

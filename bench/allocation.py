@@ -196,9 +196,9 @@ def main() -> int:
         args.mode = args.worker_mode
         return worker(args)
 
-    cycles = 50 if args.quick else 300
-    levels = [1, 8] if args.quick else [1, 8, 32, 64]
-    duration = 3.0 if args.quick else 8.0
+    cycles = 20 if args.quick else 300
+    levels = [4] if args.quick else [1, 8, 32, 64]
+    duration = 1.0 if args.quick else 8.0
     report = common.Report("allocation", args)
     report.start()
     with common.bench_home("alloc") as home, common.zookeeper(home) as zk, \
@@ -217,7 +217,7 @@ def main() -> int:
                 make_acl("digest", member, read=True, write=True)])
             sync_matrix(Store(agents, layout))
             keeper = KeeperThread(settings(zk.hosts, root)).start()
-            for _ in range(20):  # warm up: JIT in ZooKeeper, imports, connections
+            for _ in range(5 if args.quick else 20):  # warm up: ZooKeeper's JIT, imports
                 key = new_task_key(auth.login_user())
                 submit(Store(client, layout), one_gpu(), key)
                 release(Store(client, layout), key)

@@ -45,7 +45,8 @@ EXAMPLES = REPO / "examples"
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true",
-                   help="small sizes: a smoke run of about a minute")
+                   help="small sizes: a smoke run of seconds (at most ~30 s; the test suite "
+                        "runs every bench this way)")
     p.add_argument("--json", metavar="PATH", help="also write the figures here as JSON")
     return p
 

@@ -193,7 +193,7 @@ def main() -> int:
                 for count in sizes:
                     methods = ["hypertf", "pdsh", "ssh"]
                     methods = methods[rep % 3:] + methods[:rep % 3]  # rotate the order
-                    if count == 1 and max(sizes) > 1:
+                    if count == 1 and max(sizes) > 1 and not args.quick:
                         methods.append("hypertf-full-inventory")
                     for method in methods:
                         port += 1

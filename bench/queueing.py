@@ -13,7 +13,8 @@ them (lease + record, each asking for 8 workers over all 1000 hosts), then:
   shell loop of ``hypertf train --no-wait`` does per try, minus process start-up), and 200
   such retries (the 200 waiters each trying once).
 
-Part 2, the lab (3 hosts x 4 GPUs, fake tasks): a job holds all 12 GPUs; a second one
+Part 2, the lab (3 hosts x 4 GPUs, fake tasks; ``--quick``: 2 x 2 and a part 1 of 20
+hosts and 5 waiters): a job holds all 12 GPUs; a second one
 (4 GPUs) waits. The holder finishes; measured from the moment its tasks are told to end
 (they stop, the launcher releases) to the waiter's tasks started, for the queue and for
 the baseline: a shell loop ``until hypertf train --no-wait ...; do sleep 1; done`` (a
@@ -134,21 +135,21 @@ def _stamp_lines(process: subprocess.Popen[str], marks: dict[str, float],
     return thread
 
 
-def one_start(lab, cwd: Path, children: common.Children, baseline: bool
-              ) -> tuple[float, float]:
+def one_start(lab, cwd: Path, children: common.Children, baseline: bool, gpus: int,
+              waiting: int) -> tuple[float, float]:
     """Seconds from the holder's end (its tasks told to finish) to the waiter's tasks
     started (the holder's stop and release are inside both figures alike), and from the
     holder's release to the waiter's GPUs granted (both as the job records say)."""
     finish = cwd / f"finish-{time.monotonic_ns()}"
     cli = [sys.executable, "-m", "hypertf.cli", "train", "-i", lab.inventory]
-    holder = children.popen([*cli, "--script", common.FAKE_TF, "--worker", "12", "--",
+    holder = children.popen([*cli, "--script", common.FAKE_TF, "--worker", str(gpus), "--",
                              "--until_file", str(finish)], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     held: dict[str, float] = {}
     holder_reader = _stamp_lines(holder, held, {"listening": "tasks listening"})
     common.wait_until(lambda: "listening" in held, 60, "the holder's tasks listening")
-    base, script_args = [*cli, "--script", common.FAKE_TF, "--worker", "4"], ["--", "--work_s",
-                                                                              "0.2"]
+    base = [*cli, "--script", common.FAKE_TF, "--worker", str(waiting)]
+    script_args = ["--", "--work_s", "0.2"]
     waiter_cmd = [*base, *script_args]
     if baseline:
         loop = shlex.join([*base, "--no-wait", *script_args])
@@ -158,7 +159,7 @@ def one_start(lab, cwd: Path, children: common.Children, baseline: bool
         waiter = children.popen(waiter_cmd, cwd=cwd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
     seen: dict[str, float] = {}
-    waiter_reader = _stamp_lines(waiter, seen, {"started": ": started 4 tasks",
+    waiter_reader = _stamp_lines(waiter, seen, {"started": f": started {waiting} tasks",
                                                 "queued": "waits in the queue"})
     if not baseline:
         common.wait_until(lambda: "queued" in seen, 60, "the waiter queued")
@@ -173,18 +174,22 @@ def one_start(lab, cwd: Path, children: common.Children, baseline: bool
     records = json.loads(subprocess.run([*cli[:3], "jobs", "-i", lab.inventory, "--json",
                                           "--last", "4"], capture_output=True, text=True,
                                          check=True).stdout)
-    holder_record = next(r for r in records if len(r.get("placements", [])) == 12)
-    waiter_record = next(r for r in records if len(r.get("placements", [])) == 4)
+    holder_record = next(r for r in records if len(r.get("placements", [])) == gpus)
+    waiter_record = next(r for r in records if len(r.get("placements", [])) == waiting)
     granted = waiter_record.get("admitted", waiter_record["created"])
     return seen["started"] - ended, granted - holder_record["released"]
 
 
-def part_two(home: Path, rounds: int, report: common.Report) -> None:
-    with common.lab(home, 3, 4) as lab, common.children() as children:
+def part_two(home: Path, rounds: int, hosts: int, per_host: int, report: common.Report,
+             ) -> None:
+    """A job holds every GPU of the lab; the waiter asks for one host's worth."""
+    with common.lab(home, hosts, per_host) as lab, common.children() as children:
         cwd = home / "runs"
         cwd.mkdir()
-        queue = [one_start(lab, cwd, children, baseline=False) for _ in range(rounds)]
-        loop = [one_start(lab, cwd, children, baseline=True) for _ in range(rounds)]
+        queue = [one_start(lab, cwd, children, False, hosts * per_host, per_host)
+                 for _ in range(rounds)]
+        loop = [one_start(lab, cwd, children, True, hosts * per_host, per_host)
+                for _ in range(rounds)]
     for label, index in (("release of the GPUs -> granted to the waiting job", 1),
                          ("holder's tasks end -> waiting job's tasks started", 0)):
         queue_s, loop_s = [q[index] for q in queue], [b[index] for b in loop]
@@ -199,13 +204,14 @@ def main() -> int:
     args = common.parser(__doc__.splitlines()[0]).parse_args()
     report = common.Report("queueing", args)
     report.start()
-    hosts, waiters, rounds = (100, 20, 1) if args.quick else (1000, 200, 3)
+    hosts, waiters, rounds = (20, 5, 1) if args.quick else (1000, 200, 3)
+    lab_hosts, lab_gpus = (2, 2) if args.quick else (3, 4)
     with common.bench_home("queueing") as home:
         with common.zookeeper(home, heap="512m") as zk:
             print(f"# part 1: {hosts} hosts x {GPUS} GPUs, {waiters} waiting jobs", flush=True)
             part_one(zk.hosts, hosts, waiters, report)
-        print("# part 2: the lab, 3 hosts x 4 GPUs", flush=True)
-        part_two(home, rounds, report)
+        print(f"# part 2: the lab, {lab_hosts} hosts x {lab_gpus} GPUs", flush=True)
+        part_two(home, rounds, lab_hosts, lab_gpus, report)
     report.note("part 1: ZooKeeper on loopback, 512 MB heap, medians of 3; part 2: times "
                 "from output lines read as they come (the launcher's own start-up included)")
     report.finish()

@@ -10,7 +10,7 @@ GPUs each (2 workers x 1 GPU):
 
 Busy share = GPU-seconds held by the trials (granted -> released, from their job records)
 / (8 GPUs x the time from the first grant to the last release). Wall time is from the
-command's start to its end.
+command's start to its end. ``--quick``: 4 trials of 0.5 s on 2 hosts x 2 GPUs.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from pathlib import Path
 
 import common
 
-TRIALS = 16
-GPUS = 8
+HOSTS = 2
 
 
-def busy_share(inventory: str, cwd: Path, keys_after: float) -> tuple[float, int]:
+def busy_share(inventory: str, cwd: Path, keys_after: float, gpus: int) -> tuple[float, int]:
     records = json.loads(subprocess.run(
         [sys.executable, "-m", "hypertf.cli", "jobs", "-i", inventory, "--json", "--last", "200"],
         cwd=cwd, capture_output=True, text=True, check=True).stdout)
@@ -37,11 +36,12 @@ def busy_share(inventory: str, cwd: Path, keys_after: float) -> tuple[float, int
              and len(r.get("placements", [])) == 2 and r.get("state") == "succeeded"]
     held = sum(2 * (end - start) for start, end in spans)
     window = max(end for _, end in spans) - min(start for start, _ in spans)
-    return held / (GPUS * window), len(spans)
+    return held / (gpus * window), len(spans)
 
 
-def run_sweep(lab, cwd: Path, work_s: float) -> tuple[float, float, int]:
-    values = ",".join(f"0.{i:02d}" for i in range(1, TRIALS + 1))
+def run_sweep(lab, cwd: Path, work_s: float, trials: int, gpus: int,
+              ) -> tuple[float, float, int]:
+    values = ",".join(f"0.{i:02d}" for i in range(1, trials + 1))
     started = time.time()
     t0 = time.monotonic()
     done = subprocess.run(
@@ -50,16 +50,20 @@ def run_sweep(lab, cwd: Path, work_s: float) -> tuple[float, float, int]:
          "--", "--work_s", str(work_s)], cwd=cwd, capture_output=True, text=True, timeout=900)
     wall = time.monotonic() - t0
     if done.returncode != 0:
-        raise SystemExit(f"the sweep failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    share, count = busy_share(lab.inventory, cwd, started)
+        logs = "".join(f"--- {log.name}\n{log.read_text(errors='replace')[-1500:]}"
+                       for log in sorted(cwd.glob("runs/sweeps/*/trial-*.log")))
+        raise SystemExit(f"the sweep failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}\n"
+                         f"{logs}")
+    share, count = busy_share(lab.inventory, cwd, started, gpus)
     return share, wall, count
 
 
-def run_loops(lab, cwd: Path, work_s: float) -> tuple[float, float, int]:
+def run_loops(lab, cwd: Path, work_s: float, trials: int, gpus: int,
+              ) -> tuple[float, float, int]:
     started = time.time()
     t0 = time.monotonic()
     loops = []
-    for i in range(1, TRIALS + 1):
+    for i in range(1, trials + 1):
         train = shlex.join([sys.executable, "-m", "hypertf.cli", "train", "-i", lab.inventory,
                             "--no-wait", "--script", common.FAKE_TF, "--worker", "2", "--",
                             "--work_s", str(work_s), "--lr", f"0.{i:02d}"])
@@ -69,20 +73,21 @@ def run_loops(lab, cwd: Path, work_s: float) -> tuple[float, float, int]:
     for loop in loops:
         loop.wait(timeout=900)
     wall = time.monotonic() - t0
-    share, count = busy_share(lab.inventory, cwd, started)
+    share, count = busy_share(lab.inventory, cwd, started, gpus)
     return share, wall, count
 
 
 def main() -> int:
     args = common.parser(__doc__.splitlines()[0]).parse_args()
-    work_s = 2.0 if args.quick else 5.0
+    work_s, trials, per_host = (0.5, 4, 2) if args.quick else (5.0, 16, 4)
+    gpus = HOSTS * per_host
     report = common.Report("sweep", args)
     report.start()
-    with common.bench_home("sweep") as home, common.lab(home, 2, 4) as lab:
+    with common.bench_home("sweep") as home, common.lab(home, HOSTS, per_host) as lab:
         cwd = home / "runs-here"
         cwd.mkdir()
-        sweep_share, sweep_wall, sweep_n = run_sweep(lab, cwd, work_s)
-        loop_share, loop_wall, loop_n = run_loops(lab, cwd, work_s)
+        sweep_share, sweep_wall, sweep_n = run_sweep(lab, cwd, work_s, trials, gpus)
+        loop_share, loop_wall, loop_n = run_loops(lab, cwd, work_s, trials, gpus)
     report.add(f"sweep: GPU-time busy while trials remain ({sweep_n} trials x 2 GPUs, "
                f"{work_s:g} s of work each)", 100 * sweep_share, "%")
     report.add("retry loops: the same", 100 * loop_share, "%", trials=loop_n)
