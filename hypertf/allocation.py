@@ -269,13 +269,14 @@ def _setter(event: threading.Event) -> Callable[[Any], None]:
     return lambda _watched: event.set()
 
 
-def ended_job_hosts(job: Mapping[str, Any] | None) -> list[str] | bool | None:
-    """From an ended job's record: the hosts its launcher saw its tasks dead on (None: every
-    host), or False when nobody confirmed anything (a lost launcher, a kill)."""
+def ended_job_hosts(job: Mapping[str, Any] | None) -> tuple[bool, list[str] | None]:
+    """From an ended job's record: whether its launcher released it, and the hosts where it
+    saw its tasks dead (None: every host). (False, None) when nobody confirmed anything (a
+    lost launcher, a kill)."""
     if not job or job.get("state") in LIVE_STATES or "stopped_on" not in job:
-        return False
+        return False, None
     hosts = job["stopped_on"]
-    return None if hosts == "all" else [str(h) for h in hosts]
+    return True, None if hosts == "all" else [str(h) for h in hosts]
 
 
 def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
@@ -293,8 +294,8 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
         dead = matrix.task_keys() - leases
         lost = set()
         for key in dead:
-            hosts = ended_job_hosts(read_job(store, key))
-            if hosts is False:
+            released, hosts = ended_job_hosts(read_job(store, key))
+            if not released:
                 lost.add(key)
             else:
                 current = current.release({key}, records, hosts=hosts)

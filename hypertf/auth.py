@@ -132,11 +132,11 @@ class Credential:
 
     @property
     def digest_id(self) -> str:
-        return make_digest_acl_credential(self.identity, self.secret)
+        return str(make_digest_acl_credential(self.identity, self.secret))
 
     @property
     def member_id(self) -> str:
-        return make_digest_acl_credential("member", self.member_secret)
+        return str(make_digest_acl_credential("member", self.member_secret))
 
 
 def _acl(digest_id: str, perms: int) -> ACL:

@@ -189,9 +189,9 @@ def agent_ctl(inventory: str, host: str, action: str) -> int:
         stopped = agentctl.local_stop(workdir)
         print(f"agent {host} {'stopped' if stopped else 'was not running'}")
     else:
-        pid = agentctl.running_pid(workdir)
-        print(f"agent {host} {f'running (pid {pid})' if pid else 'not running'}")
-        return 0 if pid else 1
+        running = agentctl.running_pid(workdir)
+        print(f"agent {host} {f'running (pid {running})' if running else 'not running'}")
+        return 0 if running else 1
     return 0
 
 
@@ -244,7 +244,7 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
     users = [credentials.check_name("user", user)] if action == "add-user" and user else []
     directory = store.secure_cluster(inv.cluster, list(inv.nodes), users, reset=reset)
     if action == "add-user":
-        print(credentials.handover_note(user, directory, inv.cluster.zk_credentials,
+        print(credentials.handover_note(str(user), directory, inv.cluster.zk_credentials,
                                         inv.cluster.zookeeper_hosts, inv.cluster.zk_root))
     else:
         print(f"ZooKeeper root {inv.cluster.zk_root} secured; credentials in {directory}")

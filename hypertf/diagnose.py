@@ -94,7 +94,8 @@ class Raised:
 def _script_frame(lines: Sequence[str], frames: Sequence[int]) -> str:
     """The innermost frame outside installed libraries (the script's own), else the
     innermost frame; followed by the code line Python printed under it."""
-    own = [i for i in frames if not _LIBRARY.search(_FRAME.match(lines[i]).group(1))]
+    own = [i for i in frames
+           if not _LIBRARY.search(m.group(1) if (m := _FRAME.match(lines[i])) else "")]
     if not (own or frames):
         return ""
     index = (own or frames)[-1]

@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -87,8 +88,9 @@ class Lab:
     def zk_servers(self) -> list[ZooKeeperServer]:
         """The lab's ZooKeeper members (one, or an ensemble)."""
         return [
-            ZooKeeperServer(str(z["address"]), int(z["port"]), Path(str(z["directory"])),
-                            int(z.get("myid", 0)), tuple(z.get("peers", ())))
+            ZooKeeperServer(str(z["address"]), int(str(z["port"])), Path(str(z["directory"])),
+                            int(str(z.get("myid", 0))),
+                            tuple(str(p) for p in z.get("peers", ()) or ()))  # type: ignore[attr-defined]
             for z in self.zookeeper
         ]
 
@@ -157,7 +159,7 @@ def _pick_subnet() -> ipaddress.IPv4Network:
     """A /24 in 10.100-10.249 that no interface or route on this machine uses."""
     used = _ip("-4", "-o", "addr", "show") + _ip("-4", "route", "show", "table", "all")
     for _ in range(200):
-        net = ipaddress.ip_network(f"10.{random.randint(100, 249)}.{random.randint(0, 255)}.0/24")
+        net = ipaddress.IPv4Network(f"10.{random.randint(100, 249)}.{random.randint(0, 255)}.0/24")
         prefix = ".".join(str(net.network_address).split(".")[:3]) + "."
         if prefix not in used:
             return net
@@ -234,7 +236,7 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
         raise LabError("run the lab from HyperTF's virtualenv (.venv): its hosts use it")
     ssh_args = (f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
                 f"-o ControlMaster=no")
-    inventory = {
+    inventory: dict[str, Any] = {
         "all": {
             "vars": {
                 "ansible_user": "root",

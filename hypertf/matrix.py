@@ -177,9 +177,9 @@ class Matrix:
         for host in list(result.ports):
             if chosen is not None and host not in chosen:
                 continue
-            row = {p: k for p, k in result.ports[host].items() if job_of(k) not in task_keys}
-            if row:
-                result.ports[host] = row
+            kept = {p: k for p, k in result.ports[host].items() if job_of(k) not in task_keys}
+            if kept:
+                result.ports[host] = kept
             else:
                 del result.ports[host]
         return result
@@ -258,10 +258,10 @@ def restored(matrix: Matrix, grants: Mapping[str, Held], leases: set[str],
         for host, numbers in held.ports.items():
             row_ports = result.ports.setdefault(host, {})
             for port in numbers:
-                cell = row_ports.get(str(port))
-                if cell == key:
+                port_holder = row_ports.get(str(port))
+                if port_holder == key:
                     continue
-                other = holder(cell) if cell is not None else None
+                other = holder(port_holder) if port_holder is not None else None
                 if other is not None and other in leases:
                     continue
                 row_ports[str(port)] = key

@@ -15,6 +15,7 @@ import logging
 import random
 import socket
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -349,7 +350,8 @@ def select_address(spec: str | None, addresses: dict[str, list[str]], preferred:
     return "127.0.0.1"
 
 
-def free_port(port_range: tuple[int, int], taken: set[int] = frozenset(), tries: int = 64) -> int:
+def free_port(port_range: tuple[int, int], taken: AbstractSet[int] = frozenset(),
+              tries: int = 64) -> int:
     """A port in range that nothing listens on now (random order, so agents spread out)."""
     low, high = port_range
     candidates = [p for p in range(low, high + 1) if p not in taken]

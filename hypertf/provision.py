@@ -151,12 +151,13 @@ class Progress:
         elif kind == "stats":
             self._flush()
             for host, counts in event["hosts"].items():
-                step, message = self.failed_at.get(host, (None, None))
+                failed: tuple[str | None, str | None] = self.failed_at.get(host, (None, None))
+                failed_step, failed_message = failed
                 self.hosts[host] = HostResult(
                     name=host, ok=counts["ok"], changed=counts["changed"],
-                    failed=counts["failures"] or int(step is not None),
+                    failed=counts["failures"] or int(failed_step is not None),
                     unreachable=counts["unreachable"], skipped=counts["skipped"],
-                    failed_step=step, message=message,
+                    failed_step=failed_step, message=failed_message,
                 )
 
 

@@ -91,7 +91,7 @@ class TrainRequest:
         hypertf_task_env, then --env over it."""
         return {**dict(node.settings.task_env), **self.env_vars()}
 
-    def slots(self, cpu_only: bool) -> list[TaskSlot]:
+    def slots(self, cpu_only: bool) -> tuple[TaskSlot, ...]:
         """The tasks to place (no GPUs asked on a cluster without any)."""
         return slots_for(self.ps, self.workers, self.chief,
                          0 if cpu_only else self.gpus_per_worker,

@@ -60,7 +60,7 @@ def _optional_text(key: str, value: Any) -> str | None:
 def _gpu_source(key: str, value: Any) -> str:
     if value not in ("nvml", "static", "none"):
         raise ValueError(f"{key} must be one of nvml, static, none, not {value!r}")
-    return value
+    return str(value)
 
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

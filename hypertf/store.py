@@ -261,7 +261,8 @@ def until_committed(attempt: Callable[[int], T], what: str, deadline_s: float | 
     retry = KazooRetry(max_tries=max_tries, delay=0.005, backoff=2, max_jitter=0.8,
                        max_delay=0.2, deadline=deadline_s)
     try:
-        return retry(lambda: attempt(next(tries)))
+        result: T = retry(lambda: attempt(next(tries)))
+        return result
     except RetryFailedError:
         raise StoreError(f"gave up {what} after {next(tries) - 1} tries lost to other "
                          f"writers") from None

@@ -298,7 +298,8 @@ def sort_results(results: Iterable[TrialResult], mode: str) -> list[TrialResult]
     infinity; then the others; each of the last two in trial order."""
     results = list(results)
     scored = sorted((r for r in results if r.ranked),
-                    key=lambda r: (-r.metric if mode == "max" else r.metric, r.index))
+                    key=lambda r: (-(r.metric or 0.0) if mode == "max" else r.metric or 0.0,
+                                   r.index))
     rest = sorted((r for r in results if not r.ranked),
                   key=lambda r: (r.metric is None and r.unranked_metric is None, r.index))
     return scored + rest

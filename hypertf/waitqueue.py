@@ -85,7 +85,7 @@ def waiting_from_record(record: Mapping[str, Any], order: int) -> Waiting:
     ranges = {h: tuple(queue.get("port_ranges", {}).get(h, common)) for h in queue["hosts"]}
     request = Request(slots=tuple(TaskSlot(r, i, g) for r, i, g in queue["slots"]),
                       hosts=tuple(queue["hosts"]), policy=queue.get("policy", "round_robin"),
-                      port_ranges=ranges)  # type: ignore[arg-type]
+                      port_ranges=ranges)
     return Waiting(record["task_key"], request, priority=int(queue.get("priority", 0)),
                    order=order, held=bool(queue.get("held")),
                    exclude_ports={h: frozenset(p) for h, p in
@@ -353,7 +353,7 @@ def placements_json(placements: tuple[Placement, ...], ports: Mapping[str, int]
 
 def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting]) -> dict[str, Any]:
     """What waiters and ``hypertf queue`` show: every job still waiting, in order."""
-    entries = []
+    entries: list[dict[str, Any]] = []
     for d in decisions:
         if d.admitted or d.refused:
             continue

@@ -61,8 +61,8 @@ def check_text(where: str, text: str) -> None:
                 if depth > MAX_DEPTH:
                     mark = event.start_mark
                     raise InventoryError(
-                        f"{where}: line {mark.line + 1}: nesting deeper than {MAX_DEPTH} "
-                        f"levels; an inventory needs a handful"
+                        f"{where}: line {mark.line + 1 if mark else '?'}: nesting deeper than "
+                        f"{MAX_DEPTH} levels; an inventory needs a handful"
                     )
             elif isinstance(event, _COLLECTION_END):
                 depth -= 1
@@ -130,7 +130,7 @@ def source_files(path: Path) -> list[Path]:
         why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
         raise InventoryError(f"inventory {path} cannot be read: {why}") from None
     if path.is_dir():
-        files = []
+        files: list[Path] = []
         for folder, dirs, names in os.walk(path):  # symlinked folders are not followed
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             files += [Path(folder) / n for n in sorted(names) if not n.startswith(".")]
@@ -140,9 +140,9 @@ def source_files(path: Path) -> list[Path]:
                 )
     elif path.is_file():
         files = [path]  # and the group_vars/host_vars Ansible reads beside it
-        for folder in (path.parent / "group_vars", path.parent / "host_vars"):
-            if folder.is_dir():
-                files += [f for f in sorted(folder.rglob("*")) if not f.name.startswith(".")]
+        for beside in (path.parent / "group_vars", path.parent / "host_vars"):
+            if beside.is_dir():
+                files += [f for f in sorted(beside.rglob("*")) if not f.name.startswith(".")]
         if len(files) > MAX_FILES:
             raise InventoryError(f"inventory {path}: more than {MAX_FILES} files "
                                  f"in its group_vars and host_vars")

@@ -29,7 +29,7 @@ from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpir
 RIDDEN_OUT = (ConnectionLoss, OperationTimeoutError)
 
 
-class PatientClient(KazooClient):
+class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hints
     """KazooClient whose synchronous calls wait out a connection loss (see the module)."""
 
     def __init__(self, *args: Any, patience_s: float | None = None,
@@ -116,7 +116,7 @@ class PatientClient(KazooClient):
         return PatientTransaction(self)
 
 
-class PatientTransaction(TransactionRequest):
+class PatientTransaction(TransactionRequest):  # type: ignore[misc]
     """A multi-op whose commit waits out a connection loss like the client's calls."""
 
     client: PatientClient

@@ -123,6 +123,7 @@ class Dashboard(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
         return f"http://{host}:{port}/"
 
     def start(self) -> threading.Thread:

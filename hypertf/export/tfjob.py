@@ -73,7 +73,7 @@ def manifest(job: ExportJob) -> list[dict[str, Any]]:
     metadata: dict[str, Any] = {"name": job.name, "namespace": job.namespace}
     if job.options.queue:
         metadata["labels"] = {KUEUE_QUEUE: job.options.queue}
-    tfjob = {
+    tfjob: dict[str, Any] = {
         "apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata,
         "spec": {"runPolicy": run_policy,
                  "tfReplicaSpecs": {REPLICA_TYPES[role]: replica_spec(job, role)
