@@ -22,9 +22,11 @@ from hypertf.errors import InventoryError
 from hypertf.settings import (
     CLUSTER_KEYS,
     DEFAULT_INVENTORY,
+    NODE_KEYS,
     SETTINGS,
     ClusterSettings,
     NodeSettings,
+    field_of,
 )
 
 GROUP_KEYS = ("hosts", "vars", "children")
@@ -306,24 +308,13 @@ def _parse(path: Path, files: list[Path]) -> Inventory:
             key_file=str(Path(key_file).expanduser()) if key_file else None,
             local=local,
             groups=groups,
-            settings=NodeSettings(
-                venv=_resolve_local_path(path, "hypertf_venv", host, values["hypertf_venv"],
-                                         local),
-                workdir=_resolve_local_path(path, "hypertf_workdir", host,
-                                            values["hypertf_workdir"], local),
-                data_network=values["hypertf_data_network"],
-                mgmt_network=values["hypertf_mgmt_network"],
-                gpu_source=values["hypertf_gpu_source"],
-                static_gpus=values["hypertf_static_gpus"],
-                gpu_util_max=values["hypertf_gpu_util_max"],
-                gpu_mem_max=values["hypertf_gpu_mem_max"],
-                port_range=values["hypertf_port_range"],
-                agent_interval=values["hypertf_agent_interval"],
-                metrics_port=values["hypertf_agent_metrics_port"],
-                task_env=values["hypertf_task_env"],
-                python_packages=values["hypertf_python_packages"],
-                python_packages_no_deps=values["hypertf_python_packages_no_deps"],
-            ),
+            settings=NodeSettings(**{  # every node setting, by the table (hypertf.settings)
+                **{field_of(key): values[key] for key in NODE_KEYS},
+                "venv": _resolve_local_path(path, "hypertf_venv", host,
+                                            values["hypertf_venv"], local),
+                "workdir": _resolve_local_path(path, "hypertf_workdir", host,
+                                               values["hypertf_workdir"], local),
+            }),
         )
 
     seen: dict[tuple[str, int], str] = {}
@@ -363,19 +354,14 @@ def _parse(path: Path, files: list[Path]) -> Inventory:
     return Inventory(
         path=path,
         nodes=nodes,
-        cluster=ClusterSettings(
-            gpu_group=gpu_group,
-            zookeeper_hosts=zookeeper_hosts,
-            zk_root=first["hypertf_zk_root"].rstrip("/") or "/hypertf",
-            zk_session_timeout=first["hypertf_zk_session_timeout"],
-            known_hosts=known_hosts,
-            ssh_timeout=first["hypertf_ssh_timeout"],
-            job_retention_days=first["hypertf_job_retention_days"],
-            job_records_max=first["hypertf_job_records_max"],
-            keeper_prune_interval=first["hypertf_keeper_prune_interval"],
-            user_gpu_limit=first["hypertf_user_gpu_limit"],
-            zk_credentials=_beside(path, first["hypertf_zk_credentials"]),
-            zk_tls_ca=_beside(path, first["hypertf_zk_tls_ca"]),
-        ),
+        cluster=ClusterSettings(**{  # every cluster setting, by the table
+            **{field_of(key): first[key] for key in CLUSTER_KEYS},
+            "gpu_group": gpu_group,
+            "zookeeper_hosts": zookeeper_hosts,
+            "zk_root": first["hypertf_zk_root"].rstrip("/") or "/hypertf",
+            "known_hosts": known_hosts,
+            "zk_credentials": _beside(path, first["hypertf_zk_credentials"]),
+            "zk_tls_ca": _beside(path, first["hypertf_zk_tls_ca"]),
+        }),
         zookeeper_nodes=zk_members,
     )

@@ -131,22 +131,27 @@ def _port_range(key: str, value: Any) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Setting:
-    """One ``hypertf_*`` variable: how to parse it, its default, and whether a node's agent
-    reads it (the agent role copies exactly those into the node's agent inventory)."""
+    """One ``hypertf_*`` variable, declared once: how to parse it, its default, whether a
+    node's agent reads it (the agent role copies exactly those into the node's agent
+    inventory), and where it lands: ``scope`` "node" (a NodeSettings field), "cluster" (a
+    ClusterSettings field; every host must agree) or "" (read while building the others),
+    under ``field`` (default: the name without ``hypertf_``)."""
 
     parse: Callable[[str, Any], Any]
     default: Any
     agent: bool = True
+    scope: str = "node"
+    field: str = ""
 
 
 SETTINGS: dict[str, Setting] = {
     "hypertf_venv": Setting(_text, "/opt/hypertf/venv"),
     "hypertf_workdir": Setting(_text, "/var/lib/hypertf"),
-    "hypertf_gpu_group": Setting(_text, "gpu_nodes"),
-    "hypertf_zookeeper_hosts": Setting(_optional_text, None),
-    "hypertf_zookeeper_port": Setting(_port, 2181),
-    "hypertf_zk_root": Setting(_text, "/hypertf"),
-    "hypertf_zk_session_timeout": Setting(_positive(float), 10.0),
+    "hypertf_gpu_group": Setting(_text, "gpu_nodes", scope="cluster"),
+    "hypertf_zookeeper_hosts": Setting(_optional_text, None, scope="cluster"),
+    "hypertf_zookeeper_port": Setting(_port, 2181, scope=""),  # of the zookeeper group
+    "hypertf_zk_root": Setting(_text, "/hypertf", scope="cluster"),
+    "hypertf_zk_session_timeout": Setting(_positive(float), 10.0, scope="cluster"),
     "hypertf_data_network": Setting(_optional_text, None),
     "hypertf_mgmt_network": Setting(_optional_text, None),
     "hypertf_gpu_source": Setting(_gpu_source, "nvml"),
@@ -157,17 +162,17 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_agent_interval": Setting(_positive(float), 5.0),
     # The agent's Prometheus /metrics, on the management address (0: none). 9400 is the
     # port of NVIDIA's DCGM exporter, which ops teams already scrape.
-    "hypertf_agent_metrics_port": Setting(_port_or_off, 9400),
-    "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts", agent=False),
-    "hypertf_ssh_timeout": Setting(_positive(float), 10.0, agent=False),
+    "hypertf_agent_metrics_port": Setting(_port_or_off, 9400, field="metrics_port"),
+    "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts", agent=False, scope="cluster"),
+    "hypertf_ssh_timeout": Setting(_positive(float), 10.0, agent=False, scope="cluster"),
     # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
-    "hypertf_job_retention_days": Setting(_positive(float), 30.0),
-    "hypertf_job_records_max": Setting(_positive(int), 10000),
+    "hypertf_job_retention_days": Setting(_positive(float), 30.0, scope="cluster"),
+    "hypertf_job_records_max": Setting(_positive(int), 10000, scope="cluster"),
     # How often the keeper looks for records to prune (seconds; tests shorten it).
-    "hypertf_keeper_prune_interval": Setting(_positive(float), 60.0),
+    "hypertf_keeper_prune_interval": Setting(_positive(float), 60.0, scope="cluster"),
     # GPUs one user's running jobs may hold at once (0: no limit); the queue keeps the rest
     # of their jobs waiting (reason UserLimit). Read by the keeper agent and the launcher.
-    "hypertf_user_gpu_limit": Setting(_count, 0),
+    "hypertf_user_gpu_limit": Setting(_count, 0, scope="cluster"),
     # Packages for the training scripts in the nodes' virtualenv (python_env role,
     # cluster.setup; ./dev.sh up for this machine): the default is scikit-learn (examples).
     "hypertf_python_packages": Setting(_packages, None, agent=False),
@@ -178,22 +183,21 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_task_env": Setting(_task_env, None, agent=False),
     # The directory of ZooKeeper credential files on the machine that runs the command
     # (default $HYPERTF_HOME/credentials/<zookeeper>_<root>); relative to the inventory.
-    "hypertf_zk_credentials": Setting(_optional_text, None),
+    "hypertf_zk_credentials": Setting(_optional_text, None, scope="cluster"),
     # A CA certificate (PEM): talk TLS to ZooKeeper's secure client port and verify it.
-    "hypertf_zk_tls_ca": Setting(_optional_text, None),
+    "hypertf_zk_tls_ca": Setting(_optional_text, None, scope="cluster"),
 }
 # What a node's agent reads: the hypertf_agent role asks for this list
 # ('hypertf inventory agent-settings') instead of keeping a copy.
 AGENT_SETTINGS = tuple(key for key, setting in SETTINGS.items() if setting.agent)
 # Settings that describe the whole cluster: every host must agree on them.
-CLUSTER_KEYS = (
-    "hypertf_gpu_group", "hypertf_zookeeper_hosts", "hypertf_zk_root",
-    "hypertf_zk_session_timeout", "hypertf_known_hosts", "hypertf_ssh_timeout",
-    "hypertf_job_retention_days", "hypertf_job_records_max", "hypertf_user_gpu_limit",
-    "hypertf_keeper_prune_interval",
-    "hypertf_zk_credentials",
-    "hypertf_zk_tls_ca",
-)
+CLUSTER_KEYS = tuple(key for key, setting in SETTINGS.items() if setting.scope == "cluster")
+NODE_KEYS = tuple(key for key, setting in SETTINGS.items() if setting.scope == "node")
+
+
+def field_of(key: str) -> str:
+    """The NodeSettings or ClusterSettings attribute a setting fills."""
+    return SETTINGS[key].field or key.removeprefix("hypertf_")
 
 
 @dataclass(frozen=True)

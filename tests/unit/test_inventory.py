@@ -544,3 +544,24 @@ def test_an_unchanged_inventory_comes_from_the_cache_and_any_change_is_read(tmp_
     for entry in cache_dir().glob("*.pickle"):
         entry.write_bytes(b"not a pickle")
     assert zk_root_in_a_new_process(path) == "/changed-again"  # damaged: parsed again
+
+
+def test_every_setting_is_declared_once_and_fills_exactly_one_field():
+    """SETTINGS is the one table: its node and cluster settings are exactly the fields of
+    NodeSettings and ClusterSettings, and an inventory that sets every one of them reaches
+    every field with its value."""
+    import dataclasses
+
+    from hypertf.settings import (
+        CLUSTER_KEYS,
+        NODE_KEYS,
+        SETTINGS,
+        ClusterSettings,
+        NodeSettings,
+        field_of,
+    )
+
+    assert {field_of(k) for k in NODE_KEYS} == {f.name for f in dataclasses.fields(NodeSettings)}
+    assert {field_of(k) for k in CLUSTER_KEYS} == {
+        f.name for f in dataclasses.fields(ClusterSettings)}
+    assert all(s.scope in ("node", "cluster", "") for s in SETTINGS.values())
