@@ -31,7 +31,7 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.retry import ForceRetryError
 
 from hypertf.errors import InsufficientResources, NotAllowed, StoreError, UsageError
-from hypertf.jobs import ENDED_BY_OTHERS, LIVE_STATES, mark_lost, read_job
+from hypertf.jobs import ENDED_BY_OTHERS, LIVE_STATES, JobState, mark_lost, read_job
 from hypertf.matrix import Held, Matrix, restored, same, synced
 from hypertf.scheduler import NoFit, Placement, TaskSlot, schedule
 from hypertf.store import (
@@ -358,7 +358,7 @@ def kill(store: Store, task_key: str) -> bool:
         if store.client.exists(store.layout.lease(task_key)) is None:
             return False
         job = decode(data, "job record")
-        ended = "cancelled" if job.get("state") == "queued" else "killed"
+        ended = JobState.CANCELLED if job.get("state") == JobState.QUEUED else JobState.KILLED
         job.update({"state": ended, ended: time.time(),
                     f"{ended}_by": {**owner_info(), "identity": identity}})
         tx = store.client.transaction()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
@@ -18,9 +19,29 @@ from kazoo.retry import ForceRetryError
 from hypertf.errors import StoreError
 from hypertf.store import Store, decode, encode, until_committed
 
-LIVE_STATES = ("queued", "allocated", "starting", "running")
+
+class JobState(StrEnum):
+    """Every state a job record holds (docs/zookeeper-layout.md); each equals its text, so
+    records stay plain JSON and older readers keep working."""
+
+    QUEUED = "queued"  # waiting for the keeper
+    ALLOCATED = "allocated"  # admitted: placements and ports granted
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    RETRIED = "retried"  # a port clash or a restart: a new attempt has another key
+    RELEASED = "released"
+    KILLED = "killed"  # hypertf kill of a running job
+    CANCELLED = "cancelled"  # hypertf cancel of a waiting one
+    LOST = "lost"  # its launcher died without releasing it
+    REFUSED = "refused"  # --no-wait and it could not start at once
+
+
+LIVE_STATES = (JobState.QUEUED, JobState.ALLOCATED, JobState.STARTING, JobState.RUNNING)
 # states a launcher's own release does not overwrite
-ENDED_BY_OTHERS = ("killed", "cancelled", "lost", "refused")
+ENDED_BY_OTHERS = (JobState.KILLED, JobState.CANCELLED, JobState.LOST, JobState.REFUSED)
 
 
 def mark_lost(store: Store, task_key: str) -> None:
@@ -29,7 +50,7 @@ def mark_lost(store: Store, task_key: str) -> None:
         data, stat = store.client.get(store.layout.job(task_key))
         job = decode(data, "job record")
         if job.get("state") in LIVE_STATES:
-            job.update(state="lost", lost=time.time())
+            job.update(state=JobState.LOST, lost=time.time())
             store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
 
 

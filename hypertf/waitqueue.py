@@ -53,13 +53,13 @@ from hypertf.allocation import (
     sync_matrix,
 )
 from hypertf.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
-from hypertf.jobs import mark_lost, read_job
+from hypertf.jobs import JobState, mark_lost, read_job
 from hypertf.limits import Limits
 from hypertf.matrix import Held, Matrix
 from hypertf.scheduler import Placement, TaskSlot
 from hypertf.store import Store, decode, encode, owner_of, until_committed
 
-QUEUED = "queued"
+QUEUED = JobState.QUEUED
 DEFAULT_PORT_RANGE = (20000, 20999)
 
 
@@ -282,7 +282,7 @@ class Admitter:
             record, record_version = self.reader.records[decision.task_key]
             if decision.refused:
                 tx.set_data(self.store.layout.job(decision.task_key), encode({
-                    **record, "state": "refused", "refused": now,
+                    **record, "state": JobState.REFUSED, "refused": now,
                     "refused_reason": self.refusal(decision, record, matrix, live, limits)}),
                     version=record_version)
                 continue
@@ -294,7 +294,7 @@ class Admitter:
             taken = taken.take(decision.task_key, gpus, ports)
             tx.check(self.store.layout.lease(decision.task_key), -1)
             tx.set_data(self.store.layout.job(decision.task_key), encode({
-                **record, "state": "allocated", "admitted": now,
+                **record, "state": JobState.ALLOCATED, "admitted": now,
                 "waited_s": round(now - float(record.get("created", now)), 3),
                 "placements": placements_json(decision.placements, decision.ports)}),
                 version=record_version)
@@ -406,9 +406,9 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
                                 f"it again")
             record = read_job(store, task_key) or {}
             state = record.get("state")
-            if state == "allocated":
+            if state == JobState.ALLOCATED:
                 return record
-            if state == "refused":
+            if state == JobState.REFUSED:
                 raise InsufficientResources(str(record.get("refused_reason")
                                                 or "the keeper could not start it now"))
             if state != QUEUED or store.client.exists(store.layout.lease(task_key)) is None:
