@@ -278,12 +278,14 @@ class Admitter:
         taken = matrix
         tx = self.store.client.transaction()
         now = time.time()
-        for decision in settled:
+        # Admissions first: a refusal names what is free once this pass's admissions took
+        # their GPUs (two --no-wait jobs for the last GPU: the loser hears it is taken).
+        for decision in sorted(settled, key=lambda d: d.refused):
             record, record_version = self.reader.records[decision.task_key]
             if decision.refused:
                 tx.set_data(self.store.layout.job(decision.task_key), encode({
                     **record, "state": JobState.REFUSED, "refused": now,
-                    "refused_reason": self.refusal(decision, record, matrix, live, limits)}),
+                    "refused_reason": self.refusal(decision, record, taken, live, limits)}),
                     version=record_version)
                 continue
             gpus: dict[str, list[int]] = {}

@@ -235,3 +235,30 @@ def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents, ke
     assert job["state"] == "killed" and job["note"] == "still here"
     assert job["killed_by"]["pid"] > 0 and job["killed"] > 0
     assert kill(Store(zk, layout), key) is False
+
+
+def test_two_no_wait_requests_for_the_last_gpu_one_runs_the_other_hears_it_is_taken(
+        zk, layout, fake_agents, keeper):
+    """Both queued before the keeper's pass (it is started after them): one pass admits one
+    and refuses the other, whose reason names what is free once the first took the GPU."""
+    fake_agents({"n1": 1})
+    results: dict[str, object] = {}
+
+    def ask(name: str) -> None:
+        try:
+            results[name] = submit(Store(zk, layout), one_gpu(), new_task_key("root"),
+                                   wait=False)
+        except InsufficientResources as err:
+            results[name] = str(err)
+
+    threads = [threading.Thread(target=ask, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(Store(zk, layout).leases()) == 2, 10, "both requests queued")
+    keeper()
+    for thread in threads:
+        thread.join(20)
+    refusals = [r for r in results.values() if isinstance(r, str)]
+    assert len(results) == 2 and len(refusals) == 1, results
+    assert refusals[0].startswith("cannot place worker:0 (1 GPU on one host)"), refusals
+    assert "n1: 0 of 1 free" in refusals[0]
