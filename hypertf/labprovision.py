@@ -66,6 +66,7 @@ def lab_inventory(lab_dir: str | os.PathLike[str], *, name: str = "provision.yml
         python_env_offline=True,
         python_env_wheel_dir_shared=True,
         python_env_compile_bytecode=False,
+        python_env_build_isolation=False,  # the dev extra's setuptools: no index reached
         python_env_tensorflow_package=tensorflow,
         python_env_extra_packages=packages,
         **LAB_ZOOKEEPER,
