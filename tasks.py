@@ -1,5 +1,5 @@
 """Invoke tasks: ``invoke --list``. Each task calls the same typed functions as the
-``hypertf`` command (hypertf.commands), with typed values: no command line in between."""
+``hypertf`` command (hypertf.cli.commands), with typed values: no command line in between."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from typing import Any
 import invoke
 from invoke import Collection, Context, Exit, Task
 
-from hypertf import cli, commands, sweepcli
+from hypertf.cli import commands
+from hypertf.cli import main as cli
+from hypertf.cli import sweep as sweepcli
+from hypertf.cli.sweep import TRIAL_OPTIONS
 from hypertf.export.targets import EXPORT_OPTIONS
-from hypertf.request import TRAIN_OPTIONS, Option, TrainRequest
-from hypertf.sweepcli import TRIAL_OPTIONS
+from hypertf.launch.request import TRAIN_OPTIONS, Option, TrainRequest
 
 INVENTORY_HELP = {"inventory": "inventory YAML (default $HYPERTF_INVENTORY or inventory/local.yml)"}
 

@@ -107,9 +107,9 @@ def main() -> int:
                 servers[name].start(heap="128m", tick_ms=500)
             from kazoo.client import KazooClient
 
-            from hypertf import auth, store
-            from hypertf.inventory import load_inventory
-            from hypertf.store import AgentRecord
+            from hypertf import store
+            from hypertf.config.inventory import load_inventory
+            from hypertf.store import AgentRecord, auth
 
             record_path = "/hypertf/resources/localhost"
             pids = {}

@@ -32,9 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from hypertf import lab as lab_module  # noqa: E402
 from hypertf import procs  # noqa: E402
-from hypertf.zkserver import ZooKeeperServer, four_letter, free_port  # noqa: E402
+from hypertf.ops import lab as lab_module  # noqa: E402
+from hypertf.ops.zkserver import ZooKeeperServer, free_port  # noqa: E402
+from hypertf.store.fourletter import four_letter  # noqa: E402
 
 PYTHON = sys.executable
 FAKE_TF = str(REPO / "tests" / "scripts" / "fake_tf.py")
@@ -237,8 +238,8 @@ def parse_started(line: str) -> tuple[str, dict[str, tuple[str, int]]] | None:
 
 def remote_processes(inventory: str, needle: str) -> dict[str, list[str]]:
     """Per lab host, live processes whose command line contains ``needle``."""
-    from hypertf.inventory import load_inventory
-    from hypertf.remote import Cluster
+    from hypertf.config.inventory import load_inventory
+    from hypertf.launch.remote import Cluster
 
     inv = load_inventory(inventory)
     with Cluster(inv.nodes.values(), inv.cluster) as cluster:
@@ -258,7 +259,7 @@ def remote_processes(inventory: str, needle: str) -> dict[str, list[str]]:
 def job_cells(client: Any, root: str, task_key: str, draining_only: bool = False) -> int:
     """GPU cells plus ports the matrix still gives to ``task_key``, held or draining (only
     draining with ``draining_only``): a draining cell is not free either."""
-    from hypertf.matrix import draining, job_of
+    from hypertf.core.matrix import draining, job_of
     from hypertf.store import Layout
 
     data, _ = client.get(Layout(root).matrix)

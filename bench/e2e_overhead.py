@@ -34,12 +34,12 @@ from pathlib import Path
 import common
 import yaml
 
-from hypertf import spec as specs
 from hypertf import store
-from hypertf.attempt import QUIET_ENV
-from hypertf.inventory import load_inventory
-from hypertf.scheduler import Placement
-from hypertf.zkserver import free_port
+from hypertf.config.inventory import load_inventory
+from hypertf.core import spec as specs
+from hypertf.core.scheduler import Placement
+from hypertf.launch.attempt import QUIET_ENV
+from hypertf.ops.zkserver import free_port
 
 JOBS = {
     "mirrored": ("mirrored_strategy.py", ["--worker", "2"], [("worker", 0), ("worker", 1)]),

@@ -36,7 +36,7 @@ from pathlib import Path
 import common
 
 from hypertf import store
-from hypertf.inventory import load_inventory
+from hypertf.config.inventory import load_inventory
 from hypertf.store import Layout
 
 SESSION_TIMEOUT = 4.0  # the lab inventory's hypertf_zk_session_timeout

@@ -31,7 +31,7 @@ import common
 import yaml
 
 from hypertf import store
-from hypertf.inventory import load_inventory
+from hypertf.config.inventory import load_inventory
 
 WORK_S = 600  # the task sleeps this long: it must outlive the measurement
 

@@ -4,7 +4,7 @@ Part 1, a ZooKeeper of our own (loopback): 1000 hosts x 8 GPUs (resource znodes 
 matrix with every GPU held by running jobs), 200 waiting jobs queued as launchers queue
 them (lease + record, each asking for 8 workers over all 1000 hosts), then:
 
-* the pure admission pass (hypertf.admission) over 200 waiters and 1000 hosts;
+* the pure admission pass (hypertf.core.admission) over 200 waiters and 1000 hosts;
 * the keeper's whole pass (``Admitter.admit``: leases, 200 records in parallel, the
   matrix, the live hosts, the pass, the view) with nothing to admit;
 * the same when one running job ends and frees 8 GPUs (it admits and commits);
@@ -35,16 +35,17 @@ from pathlib import Path
 import common
 from scale import host_name, record  # the same 8-GPU agent records as bench/scale.py
 
-from hypertf import auth, queueview, store
-from hypertf.admission import admission_pass
-from hypertf.allocation import Request, new_task_key, read_matrix
-from hypertf.errors import InsufficientResources
-from hypertf.keeper import KeeperThread
-from hypertf.matrix import Matrix
-from hypertf.scheduler import TaskSlot
-from hypertf.settings import ClusterSettings
-from hypertf.store import Layout, Store
-from hypertf.waitqueue import Admitter, QueueReader, enqueue, live_hosts, submit
+from hypertf import store
+from hypertf.config.settings import ClusterSettings
+from hypertf.core.admission import admission_pass
+from hypertf.core.errors import InsufficientResources
+from hypertf.core.matrix import Matrix
+from hypertf.core.placement import Request, new_task_key
+from hypertf.core.scheduler import TaskSlot
+from hypertf.store import Layout, Store, auth, queueview
+from hypertf.store.allocation import read_matrix
+from hypertf.store.keeper import KeeperThread
+from hypertf.store.waitqueue import Admitter, QueueReader, enqueue, live_hosts, submit
 
 GPUS = 8
 

@@ -31,17 +31,18 @@ import yaml
 from kazoo.exceptions import KazooException
 from rich.console import Console
 
-from hypertf import auth, status, store
-from hypertf.allocation import Request, new_task_key, release, sync_matrix
-from hypertf.errors import StoreError
-from hypertf.inventory import load_inventory
-from hypertf.jobs import read_job
-from hypertf.keeper import KeeperThread
-from hypertf.matrix import Matrix
-from hypertf.scheduler import TaskSlot
-from hypertf.settings import ClusterSettings
-from hypertf.store import AgentRecord, GpuInfo, Layout, Store
-from hypertf.waitqueue import Admitter, enqueue, submit
+from hypertf import store
+from hypertf.config.inventory import load_inventory
+from hypertf.config.settings import ClusterSettings
+from hypertf.core.errors import StoreError
+from hypertf.core.matrix import Matrix
+from hypertf.core.placement import Request, new_task_key
+from hypertf.core.scheduler import TaskSlot
+from hypertf.store import AgentRecord, GpuInfo, Layout, Store, auth, status
+from hypertf.store.allocation import release, sync_matrix
+from hypertf.store.jobs import read_job
+from hypertf.store.keeper import KeeperThread
+from hypertf.store.waitqueue import Admitter, enqueue, submit
 
 GPUS = 8
 JUTE_MAXBUFFER = 0xFFFFF  # ZooKeeper's default, 1 MiB - 1 byte

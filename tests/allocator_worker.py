@@ -13,11 +13,12 @@ import sys
 import time
 
 from hypertf import store
-from hypertf.allocation import Request, new_task_key, release
-from hypertf.scheduler import TaskSlot
-from hypertf.settings import ClusterSettings
+from hypertf.config.settings import ClusterSettings
+from hypertf.core.placement import Request, new_task_key
+from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
-from hypertf.waitqueue import submit
+from hypertf.store.allocation import release
+from hypertf.store.waitqueue import submit
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Shared fixtures: one real ZooKeeper and one lab per test session, torn down even on failure.
 
 The ZooKeeper listens on loopback only; the lab's hosts are network namespaces this session
-creates itself (see hypertf.lab). Each test gets its own ZooKeeper root, so tests sharing the
+creates itself (see hypertf.ops.lab). Each test gets its own ZooKeeper root, so tests sharing the
 server never see each other's matrix.
 """
 
@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from hypertf import lab as lab_module
 from hypertf import store
-from hypertf.inventory import Inventory, load_inventory
-from hypertf.keeper import KeeperThread
-from hypertf.remote import Session
-from hypertf.settings import ClusterSettings
+from hypertf.config.inventory import Inventory, load_inventory
+from hypertf.config.settings import ClusterSettings
+from hypertf.launch.remote import Session
+from hypertf.ops import lab as lab_module
+from hypertf.ops.zkserver import ZooKeeperServer, free_port
 from hypertf.store import AgentRecord, Layout
-from hypertf.zkserver import ZooKeeperServer, free_port
+from hypertf.store.keeper import KeeperThread
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -108,7 +108,7 @@ def layout(cluster_settings: ClusterSettings) -> Layout:
 
 @pytest.fixture
 def secured(cluster_settings: ClusterSettings) -> ClusterSettings:
-    """The test's root, secured: credentials for the admin and this user (hypertf.auth)."""
+    """The test's root, secured: credentials for the admin and this user (hypertf.store.auth)."""
     store.secure_cluster(cluster_settings, [])
     return cluster_settings
 

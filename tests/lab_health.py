@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from hypertf import lab as lab_module
 from hypertf import store
-from hypertf.allocation import read_matrix, sync_matrix
-from hypertf.errors import HyperTFError
-from hypertf.inventory import load_inventory
-from hypertf.matrix import FREE
-from hypertf.remote import Cluster
+from hypertf.config.inventory import load_inventory
+from hypertf.core.errors import HyperTFError
+from hypertf.core.matrix import FREE
+from hypertf.launch.remote import Cluster
+from hypertf.ops import lab as lab_module
 from hypertf.store import Store
+from hypertf.store.allocation import read_matrix, sync_matrix
 
 JOB_MARKER = "HYPERTF_TASK_KEY="
 

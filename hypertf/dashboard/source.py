@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from hypertf.inventory import Inventory
+from hypertf.config.inventory import Inventory
 from hypertf.store import Store
 
 
@@ -36,7 +36,7 @@ class DataSource(Protocol):
 
 def sweep_rows() -> list[dict[str, Any]]:
     """Every sweep under runs/sweeps (of the directory the dashboard runs in), its trials."""
-    from hypertf import sweep as sweeps
+    from hypertf.sweep import driver as sweeps
 
     found = []
     for each in sweeps.list_sweeps():
@@ -55,18 +55,18 @@ class ClusterSource:
         self.lock = threading.Lock()  # one status read at a time: ZooKeeper's work is shared
 
     def status(self) -> dict[str, Any]:
-        from hypertf import status
+        from hypertf.store import status
 
         with self.lock:
             return status.collect(self.store.client, self.inventory)
 
     def queue(self) -> list[dict[str, Any]]:
-        from hypertf import queueview
+        from hypertf.store import queueview
 
         return queueview.collect(self.store, self.inventory.cluster.user_gpu_limit)
 
     def jobs(self) -> list[dict[str, Any]]:
-        from hypertf.jobs import job_state, list_jobs
+        from hypertf.store.jobs import job_state, list_jobs
 
         return [{**job, "status": job_state(job)} for job in list_jobs(self.store)[:200]]
 
@@ -75,7 +75,7 @@ class ClusterSource:
 
     def logs(self, task_key: str) -> str:
         """The job's task logs as they are now, read on the nodes over SSH (the page polls)."""
-        from hypertf.joblogs import show_logs
+        from hypertf.launch.joblogs import show_logs
 
         out = io.StringIO()
         show_logs(self.store, self.inventory, task_key, out=out)

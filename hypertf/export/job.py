@@ -3,7 +3,7 @@
 ``hypertf train`` places tasks on hosts it knows; an export cannot, so every task is
 addressed by a stable name the target's service discovery resolves (a Kubernetes Service,
 a Mesos-DNS name). The rest is what ``hypertf train`` gives a task: TF_CONFIG from
-hypertf.spec, the legacy flags when ``train`` would pass them, the inventory's
+hypertf.core.spec, the legacy flags when ``train`` would pass them, the inventory's
 ``hypertf_task_env`` under ``--env``, and the script's arguments verbatim.
 """
 
@@ -14,18 +14,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hypertf.errors import UsageError
-from hypertf.inventory import Inventory
-from hypertf.request import TrainRequest
-from hypertf.scheduler import Placement
-from hypertf.spec import build as build_spec
+from hypertf.config.inventory import Inventory
+from hypertf.core.errors import UsageError
+from hypertf.core.scheduler import Placement
+from hypertf.core.spec import build as build_spec
+from hypertf.launch.request import TrainRequest
 
 TARGETS = ("k8s", "tfjob", "marathon", "docker")
 CONTAINER_TARGETS = ("k8s", "tfjob", "marathon")  # they run an image: --image is required
 PORT = 2222  # TensorFlow's customary port; the TFJob operator's default (tfjob-port)
 MAX_LABEL = 63  # RFC 1123 label: a Service name, a pod's hostname, a DNS label
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-# Kept equal to hypertf.attempt.QUIET_ENV (a test checks): that module pulls in fabric.
+# Kept equal to hypertf.launch.attempt.QUIET_ENV (a test checks): that module pulls in fabric.
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
 DEFAULT_PACKAGES = ("scikit-learn",)  # the python_env role's default for the examples
@@ -143,7 +143,7 @@ def service_address(name: str, namespace: str) -> Callable[[str, int], str]:
 
 def script_reads_flags(request: TrainRequest) -> bool:
     """Does the script read the legacy flags? Only what is on this machine can be read."""
-    from hypertf import diagnose
+    from hypertf.core import diagnose
 
     path = Path(request.sync_dir or ".") / request.script
     return diagnose.files_read_legacy_flags([path])

@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
-from hypertf.errors import UsageError
+from hypertf.core.errors import UsageError
 from hypertf.export import docker, k8s, marathon, tfjob
 from hypertf.export.job import ExportJob, ExportOptions, NodeSetup, plan, service_address
-from hypertf.request import Option, TrainRequest
+from hypertf.launch.request import Option, TrainRequest
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def command(inventory: str | None, request: TrainRequest, options: ExportOptions
     import os
     import sys
 
+    from hypertf.config.inventory import load_inventory
     from hypertf.export.job import node_setup
-    from hypertf.inventory import load_inventory
 
     setup = node_setup(load_inventory(inventory)) if inventory and os.path.exists(inventory) \
         else NodeSetup()

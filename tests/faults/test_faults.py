@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from hypertf import lab as lab_module
-from hypertf.inventory import load_inventory
+from hypertf.config.inventory import load_inventory
+from hypertf.ops import lab as lab_module
 from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import (
     FAKE,
@@ -181,7 +181,7 @@ def test_host_cut_off_mid_job(lab, tmp_path):
 
 
 def processes_of_reachable(lab, key: str) -> dict[str, list[str]]:
-    from hypertf.remote import Cluster
+    from hypertf.launch.remote import Cluster
 
     inv = load_inventory(lab.inventory)
     nodes = [n for n in inv.nodes.values() if n.name != "h2"]

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from hypertf import status, store
-from hypertf.allocation import read_matrix
-from hypertf.inventory import load_inventory
-from hypertf.store import Store
+from hypertf import store
+from hypertf.config.inventory import load_inventory
+from hypertf.store import Store, status
+from hypertf.store.allocation import read_matrix
 from tests.conftest import wait_for
 
 

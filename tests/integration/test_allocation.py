@@ -15,18 +15,13 @@ from pathlib import Path
 import pytest
 
 from hypertf import store
-from hypertf.allocation import (
-    Request,
-    confirm_drained,
-    new_task_key,
-    release,
-    sync_matrix,
-)
-from hypertf.errors import InsufficientResources
-from hypertf.matrix import DRAINING, FREE
-from hypertf.scheduler import TaskSlot
+from hypertf.core.errors import InsufficientResources
+from hypertf.core.matrix import DRAINING, FREE
+from hypertf.core.placement import Request, new_task_key
+from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
-from hypertf.waitqueue import submit
+from hypertf.store.allocation import confirm_drained, release, sync_matrix
+from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
 
 WORKER = Path(__file__).resolve().parent.parent / "allocator_worker.py"
@@ -197,8 +192,8 @@ def confirm_all(zk, layout) -> None:
 
 
 def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layout):
-    from hypertf.jobs import prune_jobs
     from hypertf.store import encode
+    from hypertf.store.jobs import prune_jobs
 
     now = 1_800_000_000.0
     day = 86400.0
@@ -221,8 +216,8 @@ def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layo
 def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents, keeper):
     """'hypertf kill' during a launcher's start: the launcher's later state updates and its
     release keep 'killed' (who killed it, and when)."""
-    from hypertf.allocation import kill
-    from hypertf.jobs import read_job, update_job
+    from hypertf.store.allocation import kill
+    from hypertf.store.jobs import read_job, update_job
 
     fake_agents({"n1": 1})
     keeper()

@@ -20,15 +20,16 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NotEmptyError
 from kazoo.security import OPEN_ACL_UNSAFE, make_acl
 
-from hypertf import auth, store
-from hypertf.allocation import Request, new_task_key, release
-from hypertf.errors import InsufficientResources
-from hypertf.inventory import Inventory, load_inventory
-from hypertf.keeper import KeeperThread
-from hypertf.matrix import FREE, Matrix
-from hypertf.scheduler import TaskSlot
-from hypertf.store import AgentRecord, Layout, Store
-from hypertf.waitqueue import read_view, submit
+from hypertf import store
+from hypertf.config.inventory import Inventory, load_inventory
+from hypertf.core.errors import InsufficientResources
+from hypertf.core.matrix import FREE, Matrix
+from hypertf.core.placement import Request, new_task_key
+from hypertf.core.scheduler import TaskSlot
+from hypertf.store import AgentRecord, Layout, Store, auth
+from hypertf.store.allocation import release
+from hypertf.store.keeper import KeeperThread
+from hypertf.store.waitqueue import read_view, submit
 from tests.conftest import wait_for
 
 
@@ -293,7 +294,7 @@ def make_certificates(directory: Path) -> tuple[Path, Path]:
 def test_tls_to_zookeeper_when_the_inventory_names_a_ca(state_home, tmp_path):
     """hypertf_zk_tls_ca: every client talks TLS to the secure port and verifies it; a
     client without TLS gets nothing from that port."""
-    from hypertf.zkserver import ZooKeeperServer, free_port
+    from hypertf.ops.zkserver import ZooKeeperServer, free_port
 
     pem, ca = make_certificates(tmp_path)
     server = ZooKeeperServer("127.0.0.1", free_port(), state_home / f"tls-{tmp_path.name}",

@@ -14,19 +14,20 @@ import time
 from collections import defaultdict
 
 from hypertf import store
-from hypertf.allocation import Request, new_task_key, read_matrix, release
-from hypertf.jobs import read_job
-from hypertf.matrix import FREE
-from hypertf.scheduler import TaskSlot
+from hypertf.core.matrix import FREE
+from hypertf.core.placement import Request, new_task_key
+from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
-from hypertf.waitqueue import submit
+from hypertf.store.allocation import read_matrix, release
+from hypertf.store.jobs import read_job
+from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
 
 JOBS, SUBMITTERS = 100, 10
 
 
 def keeper_process(cluster) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "hypertf.keeper", cluster.zookeeper_hosts,
+    proc = subprocess.Popen([sys.executable, "-m", "hypertf.store.keeper", cluster.zookeeper_hosts,
                              cluster.zk_root, "10"], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "keeping"
     return proc

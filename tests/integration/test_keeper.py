@@ -19,12 +19,12 @@ import pytest
 import yaml
 
 from hypertf import store
-from hypertf.allocation import Request
-from hypertf.inventory import load_inventory
-from hypertf.matrix import Matrix
-from hypertf.scheduler import TaskSlot
+from hypertf.config.inventory import load_inventory
+from hypertf.core.matrix import Matrix
+from hypertf.core.placement import Request
+from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
-from hypertf.waitqueue import submit
+from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
 
 HOSTS = ("node1", "node2")

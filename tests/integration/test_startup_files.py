@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hypertf import lab as lab_module
-from hypertf.inventory import Inventory, load_inventory
-from hypertf.monitor import Event
-from hypertf.nodeclient import NodeClient
-from hypertf.remote import Session
-from hypertf.rundir import RunDir
+from hypertf.config.inventory import Inventory, load_inventory
+from hypertf.core.monitor import Event
+from hypertf.core.rundir import RunDir
+from hypertf.launch.nodeclient import NodeClient
+from hypertf.launch.remote import Session
+from hypertf.ops import lab as lab_module
 
 BASHRC = """\
 echo "Welcome to $(hostname): banner on stdout"

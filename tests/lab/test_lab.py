@@ -9,7 +9,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from hypertf import lab as lab_module
+from hypertf.ops import lab as lab_module
 from tests.conftest import on_host, wait_for
 
 HYPERTF = [sys.executable, "-m", "hypertf.cli"]

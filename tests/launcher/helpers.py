@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hypertf.inventory import load_inventory
-from hypertf.remote import Cluster
+from hypertf.config.inventory import load_inventory
+from hypertf.launch.remote import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = str(REPO / "tests" / "scripts" / "fake_tf.py")

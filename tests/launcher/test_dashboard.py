@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from hypertf import store
+from hypertf.config.inventory import load_inventory
 from hypertf.dashboard import ClusterSource, Dashboard, FixtureSource
-from hypertf.inventory import load_inventory
 from tests.conftest import wait_for
 from tests.launcher.helpers import FAKE, hypertf, task_key
 from tests.launcher.test_queue import LAB_GPUS, finish_and_check, hold, waiter
@@ -76,7 +76,7 @@ def screenshot(driver, artifacts: Path, name: str) -> Path:
 
 
 def synthetic_status(hosts: int, gpus: int) -> dict:
-    """The shape hypertf.status.collect returns, for ``hosts`` hosts in every state."""
+    """The shape hypertf.store.status.collect returns, for ``hosts`` hosts in every state."""
     states = ("free", "busy", "busy", "draining", "unavailable")
     return {"inventory": "synthetic", "jobs": [f"job-{n}" for n in range(50)], "hosts": [
         {"name": f"node{h:04d}", "address": f"10.0.{h // 250}.{h % 250}", "agent": "up",
@@ -196,7 +196,7 @@ def test_the_lab_seen_in_the_browser(lab, tmp_path, browser, artifacts, monkeypa
 
 def _status(inventory, part: str) -> list:
     """What ``hypertf status`` says, to compare the page with."""
-    from hypertf.status import collect
+    from hypertf.store.status import collect
 
     with store.opened(inventory.cluster) as zk:
         return collect(zk.client, inventory)[part]

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
+from hypertf.config.inventory import load_inventory
 from hypertf.export import ExportOptions, export
 from hypertf.export.job import node_setup
-from hypertf.inventory import load_inventory
-from hypertf.request import TrainRequest
+from hypertf.launch.request import TrainRequest
 from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import EXAMPLES
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hypertf.inventory import load_inventory
+from hypertf.config.inventory import load_inventory
 from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import FAKE, all_free, hypertf, start_hypertf, status
 from tests.launcher.test_queue import hold, waiter

@@ -108,8 +108,8 @@ def test_impossible_or_invalid_requests(lab, tmp_path, request_args, code):
 
 
 def test_taken_port_is_retried_on_a_fresh_one(lab, tmp_path):
-    from hypertf.inventory import load_inventory
-    from hypertf.remote import Session
+    from hypertf.config.inventory import load_inventory
+    from hypertf.launch.remote import Session
 
     def edit(inv):
         inv["all"]["vars"]["hypertf_port_range"] = "23000-23009"

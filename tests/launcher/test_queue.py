@@ -14,9 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from hypertf import lab as lab_module
 from hypertf import store
-from hypertf.inventory import load_inventory
+from hypertf.config.inventory import load_inventory
+from hypertf.ops import lab as lab_module
 from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import (
     FAKE,

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from hypertf.inventory import load_inventory
+from hypertf.config.inventory import load_inventory
 from tests.conftest import on_host
 from tests.launcher.helpers import (
     EXAMPLES,

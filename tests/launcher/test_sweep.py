@@ -87,7 +87,7 @@ def test_a_random_search_from_a_spec_expands_the_same_trials_twice(tmp_path):
     spec.write_text(f"script: {FAKE}\ntrain: {{worker: 1}}\nseed: 7\nnum_samples: 3\n"
                     f"random: {{lr: {{loguniform: [0.0001, 0.1]}}, batch_size: "
                     f"{{choice: [16, 32, 64]}}}}\n")
-    code = ("import sys, json; from hypertf.sweepspec import load_spec, expand; "
+    code = ("import sys, json; from hypertf.sweep.spec import load_spec, expand; "
             "print(json.dumps([t.params for t in expand(load_spec(sys.argv[1]))]))")
     runs = [subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True,
                            text=True, check=True, env={"PYTHONHASHSEED": str(seed)}).stdout

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from hypertf import store
-from hypertf.inventory import load_inventory
+from hypertf.config.inventory import load_inventory
 from tests.conftest import wait_for
 from tests.launcher.helpers import EXAMPLES, REPO, all_free, summaries
 

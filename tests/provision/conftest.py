@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hypertf import lab as lab_module
-from hypertf import labprovision, provision
+from hypertf.ops import lab as lab_module
+from hypertf.ops import labprovision, provision
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from hypertf.labprovision import lab_inventory
-from hypertf.provision import PlaybookRun, Progress, recap
+from hypertf.ops.labprovision import lab_inventory
+from hypertf.ops.provision import PlaybookRun, Progress, recap
 
 
 def feed(*events: dict) -> tuple[Progress, list[str]]:
@@ -114,9 +114,9 @@ def test_lab_inventory_puts_state_under_srv_and_zookeeper_on_the_named_hosts(tmp
 
 def test_the_agent_role_takes_its_settings_from_hypertf():
     """One source: the hypertf_agent role asks 'hypertf inventory agent-settings' which
-    hypertf_* settings a node's agent reads (those marked agent=True in hypertf.settings)
+    hypertf_* settings a node's agent reads (those marked agent=True in hypertf.config.settings)
     instead of keeping its own list; the controller's own settings stay out."""
-    from hypertf.settings import AGENT_SETTINGS, SETTINGS
+    from hypertf.config.settings import AGENT_SETTINGS, SETTINGS
 
     done = subprocess.run([sys.executable, "-m", "hypertf.cli", "inventory", "agent-settings"],
                           capture_output=True, text=True, timeout=60, check=True)

@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from hypertf import provision, zkserver
-from hypertf.inventory import load_inventory
-from hypertf.remote import Session
+from hypertf.config.inventory import load_inventory
+from hypertf.launch.remote import Session
+from hypertf.ops import provision
+from hypertf.store import fourletter
 from tests.provision.conftest import invoke
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1200)]
@@ -101,7 +102,7 @@ def test_bare_hosts_to_a_trained_example(make_lab, lab_inventory, ansible_dirs, 
 
     down = invoke("cluster.teardown", "--zookeeper", "-i", inventory, env=env)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert zkserver.mode(lab.host("h1").address, 2181) is None
+    assert fourletter.mode(lab.host("h1").address, 2181) is None
     for host in ("h1", "h2"):
         left = processes(inventory, host)
         assert "hypertf.cli agent" not in left and "QuorumPeerMain" not in left, left

@@ -8,8 +8,10 @@ import time
 import pytest
 from kazoo.exceptions import NoNodeError
 
-from hypertf import provision, store, zkserver
-from hypertf.inventory import load_inventory
+from hypertf import store
+from hypertf.config.inventory import load_inventory
+from hypertf.ops import provision
+from hypertf.store import fourletter
 from tests.conftest import on_host, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
@@ -27,7 +29,7 @@ def test_ensemble_survives_a_dead_member(make_lab, lab_inventory, ansible_dirs, 
     inventory = load_inventory(path)
 
     def modes() -> dict[str, str | None]:
-        return {h: zkserver.mode(lab.host(h).address, 2181) for h in MEMBERS}
+        return {h: fourletter.mode(lab.host(h).address, 2181) for h in MEMBERS}
 
     assert sorted(map(str, modes().values())) == ["follower", "follower", "leader"], "\n".join(out)
     assert inventory.cluster.zookeeper_hosts.count(",") == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypertf.admission import (
+from hypertf.core.admission import (
     HELD,
     PRIORITY,
     RESOURCES,
@@ -14,9 +14,9 @@ from hypertf.admission import (
     admission_pass,
     fits_cluster,
 )
-from hypertf.allocation import Request
-from hypertf.matrix import FREE, UNAVAILABLE, Matrix
-from hypertf.scheduler import TaskSlot
+from hypertf.core.matrix import FREE, UNAVAILABLE, Matrix
+from hypertf.core.placement import Request
+from hypertf.core.scheduler import TaskSlot
 
 HOSTS = ("h1", "h2")
 

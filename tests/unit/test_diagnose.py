@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hypertf import tasknode
-from hypertf.diagnose import (
+from hypertf.core.diagnose import (
     MAX_ERROR_CHARS,
     JobFacts,
     cause_lines,
@@ -16,8 +15,9 @@ from hypertf.diagnose import (
     reads_legacy_flags,
     unknown_legacy_flag,
 )
-from hypertf.monitor import Event, Limits, Monitor, TaskState
-from hypertf.scheduler import Placement
+from hypertf.core.monitor import Event, Limits, Monitor, TaskState
+from hypertf.core.scheduler import Placement
+from hypertf.node import tasknode
 
 # Real logs: each made by running the few lines that raise it with TensorFlow 2.21 and
 # Keras 3.15 (tensorflow-cpu, no tensorboard); only the script's path and the venv's were

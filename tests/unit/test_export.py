@@ -17,11 +17,11 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
-from hypertf.errors import UsageError
+from hypertf.config.inventory import load_inventory
+from hypertf.core.errors import UsageError
 from hypertf.export import ExportOptions, NodeSetup, export, job_for
 from hypertf.export.job import QUIET_ENV, node_setup
-from hypertf.inventory import load_inventory
-from hypertf.request import TrainRequest
+from hypertf.launch.request import TrainRequest
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"
@@ -119,7 +119,7 @@ def test_legacy_flags_follow_train_rules():
 
 
 def test_quiet_env_is_the_launchers():
-    from hypertf.attempt import QUIET_ENV as LAUNCHER_QUIET_ENV
+    from hypertf.launch.attempt import QUIET_ENV as LAUNCHER_QUIET_ENV
 
     assert QUIET_ENV == LAUNCHER_QUIET_ENV
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hypertf.errors import RemoteError
-from hypertf.remote import GroupResult, Result
+from hypertf.core.errors import RemoteError
+from hypertf.launch.remote import GroupResult, Result
 
 
 def test_succeeded_and_failed_split_the_hosts_in_name_order():

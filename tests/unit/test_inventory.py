@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hypertf.errors import InventoryError
-from hypertf.inventory import load_inventory
+from hypertf.config.inventory import load_inventory
+from hypertf.core.errors import InventoryError
 
 REPO = Path(__file__).resolve().parents[2]
 HYPERTF = Path(sys.executable).parent / "hypertf"
@@ -487,8 +487,8 @@ def test_cli_reports_a_bad_inventory_in_one_line(cli_results, case):
 
 def test_an_alias_bomb_in_group_vars_beside_the_file_is_refused(tmp_path):
     """Ansible reads group_vars/ beside a file inventory: it is checked before, too."""
-    from hypertf.errors import InventoryError
-    from hypertf.inventory import load_inventory
+    from hypertf.config.inventory import load_inventory
+    from hypertf.core.errors import InventoryError
 
     (tmp_path / "group_vars").mkdir()
     levels = ["a: &a [" + ", ".join(["lol"] * 9) + "]"]
@@ -517,7 +517,7 @@ def test_task_env_merges_and_checks_names(tmp_path):
 def zk_root_in_a_new_process(path: Path) -> str:
     """Ansible caches group_vars files within a process: a new one reads them afresh, as
     every HyperTF command does."""
-    done = subprocess.run([sys.executable, "-c", "import sys; from hypertf.inventory import "
+    done = subprocess.run([sys.executable, "-c", "import sys; from hypertf.config.inventory import "
                            "load_inventory; print(load_inventory(sys.argv[1]).cluster.zk_root)",
                            str(path)], capture_output=True, text=True, timeout=60, check=True)
     return done.stdout.strip()
@@ -526,7 +526,7 @@ def zk_root_in_a_new_process(path: Path) -> str:
 def test_an_unchanged_inventory_comes_from_the_cache_and_any_change_is_read(tmp_path):
     """The parse is cached by the files' content: a rewrite of the same size within the same
     clock tick, and a change in group_vars, are both seen; the entry is a private file."""
-    from hypertf.inventorycache import cache_dir
+    from hypertf.config.inventorycache import cache_dir
 
     path = write(tmp_path, one_node(all_vars=f'{ZK}\n    hypertf_zk_root: "/aaaa"'))
     assert load_inventory(path).cluster.zk_root == "/aaaa"
@@ -552,7 +552,7 @@ def test_every_setting_is_declared_once_and_fills_exactly_one_field():
     every field with its value."""
     import dataclasses
 
-    from hypertf.settings import (
+    from hypertf.config.settings import (
         CLUSTER_KEYS,
         NODE_KEYS,
         SETTINGS,

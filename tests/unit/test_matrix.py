@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hypertf.errors import StoreError
-from hypertf.matrix import DRAINING, FREE, UNAVAILABLE, Matrix, same, synced
+from hypertf.core.errors import StoreError
+from hypertf.core.matrix import DRAINING, FREE, UNAVAILABLE, Matrix, same, synced
 from hypertf.store import FORMAT, AgentRecord
 
 

@@ -10,7 +10,7 @@ import urllib.request
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hypertf.metrics import AgentCollector, MetricsServer
+from hypertf.node.metrics import AgentCollector, MetricsServer
 from hypertf.store import AgentRecord, GpuInfo, GpuProcess
 
 KEY = "20261122-085000-a1b2c3.alice"
@@ -100,7 +100,7 @@ def test_served_over_http_on_the_given_address_and_a_taken_port_is_not_fatal(cap
             text = reply.read().decode()
         assert 'hypertf_gpu_state{gpu="1",host="node1"' in text
         other = MetricsServer(AgentCollector("node2"))
-        with caplog.at_level(logging.ERROR, logger="hypertf.metrics"):
+        with caplog.at_level(logging.ERROR, logger="hypertf.node.metrics"):
             assert not other.start("127.0.0.1", port)
             assert not other.start("127.0.0.1", port)  # refused once: not retried every pass
         [message] = [r.getMessage() for r in caplog.records]

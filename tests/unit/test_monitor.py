@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from hypertf.monitor import Decision, Event, Limits, Monitor, TaskState, Verdict
-from hypertf.scheduler import Placement
-from hypertf.spec import slots_for
+from hypertf.core.monitor import Decision, Event, Limits, Monitor, TaskState, Verdict
+from hypertf.core.scheduler import Placement
+from hypertf.core.spec import slots_for
 
 LIMITS = Limits(start_timeout=60.0, timeout=None, idle_timeout=300.0, idle_fail=False,
                 host_silence=20.0)

@@ -18,8 +18,9 @@ from invoke import Collection, Parser, Task
 from invoke.parser import ParseResult
 
 import tasks
-from hypertf import auth, cli
-from hypertf.request import TRAIN_OPTIONS, Option, TrainRequest
+from hypertf.cli import main as cli
+from hypertf.launch.request import TRAIN_OPTIONS, Option, TrainRequest
+from hypertf.store import auth
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,7 +148,7 @@ def test_every_option_reaches_its_field() -> None:
 
 
 def test_legacy_flags_on_and_off_together_is_a_usage_error() -> None:
-    from hypertf.errors import UsageError
+    from hypertf.core.errors import UsageError
 
     args = cli.parse_train(["--script", "t.py", "--legacy-flags", "--no-legacy-flags"])
     with pytest.raises(UsageError, match="exclude each other"):
@@ -204,7 +205,8 @@ HYPERTF = f"{sys.executable} -m hypertf.cli"
 def test_a_long_listing_into_head_ends_quietly(tmp_path: Path) -> None:
     """``hypertf sweep status ID | head -1`` on 10000 trials: more than a pipe holds, so the
     writer is still writing when head leaves (a traceback and exit 1 before)."""
-    make = ("from hypertf import sweep; from hypertf.sweepspec import SweepSpec, expand, "
+    make = ("from hypertf.sweep import driver as sweep; "
+            "from hypertf.sweep.spec import SweepSpec, expand, "
             "parse_grid_option; grid = parse_grid_option(['lr=' + ','.join(map(str, "
             "range(10000)))]); print(sweep.create('inv.yml', ['--script', 't.py'], "
             "expand(SweepSpec(script='t.py', train={}, grid=grid)), 'acc', 'max', 2, "
@@ -245,8 +247,8 @@ def test_add_user_without_the_setting_names_the_default() -> None:
 
 def test_a_sweep_spec_names_train_options_as_the_table_does() -> None:
     """``train: {worker: 2, no_wait: true, ...}`` becomes the options of each trial."""
-    from hypertf.sweepcli import train_argv_of
-    from hypertf.sweepspec import SweepSpec
+    from hypertf.cli.sweep import train_argv_of
+    from hypertf.sweep.spec import SweepSpec
 
     spec = SweepSpec(script="t.py", grid={"lr": [0.1]}, train={
         "worker": 2, "no_wait": True, "legacy_flags": True, "env": ["A=1"], "timeout": 60,
@@ -258,9 +260,9 @@ def test_a_sweep_spec_names_train_options_as_the_table_does() -> None:
 
 @pytest.mark.parametrize("key", ["detach", "script", "workers", "wait"])
 def test_a_sweep_spec_refuses_what_is_no_trial_option(key: str) -> None:
-    from hypertf.errors import UsageError
-    from hypertf.sweepcli import train_argv_of
-    from hypertf.sweepspec import SweepSpec
+    from hypertf.cli.sweep import train_argv_of
+    from hypertf.core.errors import UsageError
+    from hypertf.sweep.spec import SweepSpec
 
     with pytest.raises(UsageError, match=f"train option '{key}' is unknown"):
         train_argv_of(SweepSpec(script="t.py", grid={"lr": [0.1]}, train={key: 1}))

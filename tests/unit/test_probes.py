@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hypertf.errors import HyperTFError
-from hypertf.probes import (
+from hypertf.core.errors import HyperTFError
+from hypertf.node.probes import (
     GpuReading,
     NoGpuSource,
     NvmlGpuSource,

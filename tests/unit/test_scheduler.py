@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypertf.scheduler import POLICIES, NoFit, Placement, TaskSlot, schedule
+from hypertf.core.scheduler import POLICIES, NoFit, Placement, TaskSlot, schedule
 
 
 def workers(n: int, gpus: int = 1, role: str = "worker") -> list[TaskSlot]:

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from hypertf.scheduler import Placement, TaskSlot
-from hypertf.spec import (
+from hypertf.core.scheduler import Placement, TaskSlot
+from hypertf.core.spec import (
     ROLE_ORDER,
     build,
     fatal_servers,

@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from hypertf import status
+from hypertf.store import status
 
 KEY = "20261122-150000-abcdef.alice"
 

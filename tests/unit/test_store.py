@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from hypertf.errors import HyperTFError, StoreError, UsageError
+from hypertf.core.errors import HyperTFError, StoreError, UsageError
 from hypertf.store import (
     FORMAT,
     MAX_ZNODE_BYTES,

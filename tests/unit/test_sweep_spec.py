@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hypertf.errors import UsageError
-from hypertf.sweepspec import (
+from hypertf.core.errors import UsageError
+from hypertf.sweep.spec import (
     SweepSpec,
     TrialResult,
     best,
@@ -207,8 +207,8 @@ def test_nan_and_infinite_metrics_are_recorded_and_ranked_last(tmp_path):
 
 
 def test_the_driver_records_a_nan_metric_and_says_it_is_ranked_last(tmp_path, monkeypatch):
-    from hypertf import sweep as sweeps
-    from hypertf.rundir import RunDir
+    from hypertf.core.rundir import RunDir
+    from hypertf.sweep import driver as sweeps
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweeps.sweepboard, "record_trial", lambda *a: None)  # imports TF: 20 s

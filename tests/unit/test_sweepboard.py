@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypertf import sweepboard
+from hypertf.sweep import board as sweepboard
 
 pytest.importorskip("tensorboard")
 

@@ -1,4 +1,4 @@
-"""hypertf.tasknode against real local tasks: the node side of a job, without SSH.
+"""hypertf.node.tasknode against real local tasks: the node side of a job, without SSH.
 
 Tasks are started the way ``tasknode start`` starts them on a node (``task.sh LOG PIDFILE
 EXITFILE DRAINED VENV CWD -- python SCRIPT`` in a new session, the files named by
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from hypertf import tasknode
-from hypertf.procs import alive
-from hypertf.rundir import RunDir
+from hypertf.core.rundir import RunDir
+from hypertf.node import tasknode
+from hypertf.node.procs import alive
 from tests.conftest import wait_for as shared_wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,11 +159,11 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 
 class Watcher:
-    """``python -m hypertf.tasknode watch`` as the launcher runs it; its events, in order."""
+    """``python -m hypertf.node.tasknode watch`` as the launcher runs it; its events, in order."""
 
     def __init__(self, run: RunDir, tasks: dict[str, int]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hypertf.tasknode", "watch", str(run.path),
+            [sys.executable, "-m", "hypertf.node.tasknode", "watch", str(run.path),
              *(f"{name}={port}" for name, port in tasks.items())],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
@@ -346,7 +346,7 @@ def test_stop_cli_prints_the_result_as_json(node: Node) -> None:
     wrapper = node.python_task(run, "worker0", SLEEPER)
     wait_for(lambda: len(group_members(wrapper)) >= 2, 10, "the task to start under its wrapper")
     out = subprocess.run(
-        [sys.executable, "-m", "hypertf.tasknode", "stop", str(run.path), "--grace", "1"],
+        [sys.executable, "-m", "hypertf.node.tasknode", "stop", str(run.path), "--grace", "1"],
         cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
     )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"worker0": "stopped"}
@@ -399,7 +399,7 @@ def test_preflight_names_a_missing_script_and_an_unwritable_run_dir(tmp_path: Pa
     assert "nope.py not found" in bad["problems"][1]
 
     out = subprocess.run(
-        [sys.executable, "-m", "hypertf.tasknode", "preflight", "--workdir", str(tmp_path),
+        [sys.executable, "-m", "hypertf.node.tasknode", "preflight", "--workdir", str(tmp_path),
          "--script", "nope.py"],
         cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
     )
@@ -437,7 +437,7 @@ def test_start_reads_its_request_on_stdin_and_refuses_a_taken_port(node: Node) -
              script], "env": {"HYPERTF_TASK_KEY": run.task_key, "PYTHONUNBUFFERED": "1"}}]})
 
     def start(port: int) -> dict:
-        out = subprocess.run([sys.executable, "-m", "hypertf.tasknode", "start"],
+        out = subprocess.run([sys.executable, "-m", "hypertf.node.tasknode", "start"],
                              input=request(port), cwd=REPO, capture_output=True, text=True,
                              timeout=30, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])

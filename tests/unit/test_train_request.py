@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from kazoo.exceptions import ConnectionLoss
 
-from hypertf import cli
-from hypertf.attempt import Interrupted, JobFailed
-from hypertf.errors import (
+from hypertf.cli import main as cli
+from hypertf.core.errors import (
     HyperTFError,
     InsufficientResources,
     InventoryError,
@@ -23,7 +22,8 @@ from hypertf.errors import (
     StoreError,
     UsageError,
 )
-from hypertf.request import TrainRequest
+from hypertf.launch.attempt import Interrupted, JobFailed
+from hypertf.launch.request import TrainRequest
 
 # -- TrainRequest.validate ------------------------------------------------------------------
 
@@ -207,7 +207,7 @@ def test_cli_maps_zookeeper_outages_and_ctrl_c(capsys: pytest.CaptureFixture[str
 
 def test_an_argument_longer_than_the_kernel_passes_is_refused() -> None:
     """Only reachable through the Python API or a sweep: the shell cannot pass one either."""
-    from hypertf.request import TrainRequest
+    from hypertf.launch.request import TrainRequest
 
     with pytest.raises(UsageError, match="a script argument of 200000 bytes is longer than"):
         TrainRequest(script="train.py", args=("--big", "z" * 200_000)).validate()

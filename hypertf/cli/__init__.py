@@ -1,0 +1,1 @@
+"""The command line: the hypertf command tree and every verb as a typed function."""

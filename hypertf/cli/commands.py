@@ -1,0 +1,342 @@
+"""Every ``hypertf`` verb as a function with typed arguments.
+
+``hypertf`` (hypertf.cli.main) parses a command line into these arguments; Invoke's tasks.py
+calls the same functions with typed values (no argv round trip). Each returns the exit code;
+a HyperTFError is turned into one message and its code by ``exits.run``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hypertf.config.inventory import load_inventory
+from hypertf.core.errors import UsageError
+from hypertf.launch.request import TrainRequest
+
+
+def status(inventory: str, as_json: bool = False) -> int:
+    from hypertf import store
+    from hypertf.store import status as cluster_status
+
+    inv = load_inventory(inventory)
+    client = store.connect(inv.cluster)
+    try:
+        report = cluster_status.collect(client, inv)
+    finally:
+        store.close(client)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        cluster_status.render(report)
+    return 0
+
+
+def _clock(stamp: Any) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(stamp)) \
+        if isinstance(stamp, (int, float)) else "-"
+
+
+def _span(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    owner = job.get("owner", {})
+    tasks = ", ".join(f"{p['role']}:{p['index']}@{p['host']}" for p in job.get("placements", []))
+    from hypertf.store.jobs import job_state
+
+    state = job_state(job)
+    ended = ""
+    for how in ("killed", "cancelled"):
+        if state == how and job.get(f"{how}_by"):
+            by = job[f"{how}_by"]
+            who = by.get("identity") or by.get("user", "?")
+            ended = f"  ({how} by {who} from {by.get('host', '?')} at {_clock(job.get(how))})"
+    attempt = (f"  attempt {job['attempt']} of {job['job_id']}"
+               if job.get("attempt", 1) > 1 else "")
+    created = job.get("created")
+    started = job.get("admitted", created) if state != "queued" else None
+    ends = [job.get(k) for k in ("released", "killed", "cancelled", "lost", "refused")]
+    end = max((t for t in ends if isinstance(t, (int, float))), default=None)
+    waited = job.get("waited_s") if state != "queued" else \
+        (time.time() - created if isinstance(created, (int, float)) else None)
+    if state != "queued" and isinstance(waited, (int, float)) and waited < 1.0:
+        waited = None  # admitted at once (every job passes the keeper): it did not wait
+    ran = (end or time.time()) - started if isinstance(started, (int, float)) and \
+        state not in ("queued", "cancelled", "refused") else None
+    return (f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
+            f"  submitted {_clock(created)}  waited {_span(waited)}  ran {_span(ran)}"
+            f"  {job.get('script', '')}  {tasks}{ended}{attempt}")
+
+
+def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
+    from hypertf import store
+    from hypertf.store.jobs import job_state, list_jobs
+
+    with store.opened(load_inventory(inventory).cluster) as zk:
+        found = list_jobs(zk)[:last]
+    if as_json:
+        print(json.dumps([{**job, "status": job_state(job)} for job in found], indent=2))
+        return 0
+    for job in found:
+        print(_job_line(job))
+    if not found:
+        print("no jobs")
+    return 0
+
+
+def kill(inventory: str, task_key: str) -> int:
+    """End a running job, or take a waiting one out of the queue (owner or admin)."""
+    from hypertf import store
+    from hypertf.store.allocation import kill as kill_job
+    from hypertf.store.jobs import read_job
+
+    with store.opened(load_inventory(inventory).cluster) as zk:
+        killed = kill_job(zk, task_key)
+        state = (read_job(zk, task_key) or {}).get("state")
+    if state == "cancelled" and killed:
+        print(f"job {task_key}: cancelled; it left the queue and never started")
+    else:
+        print(f"job {task_key}: " + ("lease dropped; its GPUs drain until the agents have "
+                                     "stopped its tasks" if killed else
+                                     f"was neither running nor waiting ({state or 'unknown'})"))
+    return 0
+
+
+def queue(inventory: str, as_json: bool = False) -> int:
+    """The waiting jobs in admission order, like squeue: position, reason, waiting time."""
+    from hypertf import store
+    from hypertf.store.queueview import collect, render
+
+    inv = load_inventory(inventory)
+    with store.opened(inv.cluster) as zk:
+        rows = collect(zk, inv.cluster.user_gpu_limit)
+    print(json.dumps(rows, indent=2) if as_json else render(rows))
+    return 0
+
+
+def dashboard(inventory: str, port: int = 8470, bind: str | None = None) -> int:
+    """Serve the read-only dashboard until interrupted, reading with the user's credential;
+    127.0.0.1 unless ``bind`` names another address (then it warns: no login)."""
+    from hypertf import store
+    from hypertf.dashboard import ClusterSource, serve
+
+    inv = load_inventory(inventory)
+    with store.opened(inv.cluster, long_lived=True,
+                      on_pause=lambda msg: print(f"hypertf: {msg}", file=sys.stderr)) as zk:
+        serve(ClusterSource(inv, zk), port=port, bind=bind)
+    return 0
+
+
+def hold(inventory: str, task_key: str, held: bool = True) -> int:
+    """Keep a waiting job in the queue without admitting it (or let it go again)."""
+    from hypertf import store
+    from hypertf.store.waitqueue import set_held
+
+    with store.opened(load_inventory(inventory).cluster) as zk:
+        set_held(zk, task_key, held)
+    print(f"job {task_key}: " + ("held: it keeps its place and starts only after "
+                                 f"'hypertf unhold {task_key}'" if held else "no longer held"))
+    return 0
+
+
+def unhold(inventory: str, task_key: str) -> int:
+    return hold(inventory, task_key, held=False)
+
+
+def logs(inventory: str, task_key: str, follow: bool = False, task: str | None = None) -> int:
+    from hypertf import store
+    from hypertf.launch.joblogs import show_logs
+
+    inv = load_inventory(inventory)
+    with store.opened(inv.cluster, long_lived=follow,
+                      on_pause=lambda msg: print(f"hypertf: {msg}", file=sys.stderr)) as zk:
+        return show_logs(zk, inv, task_key, follow=follow, task=task)
+
+
+def agent(inventory: str, host: str, once: bool = False) -> int:
+    from hypertf.node import agent as resource_agent
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hypertf.kazoo").setLevel(logging.WARNING)
+    inv = load_inventory(inventory)
+    inv.node(host)
+    if once:
+        record = resource_agent.Agent(inv, host).run(once=True)
+        print(record.to_json().decode() if record else "")
+        return 0
+    resource_agent.serve(inv, host)
+    return 0
+
+
+def agent_ctl(inventory: str, host: str, action: str) -> int:
+    from hypertf.ops import agentctl
+
+    workdir = load_inventory(inventory).node(host).settings.workdir
+    if action == "start":
+        pid, started = agentctl.local_start(inventory, host, workdir)
+        print(f"agent {host} {'started' if started else 'already running'} (pid {pid})")
+    elif action == "stop":
+        stopped = agentctl.local_stop(workdir)
+        print(f"agent {host} {'stopped' if stopped else 'was not running'}")
+    else:
+        running = agentctl.running_pid(workdir)
+        print(f"agent {host} {f'running (pid {running})' if running else 'not running'}")
+        return 0 if running else 1
+    return 0
+
+
+def agents(inventory: str, action: str, host: str | None = None) -> int:
+    from hypertf.ops import agentctl
+
+    act = agentctl.start_agents if action == "start" else agentctl.stop_agents
+    for name, result in act(load_inventory(inventory), [host] if host else None).items():
+        print(f"{name}: {result.stdout.strip()}")
+    return 0
+
+
+def zk(inventory: str, action: str) -> int:
+    from hypertf import store
+    from hypertf.config.paths import state_home
+    from hypertf.ops.zkserver import local_server
+
+    inv = load_inventory(inventory)
+    server = local_server(inv.cluster.zookeeper_hosts, state_home())
+    if action == "start":
+        pid = server.start()
+        directory = store.secure_cluster(inv.cluster, list(inv.nodes))
+        print(f"ZooKeeper {server.mode()} on {server.hosts} (pid {pid}, data {server.directory}); "
+              f"root {inv.cluster.zk_root} secured, credentials in {directory}")
+    elif action == "stop":
+        print(f"ZooKeeper on {server.hosts} {'stopped' if server.stop() else 'was not running'}")
+    else:
+        mode = server.mode()
+        print(f"ZooKeeper on {server.hosts}: {mode or 'not serving'}")
+        return 0 if mode else 1
+    return 0
+
+
+def auth(inventory: str, action: str, user: str | None = None, reset: bool = False,
+         print_dir: bool = False, max_priority: int | None = None,
+         gpu_limit: int | None = None) -> int:
+    from hypertf import store
+    from hypertf.store import auth as credentials
+
+    inv = load_inventory(inventory)
+    if action in ("add-user", "limits") and not user:
+        raise UsageError(f"hypertf auth {action} NAME: name the user")
+    if action == "limits":
+        with store.opened(inv.cluster) as zk:
+            limits = credentials.set_user_limits(zk.client, inv.cluster.zk_root, str(user),
+                                                 max_priority, gpu_limit).of(str(user))
+        cap = limits.gpu_limit or "the cluster's hypertf_user_gpu_limit"
+        print(f"{user}: priority at most {limits.max_priority}, GPUs at most {cap}")
+        return 0
+    users = [credentials.check_name("user", user)] if action == "add-user" and user else []
+    directory = store.secure_cluster(inv.cluster, list(inv.nodes), users, reset=reset)
+    if action == "add-user":
+        print(credentials.handover_note(str(user), directory, inv.cluster.zk_credentials,
+                                        inv.cluster.zookeeper_hosts, inv.cluster.zk_root))
+    else:
+        print(f"ZooKeeper root {inv.cluster.zk_root} secured; credentials in {directory}")
+    if print_dir:
+        print(directory)
+    return 0
+
+
+def lab_up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper_members: int = 1) -> int:
+    from hypertf.ops import lab
+
+    built = lab.up(hosts=hosts, gpus=gpus, agents=agents, zookeeper_members=zookeeper_members)
+    for host in built.hosts:
+        print(f"{host.name} {host.address} (namespace {host.namespace})")
+    print(f"ZooKeeper {built.zookeeper_hosts}" if built.zookeeper else "no ZooKeeper")
+    print(built.inventory)
+    return 0
+
+
+def lab_down(name: str | None = None) -> int:
+    from hypertf.ops import lab
+
+    labs = lab.find(name)
+    for each in labs:
+        lab.down(each)
+        print(f"lab {each.lab_id} removed")
+    if not labs:
+        print("no lab to remove")
+    return 0
+
+
+def lab_list() -> int:
+    from hypertf.ops import lab
+
+    for each in lab.find(None):
+        print(f"{each.lab_id} {len(each.hosts)} hosts {each.inventory}")
+    return 0
+
+
+def lab_inventory(inventory: str, zookeeper: str = "h1", tensorflow: str = "tensorflow-cpu",
+                  operator_dir: str | None = None, name: str = "provision.yml") -> int:
+    """An inventory that provisions a lab's bare hosts; prints its path."""
+    from hypertf.ops.labprovision import lab_inventory as write
+
+    print(write(Path(inventory).resolve().parent, name=name,
+                zookeeper=[h for h in zookeeper.split(",") if h], tensorflow=tensorflow,
+                operator_dir=operator_dir))
+    return 0
+
+
+def agent_settings() -> int:
+    """The hypertf_* settings a node's agent reads, as JSON: the hypertf_agent role copies
+    exactly these from the inventory into the node's agent inventory (one source)."""
+    from hypertf.config.settings import AGENT_SETTINGS
+
+    print(json.dumps(list(AGENT_SETTINGS)))
+    return 0
+
+
+def cluster_setup(inventory: str, ask_pass: bool = False, check: bool = False) -> int:
+    from hypertf.ops import provision
+
+    provision.setup(inventory, ask_pass=ask_pass, check=check)
+    return 0
+
+
+def cluster_teardown(inventory: str, zookeeper: bool = False, purge: bool = False) -> int:
+    from hypertf.ops import provision
+
+    provision.teardown(inventory, zookeeper=zookeeper, purge=purge)
+    return 0
+
+
+def local_packages(inventory: str) -> int:
+    """The inventory's hypertf_python_packages in this virtualenv (as python_env does on
+    nodes): ./dev.sh up uses it for the embedded default."""
+    from hypertf.ops.provision import install_local_packages
+
+    return install_local_packages(inventory)
+
+
+def train(inventory: str, request: TrainRequest, detach: bool = False,
+          job_key: str | None = None) -> int:
+    """Run a job in the foreground, or (``detach``) hand it to a background launcher."""
+    if detach:
+        from hypertf.launch.detach import start_detached
+
+        return start_detached(inventory, request)
+    from hypertf.launch.launcher import train as run_job
+
+    started = time.monotonic()
+    inv = load_inventory(inventory)
+    run_job(inv, request, say=lambda line: print(line, flush=True), first_key=job_key,
+            inventory_s=time.monotonic() - started)
+    return 0

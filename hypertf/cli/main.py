@@ -1,0 +1,250 @@
+"""hypertf: distributed TensorFlow on a static GPU cluster, every verb in one tree.
+
+The verbs' code is in hypertf.cli.commands, with typed arguments (Invoke's tasks.py calls it).
+
+A HyperTFError becomes one message on stderr and its exit code; anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from hypertf.cli import commands, trainargs
+from hypertf.cli.trainargs import (
+    add_train_options,
+    default_inventory,
+    inventory_option,
+    script_args_note,
+    train_request,
+)
+from hypertf.launch.exits import SIGPIPE_EXIT as SIGPIPE_EXIT  # re-exported for Invoke's tasks
+from hypertf.launch.exits import quiet_kazoo, reader_gone, run
+
+
+def parse_train(argv: Sequence[str]) -> argparse.Namespace:
+    """trainargs.parse_train, bound to the train verb."""
+    args = trainargs.parse_train(argv)
+    args.func = cmd_train
+    return args
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    return commands.train(args.inventory, train_request(args), detach=args.detach,
+                          job_key=args.job_key)
+
+
+
+
+
+
+
+
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from hypertf import export
+
+    return export.command(args.inventory, train_request(args), export.export_options(vars(args)),
+                          args.output)
+
+
+def parse_export(argv: Sequence[str]) -> argparse.Namespace:
+    """``export`` takes every train option (parse_train's rules for the script's arguments)
+    and its own (export.EXPORT_OPTIONS)."""
+    from hypertf.export import EXPORT_OPTIONS
+
+    argv = list(argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(prog="hypertf export", allow_abbrev=False,
+                                     description="write a train command as Kubernetes, TFJob, "
+                                                 "Marathon or Docker files (docs/kubernetes.md)")
+    add_train_options(parser)
+    for option in EXPORT_OPTIONS:
+        names = [option.flag, "-o"] if option.name == "output" else [option.flag]
+        parser.add_argument(*names, type=option.kind, default=option.default,
+                            required=option.required, metavar=option.metavar, help=option.help)
+    args, unknown = parser.parse_known_args(argv)
+    note = script_args_note(unknown)
+    if note:
+        print(note, file=sys.stderr)
+    args.hyperparameters = unknown + extra
+    args.func = cmd_export
+    args.command = "export"
+    return args
+
+
+
+
+def _verb(sub: argparse._SubParsersAction, name: str, func: Callable[..., int], help: str,
+          inventory: bool = True) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help)
+    if inventory:
+        inventory_option(p)
+    p.set_defaults(func=func)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hypertf", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = _verb(sub, "status", commands.status, "hosts x GPUs, agents and ZooKeeper health")
+    p.add_argument("--json", dest="as_json", action="store_true", help="one JSON object")
+
+    p = _verb(sub, "jobs", commands.jobs, "recent jobs, newest first")
+    p.add_argument("--last", type=int, default=20, help="how many (default 20)")
+    p.add_argument("--json", dest="as_json", action="store_true", help="the records as JSON")
+
+    p = _verb(sub, "kill", commands.kill, "stop a running job from anywhere (by task key)")
+    p.add_argument("task_key")
+
+    p = _verb(sub, "cancel", commands.kill,
+              "end a waiting or running job (owner or admin), by task key")
+    p.add_argument("task_key")
+
+    p = _verb(sub, "queue", commands.queue,
+              "waiting jobs in admission order: position, priority, shape, waiting, reason")
+    p.add_argument("--json", dest="as_json", action="store_true", help="the rows as JSON")
+
+    p = _verb(sub, "dashboard", commands.dashboard,
+              "a read-only web page of the matrix, queue, jobs, logs and sweeps")
+    p.add_argument("--port", type=int, default=8470, help="TCP port (default 8470)")
+    p.add_argument("--bind", help="address to listen on (default 127.0.0.1; any other is "
+                                  "unauthenticated)")
+
+    p = _verb(sub, "hold", commands.hold, "keep a waiting job in the queue, not admitted")
+    p.add_argument("task_key")
+    p = _verb(sub, "unhold", commands.unhold, "let a held job be admitted again")
+    p.add_argument("task_key")
+
+    p = _verb(sub, "logs", commands.logs, "a job's task logs, read on the nodes over SSH")
+    p.add_argument("task_key")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="follow until the tasks end (a waiting job: once it starts)")
+    p.add_argument("--task", help="only this task, e.g. worker:1")
+
+    p = _verb(sub, "agent", commands.agent, "run this node's resource agent in the foreground")
+    p.add_argument("--host", required=True, help="this node's name in the inventory")
+    p.add_argument("--once", action="store_true", help="publish one record, print it, exit")
+
+    p = _verb(sub, "agent-ctl", commands.agent_ctl,
+              "start/stop this node's agent in the background")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    p.add_argument("--host", required=True, help="this node's name in the inventory")
+
+    p = _verb(sub, "agents", commands.agents, "start/stop the agents of many nodes (over SSH)")
+    p.add_argument("action", choices=("start", "stop"))
+    p.add_argument("--host", help="only this node (default: every GPU node)")
+
+    p = _verb(sub, "zk", commands.zk, "the local standalone ZooKeeper the inventory names")
+    p.add_argument("action", choices=("start", "stop", "status"))
+
+    p = _verb(sub, "auth", commands.auth,
+              "credentials and the secured ZooKeeper root (the admin)")
+    p.add_argument("action", choices=("init", "add-user", "limits"))
+    p.add_argument("user", nargs="?", help="the user to register (add-user) or to limit")
+    p.add_argument("--max-priority", type=int, default=None,
+                   help="limits: the highest --priority that counts for the user (default 10)")
+    p.add_argument("--gpu-limit", type=int, default=None,
+                   help="limits: GPUs the user may hold at once (0: hypertf_user_gpu_limit)")
+    p.add_argument("--reset", action="store_true",
+                   help="delete a root made without credentials, then secure it (init)")
+    p.add_argument("--print-dir", action="store_true",
+                   help="end with the credentials directory alone on a line (for Ansible)")
+
+    sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
+                   add_help=False)
+    sub.add_parser("export", add_help=False,
+                   help="a train command as k8s, tfjob, marathon or docker files "
+                        "(hypertf export --to k8s --image IMAGE --script S ...)")
+    sub.add_parser("sweep", add_help=False,
+                   help="trials of one script over a grid or random search, through the queue "
+                        "(hypertf sweep --script S --grid lr=0.1,0.01; sweep status|resume|"
+                        "cancel|list)")
+
+    cluster = sub.add_parser("cluster", help="provision or tear down the inventory's nodes")
+    verbs = cluster.add_subparsers(dest="action", required=True)
+    p = _verb(verbs, "setup", commands.cluster_setup,
+              "provision every node with deploy.yml (keys, venv, ZooKeeper, agents)")
+    p.add_argument("--ask-pass", action="store_true",
+                   help="ask for the SSH password (first contact; needs sshpass)")
+    p.add_argument("--check", action="store_true", help="dry run: change nothing")
+    p = _verb(verbs, "teardown", commands.cluster_teardown,
+              "stop the agents and remove what setup installed")
+    p.add_argument("--zookeeper", action="store_true", help="also stop and remove ZooKeeper")
+    p.add_argument("--purge", action="store_true",
+                   help="also remove virtualenvs, work directories and ZooKeeper data")
+    _verb(verbs, "local-packages", commands.local_packages,
+          "install the inventory's hypertf_python_packages into this virtualenv")
+
+    inventory = sub.add_parser("inventory", help="what HyperTF reads from an inventory")
+    verbs = inventory.add_subparsers(dest="action", required=True)
+    _verb(verbs, "agent-settings", commands.agent_settings,
+          "the hypertf_* settings a node's agent reads (JSON; the agent role's list)",
+          inventory=False)
+
+    lab = sub.add_parser("lab", help="a multi-host test cluster of network namespaces")
+    verbs = lab.add_subparsers(dest="action", required=True)
+    p = _verb(verbs, "up", commands.lab_up, "create a lab", inventory=False)
+    p.add_argument("--hosts", type=int, default=3, help="number of hosts")
+    p.add_argument("--gpus", type=int, default=4, help="static GPUs per host")
+    p.add_argument("--no-agents", dest="agents", action="store_false", help="bare hosts")
+    p.add_argument("--zookeeper-members", type=int, default=1,
+                   help="1: standalone ZooKeeper; 3 or 5: a quorum ensemble")
+    p = _verb(verbs, "down", commands.lab_down, "remove labs", inventory=False)
+    p.add_argument("--name", help="lab id to remove (default all)")
+    _verb(verbs, "list", commands.lab_list, "the labs that are up", inventory=False)
+    p = _verb(verbs, "inventory", commands.lab_inventory,
+              "an inventory that provisions a lab's bare hosts; prints its path",
+              inventory=False)
+    p.add_argument("inventory", help="the lab's inventory.yml (printed by hypertf lab up)")
+    p.add_argument("--zookeeper", default="h1",
+                   help="lab hosts that run ZooKeeper, comma-separated ('' for the lab's own)")
+    p.add_argument("--tensorflow", default="tensorflow-cpu", help="TensorFlow package, '' none")
+    p.add_argument("--operator-dir", help="make a fresh operator key and known_hosts here")
+    p.add_argument("--name", default="provision.yml", help="file name in the lab directory")
+    return parser
+
+
+
+
+
+
+
+
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its output flushed here so that a closed pipe is caught here."""
+    try:
+        try:
+            return _dispatch(list(sys.argv[1:] if argv is None else argv))
+        finally:  # also after argparse's --help, which exits
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv[:1] == ["sweep"]:
+        from hypertf.cli import sweep as sweepcli
+
+        quiet_kazoo()
+        return run(lambda: sweepcli.run(argv[1:], default_inventory()))
+    parse = {"train": parse_train, "export": parse_export}.get(argv[0] if argv else "")
+    args = parse(argv[1:]) if parse else build_parser().parse_args(argv)
+    if args.command != "agent":
+        quiet_kazoo()
+    if args.command in ("train", "export"):
+        return run(lambda: args.func(args))
+    kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    if args.command in ("cluster", "lab", "inventory"):
+        kwargs.pop("action")  # the sub-verb, already chosen as func
+    return run(lambda: args.func(**kwargs))
+

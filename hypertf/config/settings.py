@@ -1,0 +1,238 @@
+"""HyperTF's ``hypertf_*`` inventory variables: how each is parsed, its default, and the
+typed settings a node and the cluster end up with. The inventory reader (hypertf.config.inventory)
+applies them; the hypertf_agent role asks ``hypertf inventory agent-settings`` which of them
+a node's agent reads (one source, no copy in the role).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_INVENTORY = "inventory/local.yml"
+
+
+def _positive(kind: type) -> Callable[[str, Any], Any]:
+    def parse(key: str, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{key} must be a positive number, not {value!r}")
+        return kind(value)
+
+    return parse
+
+
+def _port(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ValueError(f"{key} must be a port number 1-65535, not {value!r}")
+    return value
+
+
+def _port_or_off(key: str, value: Any) -> int:
+    if value == 0 and not isinstance(value, bool):
+        return 0
+    return _port(key, value)
+
+
+def _count(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} must be a whole number >= 0, not {value!r}")
+    return value
+
+
+def _percent(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+        raise ValueError(f"{key} must be a percentage between 0 and 100, not {value!r}")
+    return float(value)
+
+
+def _text(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{key} must be a non-empty string, not {value!r}")
+    return value.strip()
+
+
+def _optional_text(key: str, value: Any) -> str | None:
+    return None if value is None else _text(key, value)
+
+
+def _gpu_source(key: str, value: Any) -> str:
+    if value not in ("nvml", "static", "none"):
+        raise ValueError(f"{key} must be one of nvml, static, none, not {value!r}")
+    return str(value)
+
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set by HyperTF for every task: a user value would break the job's wiring.
+RESERVED_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+                          "HYPERTF_GPUS", "HYPERTF_TASK_KEY", "HYPERTF_TASK",
+                          "HYPERTF_ATTEMPT", "HYPERTF_CHECKPOINT_DIR",
+                          "HYPERTF_METRICS_FILE"})
+
+
+def check_env(name: str, value: Any, where: str) -> str:
+    """One task environment variable: a shell-safe name, a string value, not one of ours."""
+    if not isinstance(name, str) or not ENV_NAME.match(name):
+        raise ValueError(f"{where}: {name!r} is not an environment variable name (letters, "
+                         f"digits and '_', not starting with a digit)")
+    if name in RESERVED_ENV:
+        raise ValueError(f"{where}: {name} is set by HyperTF for every task; it cannot be "
+                         f"overridden")
+    if isinstance(value, (dict, list, tuple)) or value is None:
+        raise ValueError(f"{where}: {name} must be a plain value, not {value!r}")
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if "\0" in text:
+        raise ValueError(f"{where}: the value of {name} holds a NUL byte")
+    return text
+
+
+def _packages(key: str, value: Any) -> tuple[str, ...] | None:
+    """pip requirements for the nodes' virtualenv (read by the python_env role)."""
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+            isinstance(item, str) and item.strip() and "\0" not in item for item in value):
+        raise ValueError(f"{key} must be a list of pip requirements such as "
+                         f"[scikit-learn, 'tensorboard>=2.16'], not {value!r}")
+    return tuple(value)
+
+
+def _task_env(key: str, value: Any) -> tuple[tuple[str, str], ...]:
+    if value in (None, ""):
+        return ()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key} must be a mapping of NAME: value, not {value!r}")
+    return tuple((name, check_env(name, item, key)) for name, item in value.items())
+
+
+def _static_gpus(key: str, value: Any) -> int | str | tuple[dict[str, Any], ...]:
+    """A count of idle fake GPUs, a list of GPU mappings, or a JSON file path (probes)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 64:
+        return value
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
+        return tuple(value)
+    raise ValueError(
+        f"{key} must be a GPU count (0-64), a list of GPU mappings or a JSON file, not {value!r}"
+    )
+
+
+def _port_range(key: str, value: Any) -> tuple[int, int]:
+    try:
+        low, high = (int(part) for part in str(value).split("-"))
+    except ValueError:
+        raise ValueError(f"{key} must look like 20000-20999, not {value!r}") from None
+    if not 1024 <= low <= high <= 65535:
+        raise ValueError(f"{key} must lie within 1024-65535 with low <= high, not {value!r}")
+    return low, high
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``hypertf_*`` variable, declared once: how to parse it, its default, whether a
+    node's agent reads it (the agent role copies exactly those into the node's agent
+    inventory), and where it lands: ``scope`` "node" (a NodeSettings field), "cluster" (a
+    ClusterSettings field; every host must agree) or "" (read while building the others),
+    under ``field`` (default: the name without ``hypertf_``)."""
+
+    parse: Callable[[str, Any], Any]
+    default: Any
+    agent: bool = True
+    scope: str = "node"
+    field: str = ""
+
+
+SETTINGS: dict[str, Setting] = {
+    "hypertf_venv": Setting(_text, "/opt/hypertf/venv"),
+    "hypertf_workdir": Setting(_text, "/var/lib/hypertf"),
+    "hypertf_gpu_group": Setting(_text, "gpu_nodes", scope="cluster"),
+    "hypertf_zookeeper_hosts": Setting(_optional_text, None, scope="cluster"),
+    "hypertf_zookeeper_port": Setting(_port, 2181, scope=""),  # of the zookeeper group
+    "hypertf_zk_root": Setting(_text, "/hypertf", scope="cluster"),
+    "hypertf_zk_session_timeout": Setting(_positive(float), 10.0, scope="cluster"),
+    "hypertf_data_network": Setting(_optional_text, None),
+    "hypertf_mgmt_network": Setting(_optional_text, None),
+    "hypertf_gpu_source": Setting(_gpu_source, "nvml"),
+    "hypertf_static_gpus": Setting(_static_gpus, 0),
+    "hypertf_gpu_util_max": Setting(_percent, 10.0),
+    "hypertf_gpu_mem_max": Setting(_percent, 10.0),
+    "hypertf_port_range": Setting(_port_range, "20000-20999"),
+    "hypertf_agent_interval": Setting(_positive(float), 5.0),
+    # The agent's Prometheus /metrics, on the management address (0: none). 9400 is the
+    # port of NVIDIA's DCGM exporter, which ops teams already scrape.
+    "hypertf_agent_metrics_port": Setting(_port_or_off, 9400, field="metrics_port"),
+    "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts", agent=False, scope="cluster"),
+    "hypertf_ssh_timeout": Setting(_positive(float), 10.0, agent=False, scope="cluster"),
+    # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
+    "hypertf_job_retention_days": Setting(_positive(float), 30.0, scope="cluster"),
+    "hypertf_job_records_max": Setting(_positive(int), 10000, scope="cluster"),
+    # How often the keeper looks for records to prune (seconds; tests shorten it).
+    "hypertf_keeper_prune_interval": Setting(_positive(float), 60.0, scope="cluster"),
+    # GPUs one user's running jobs may hold at once (0: no limit); the queue keeps the rest
+    # of their jobs waiting (reason UserLimit). Read by the keeper agent and the launcher.
+    "hypertf_user_gpu_limit": Setting(_count, 0, scope="cluster"),
+    # Packages for the training scripts in the nodes' virtualenv (python_env role,
+    # cluster.setup; ./dev.sh up for this machine): the default is scikit-learn (examples).
+    "hypertf_python_packages": Setting(_packages, None, agent=False),
+    # ... installed without their dependencies (tf-keras: its 'tensorflow' dependency would
+    # pull the full TensorFlow wheel over tensorflow-cpu).
+    "hypertf_python_packages_no_deps": Setting(_packages, None, agent=False),
+    # Environment variables for every task on the node (group and host vars merge as usual).
+    "hypertf_task_env": Setting(_task_env, None, agent=False),
+    # The directory of ZooKeeper credential files on the machine that runs the command
+    # (default $HYPERTF_HOME/credentials/<zookeeper>_<root>); relative to the inventory.
+    "hypertf_zk_credentials": Setting(_optional_text, None, scope="cluster"),
+    # A CA certificate (PEM): talk TLS to ZooKeeper's secure client port and verify it.
+    "hypertf_zk_tls_ca": Setting(_optional_text, None, scope="cluster"),
+}
+# What a node's agent reads: the hypertf_agent role asks for this list
+# ('hypertf inventory agent-settings') instead of keeping a copy.
+AGENT_SETTINGS = tuple(key for key, setting in SETTINGS.items() if setting.agent)
+# Settings that describe the whole cluster: every host must agree on them.
+CLUSTER_KEYS = tuple(key for key, setting in SETTINGS.items() if setting.scope == "cluster")
+NODE_KEYS = tuple(key for key, setting in SETTINGS.items() if setting.scope == "node")
+
+
+def field_of(key: str) -> str:
+    """The NodeSettings or ClusterSettings attribute a setting fills."""
+    return SETTINGS[key].field or key.removeprefix("hypertf_")
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What the agent and the launcher need to know about one node."""
+
+    venv: str
+    workdir: str
+    data_network: str | None
+    mgmt_network: str | None
+    gpu_source: str
+    static_gpus: int | str | tuple[dict[str, Any], ...]
+    gpu_util_max: float
+    gpu_mem_max: float
+    port_range: tuple[int, int]
+    agent_interval: float
+    metrics_port: int = 0  # 0: no /metrics
+    task_env: tuple[tuple[str, str], ...] = ()
+    python_packages: tuple[str, ...] | None = None  # None: the role's default
+    python_packages_no_deps: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Settings shared by every node (ZooKeeper, SSH trust)."""
+
+    gpu_group: str
+    zookeeper_hosts: str
+    zk_root: str
+    zk_session_timeout: float
+    known_hosts: str
+    ssh_timeout: float
+    job_retention_days: float = 30.0
+    job_records_max: int = 10000
+    keeper_prune_interval: float = 60.0
+    user_gpu_limit: int = 0  # 0: none
+    zk_credentials: str | None = None  # directory of credential files; None: the default
+    zk_tls_ca: str | None = None  # CA certificate: TLS to ZooKeeper

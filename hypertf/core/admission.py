@@ -1,0 +1,156 @@
+"""Which waiting jobs start now: one pure pass over the queue, the matrix and the live hosts.
+
+Order: higher ``priority`` first, then first come first served (the job record's creation
+zxid: ZooKeeper's own 64-bit transaction order, so no sequence counter can wrap). Gang
+admission: a job gets all its tasks placed or nothing.
+
+**No starvation.** A job that cannot start for lack of GPUs *reserves* every host it could
+ever use (a host of its request whose GPU count can hold its smallest GPU task). A later job
+starts ahead of it only on hosts outside that reservation, so it never takes a GPU the
+waiting job needs and cannot delay it, however long either runs (no runtime estimates are
+needed, none are trusted). Jobs waiting for their owner's GPU limit (``UserLimit``) or put
+on hold (``Held``) reserve nothing: they do not wait for GPUs.
+
+Reasons, as squeue shows them: ``Resources`` (not enough free GPUs even if it were first),
+``Priority`` (it would fit, but jobs ahead of it reserve what it needs), ``UserLimit``,
+``Held``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from hypertf.core.layout import owner_of
+from hypertf.core.limits import Limits
+from hypertf.core.matrix import Matrix
+from hypertf.core.placement import PortsExhausted, Request, pick_ports
+from hypertf.core.scheduler import NoFit, Placement, schedule
+
+RESOURCES, PRIORITY, USER_LIMIT, HELD = "Resources", "Priority", "UserLimit", "Held"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One queued job as the admitter reads it from its job record."""
+
+    task_key: str
+    request: Request
+    priority: int = 0
+    order: int = 0  # the job record's czxid: FIFO within a priority
+    held: bool = False
+    exclude_ports: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    no_wait: bool = False  # --no-wait: admitted in the keeper's next pass, or refused
+
+    @property
+    def user(self) -> str:
+        return owner_of(self.task_key)
+
+    def sort_key(self) -> tuple[int, int, str]:
+        return (-self.priority, self.order, self.task_key)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a waiting job stands after a pass: admitted (``placements`` and ``ports``) or
+    waiting at ``position`` for ``reason``."""
+
+    task_key: str
+    position: int
+    reason: str = ""  # "" when admitted
+    placements: tuple[Placement, ...] = ()
+    ports: Mapping[str, int] = field(default_factory=dict)
+    refused: bool = False  # a --no-wait job that cannot start now: it leaves the queue
+
+    @property
+    def admitted(self) -> bool:
+        return not self.reason
+
+
+def usable_hosts(job: Waiting, matrix: Matrix, live: set[str]) -> set[str]:
+    """Hosts ``job`` could ever use: live, in its request, with enough GPUs in all (busy
+    or unavailable ones included: they may come back)."""
+    smallest = min((slot.gpus for slot in job.request.slots if slot.gpus > 0), default=0)
+    if smallest == 0:
+        return set()  # GPU-less tasks need ports only: they compete for nothing scarce
+    return {host for host in job.request.hosts
+            if host in live and len(matrix.gpus.get(host, [])) >= smallest}
+
+
+def _fits(job: Waiting, free: Mapping[str, list[int]], live: set[str]
+          ) -> list[Placement] | None:
+    hosts = [host for host in job.request.hosts if host in live]  # the request's order
+    try:
+        return schedule({host: free.get(host, []) for host in hosts}, job.request.slots,
+                        job.request.policy, cpu_hosts=hosts)
+    except NoFit:
+        return None
+
+
+def clamped(waiting: Sequence[Waiting], limits: Limits) -> list[Waiting]:
+    """The jobs with the priority that counts: a record is its owner's to write, so its
+    priority is a wish, capped at the maximum the admin gave its owner."""
+    return [replace(job, priority=limits.priority(job.user, job.priority)) for job in waiting]
+
+
+def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waiting],
+                   user_gpu_limit: int = 0, limits: Limits | None = None) -> list[Decision]:
+    """Decide every waiting job, in queue order, against ``matrix`` (as synced now) and
+    the hosts with a live agent. Pure: nothing is written; the caller commits the admitted
+    ones in one transaction. ``user_gpu_limit`` 0 means none; ``limits`` (the admin's, per
+    user) cap each job's priority and its owner's GPUs. A ``no_wait`` job that cannot
+    start now is refused and reserves nothing."""
+    limits = limits or Limits()
+    live = set(live)
+    taken = matrix.copy()
+    free = {host: taken.free(host) for host in live}
+    used = matrix.held_per_user()
+    reserved: set[str] = set()
+    decisions = []
+    for position, job in enumerate(sorted(clamped(waiting, limits), key=Waiting.sort_key),
+                                   start=1):
+        if job.held:
+            decisions.append(Decision(job.task_key, position, HELD, refused=job.no_wait))
+            continue
+        cap = limits.gpu_limit(job.user, user_gpu_limit)
+        if cap and used.get(job.user, 0) + job.request.gpus > cap:
+            decisions.append(Decision(job.task_key, position, USER_LIMIT, refused=job.no_wait))
+            continue
+        open_free = {host: cells for host, cells in free.items() if host not in reserved}
+        placements = _fits(job, open_free, live)
+        if placements is None:
+            reason = PRIORITY if reserved and _fits(job, free, live) else RESOURCES
+            decisions.append(Decision(job.task_key, position, reason, refused=job.no_wait))
+            if not job.no_wait:
+                reserved |= usable_hosts(job, matrix, live)
+            continue
+        exclude = {host: set(ports) for host, ports in job.exclude_ports.items()}
+        try:
+            ports = pick_ports(taken, placements, job.request.port_ranges, exclude)
+        except PortsExhausted:
+            decisions.append(Decision(job.task_key, position, RESOURCES, refused=job.no_wait))
+            continue
+        gpus: dict[str, list[int]] = {}
+        host_ports: dict[str, list[int]] = {}
+        for p in placements:
+            gpus.setdefault(p.host, []).extend(p.gpus)
+            host_ports.setdefault(p.host, []).append(ports[p.name])
+        taken = taken.take(job.task_key, gpus, host_ports)
+        for host, indices in gpus.items():
+            free[host] = [i for i in free[host] if i not in indices]
+        used[job.user] = used.get(job.user, 0) + job.request.gpus
+        decisions.append(Decision(job.task_key, position, "", tuple(placements), ports))
+    return decisions
+
+
+def fits_cluster(request: Request, matrix: Matrix, live: Iterable[str]) -> bool:
+    """Whether ``request`` could ever run: it fits when every GPU of the live hosts is free
+    (unavailable GPUs, busy with foreign work, count too: they may come back)."""
+    alive = set(live)
+    whole = {host: list(range(len(matrix.gpus.get(host, [])))) for host in request.hosts
+             if host in alive}
+    try:
+        schedule(whole, request.slots, request.policy, cpu_hosts=list(whole))
+    except NoFit:
+        return False
+    return True

@@ -1,0 +1,75 @@
+"""The znode paths of one HyperTF root (docs/zookeeper-layout.md): pure, no client, so both
+the store and the credential code (hypertf.store.auth) can name paths without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypertf.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The znode paths under one root; nothing else spells them out."""
+
+    root: str = "/hypertf"
+
+    @property
+    def resources(self) -> str:
+        return f"{self.root}/resources"
+
+    @property
+    def matrix(self) -> str:
+        return f"{self.root}/matrix"
+
+    @property
+    def limits(self) -> str:
+        """Each user's maximum priority and GPU limit: only the admin writes it."""
+        return f"{self.root}/limits"
+
+    @property
+    def jobs(self) -> str:
+        return f"{self.root}/jobs"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.root}/leases"
+
+    @property
+    def keeper(self) -> str:
+        return f"{self.root}/keeper"
+
+    @property
+    def keeper_lease(self) -> str:
+        """Ephemeral, held by the matrix keeper's session (its data: the keeper's host)."""
+        return f"{self.keeper}/lease"
+
+    @property
+    def queue_view(self) -> str:
+        """Ephemeral, of the keeper's session: the waiting jobs' positions and reasons."""
+        return f"{self.keeper}/queue"
+
+    def resource(self, host: str) -> str:
+        return f"{self.resources}/{host}"
+
+    def user_jobs(self, user: str) -> str:
+        return f"{self.jobs}/{user}"
+
+    def user_leases(self, user: str) -> str:
+        return f"{self.leases}/{user}"
+
+    def job(self, task_key: str) -> str:
+        return f"{self.jobs}/{owner_of(task_key)}/{task_key}"
+
+    def lease(self, task_key: str) -> str:
+        return f"{self.leases}/{owner_of(task_key)}/{task_key}"
+
+
+def owner_of(task_key: str) -> str:
+    """The user a task key belongs to (the part after its first dot)."""
+    stamp, _, user = task_key.partition(".")
+    if not stamp or not user or "/" in task_key:
+        raise UsageError(f"{task_key[:80]!r} is not a task key (they look like "
+                         f"20261122-085000-a1b2c3.alice; list them with 'hypertf jobs')")
+    return user

@@ -1,0 +1,269 @@
+"""The servers x GPUs availability matrix, kept apart from the agents' records.
+
+A cell is ``1`` (free), ``0`` (unavailable: busy with someone else's work, or its node's
+agent is gone), a task key (taken by that job) or ``draining:<task key>`` (the job ended
+without its launcher's confirmed stop: not allocatable until the node's agent has seen the
+job's processes dead). Ports a job reserved are kept beside the
+cells, so one version-checked write covers both. Everything here is pure: reading and
+writing ZooKeeper is the allocation module's job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from hypertf.core.layout import owner_of
+from hypertf.core.records import AgentRecord, decode, encode
+
+FREE = 1
+UNAVAILABLE = 0
+DRAINING = "draining:"
+Cell = int | str
+
+
+def holder(cell: Cell) -> str | None:
+    """The task key of a job that holds the cell (None when free, unavailable or draining)."""
+    return cell if isinstance(cell, str) and not cell.startswith(DRAINING) else None
+
+
+def draining(cell: Cell | str) -> str | None:
+    """The task key of the ended job whose processes the cell waits for, if it drains."""
+    return cell[len(DRAINING):] if isinstance(cell, str) and cell.startswith(DRAINING) else None
+
+
+def job_of(cell: Cell | str) -> str | None:
+    """The job a cell or port belongs to, holding or draining."""
+    return holder(cell) or draining(cell)
+
+
+def state_of(cell: Cell | None) -> str:
+    """A cell as people read it: free, busy, draining or unavailable (None: no cell)."""
+    if cell is None:
+        return "unavailable"
+    if holder(cell):
+        return "busy"
+    if draining(cell):
+        return "draining"
+    return "free" if cell == FREE else "unavailable"
+
+
+@dataclass
+class Matrix:
+    """Cells per host (ordered) and reserved ports per host."""
+
+    gpus: dict[str, list[Cell]] = field(default_factory=dict)
+    ports: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return encode({"gpus": self.gpus, "ports": self.ports})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Matrix:
+        if not data:
+            return cls()
+        payload = decode(data, "GPU matrix")
+        return cls(gpus=payload.get("gpus", {}), ports=payload.get("ports", {}))
+
+    def copy(self) -> Matrix:
+        return Matrix.from_json(self.to_json())
+
+    def free(self, host: str) -> list[int]:
+        """Indices of the free GPUs of ``host``."""
+        return [i for i, cell in enumerate(self.gpus.get(host, [])) if cell == FREE]
+
+    def task_keys(self) -> set[str]:
+        """Every job that holds a GPU or a port (draining jobs hold nothing any more)."""
+        keys = {key for row in self.gpus.values() for cell in row if (key := holder(cell))}
+        keys.update(key for row in self.ports.values() for v in row.values() if (key := holder(v)))
+        return keys
+
+    def hosts_of(self, task_key: str) -> set[str]:
+        """Hosts where ``task_key`` has a cell or a port, held or draining."""
+        return {host for host, row in self.gpus.items() if any(job_of(c) == task_key for c in row)
+                } | {host for host, row in self.ports.items()
+                     if any(job_of(k) == task_key for k in row.values())}
+
+    def ended_on(self, host: str, leases: set[str]) -> set[str]:
+        """Jobs whose cells or ports on ``host`` wait for its agent: draining, or still
+        held by a job whose lease is gone (not yet drained by a sync). A job whose lease
+        lives is never among them, whatever the matrix says: every member may write the
+        matrix, only the owner and the admin may end a job (drop its lease)."""
+        cells = [*self.gpus.get(host, []), *self.ports.get(host, {}).values()]
+        return {key for cell in cells
+                if (key := job_of(cell)) and key not in leases}
+
+    def draining_keys(self) -> set[str]:
+        """Every ended job with a draining cell or port anywhere."""
+        return {key for host in set(self.gpus) | set(self.ports)
+                for key in self.draining_on(host)}
+
+    def draining_on(self, host: str) -> set[str]:
+        """Ended jobs whose cells or ports on ``host`` wait for its agent's confirmation."""
+        keys = {key for cell in self.gpus.get(host, []) if (key := draining(cell))}
+        keys.update(key for v in self.ports.get(host, {}).values() if (key := draining(v)))
+        return keys
+
+    def drain(self, task_keys: set[str], hosts: Iterable[str] | None = None) -> Matrix:
+        """A copy where the cells and ports of ``task_keys`` (on ``hosts``, default all) are
+        draining: neither free nor held, until the node confirms the processes dead."""
+        result = self.copy()
+        chosen = set(result.gpus) | set(result.ports) if hosts is None else set(hosts)
+        for host in chosen:
+            row = result.gpus.get(host, [])
+            for i, cell in enumerate(row):
+                if holder(cell) in task_keys:
+                    row[i] = DRAINING + str(cell)
+            for port, key in result.ports.get(host, {}).items():
+                if holder(key) in task_keys:
+                    result.ports[host][port] = DRAINING + key
+        return result
+
+    def held_by(self, task_key: str) -> dict[str, list[int]]:
+        """GPUs that ``task_key`` holds, per host."""
+        held = {}
+        for host, row in self.gpus.items():
+            cells = [i for i, cell in enumerate(row) if cell == task_key]
+            if cells:
+                held[host] = cells
+        return held
+
+    def held_per_user(self) -> dict[str, int]:
+        """GPUs each user's running jobs hold (draining cells belong to ended jobs)."""
+        used: dict[str, int] = {}
+        for row in self.gpus.values():
+            for cell in row:
+                key = holder(cell)
+                if key:
+                    user = owner_of(key)
+                    used[user] = used.get(user, 0) + 1
+        return used
+
+    def reserved_ports(self, host: str) -> set[int]:
+        return {int(port) for port in self.ports.get(host, {})}
+
+    def take(self, task_key: str, gpus: Mapping[str, Iterable[int]],
+             ports: Mapping[str, Iterable[int]]) -> Matrix:
+        """A copy with the given cells and ports marked as held by ``task_key``."""
+        result = self.copy()
+        for host, indices in gpus.items():
+            for i in indices:
+                if result.gpus[host][i] != FREE:
+                    raise ValueError(f"GPU {i} of {host} is not free")
+                result.gpus[host][i] = task_key
+        for host, numbers in ports.items():
+            row = result.ports.setdefault(host, {})
+            for port in numbers:
+                if str(port) in row:
+                    raise ValueError(f"port {port} of {host} is reserved")
+                row[str(port)] = task_key
+        return result
+
+    def release(self, task_keys: set[str], records: Mapping[str, AgentRecord],
+                hosts: Iterable[str] | None = None) -> Matrix:
+        """A copy without the cells and ports of ``task_keys``, held or draining, on
+        ``hosts`` (default all); freed cells follow the agent's record."""
+        result = self.copy()
+        chosen = None if hosts is None else set(hosts)
+        for host, row in result.gpus.items():
+            if chosen is not None and host not in chosen:
+                continue
+            record = records.get(host)
+            avail = set(record.gpu_avail_list) if record else set()
+            for i, cell in enumerate(row):
+                if job_of(cell) in task_keys:
+                    row[i] = FREE if i in avail else UNAVAILABLE
+        for host in list(result.ports):
+            if chosen is not None and host not in chosen:
+                continue
+            kept = {p: k for p, k in result.ports[host].items() if job_of(k) not in task_keys}
+            if kept:
+                result.ports[host] = kept
+            else:
+                del result.ports[host]
+        return result
+
+
+def synced(matrix: Matrix, records: Mapping[str, AgentRecord], leases: set[str]) -> Matrix:
+    """The matrix as the agents' records and the live leases say it should be.
+
+    Rows of hosts whose agent is gone turn unavailable (their cells held by live jobs, and
+    draining cells, stay as they are); cells and ports of jobs without a lease (their
+    launcher died, or the job was killed) turn draining: only the node's agent frees them,
+    once it has seen the job's processes dead there.
+    """
+    dead = matrix.task_keys() - leases
+    result = matrix.drain(dead) if dead else matrix.copy()
+    hosts = list(result.gpus) + sorted(set(records) - set(result.gpus))
+    for host in hosts:
+        old = result.gpus.get(host, [])
+        record = records.get(host)
+        held = [i for i, cell in enumerate(old) if isinstance(cell, str)]
+        size = record.gpu if record else len(old)
+        size = max([size, *(i + 1 for i in held)])
+        avail = set(record.gpu_avail_list) if record else set()
+        row: list[Cell] = []
+        for i in range(size):
+            cell = old[i] if i < len(old) else UNAVAILABLE
+            row.append(cell if isinstance(cell, str) else (FREE if i in avail else UNAVAILABLE))
+        result.gpus[host] = row
+    return result
+
+
+def same(a: Matrix, b: Matrix) -> bool:
+    """Equal content (cheaper than a write that changes nothing)."""
+    return json.dumps([a.gpus, a.ports], sort_keys=True) == json.dumps(
+        [b.gpus, b.ports], sort_keys=True
+    )
+
+
+@dataclass(frozen=True)
+class Held:
+    """What an admitted job holds, as its admission granted it: GPUs and ports per host."""
+
+    gpus: Mapping[str, tuple[int, ...]]
+    ports: Mapping[str, tuple[int, ...]]
+
+
+def restored(matrix: Matrix, grants: Mapping[str, Held], leases: set[str],
+             ) -> tuple[Matrix, list[str]]:
+    """The matrix with every live job's granted cells and ports held by it again.
+
+    Whoever wrote the matrix last (an agent's or the admin's credential, by mistake or not),
+    a running job keeps what it was granted: a cell of a live grant that reads free,
+    unavailable, draining or held by a job without a lease is given back to its job. A cell
+    that another live job holds is left alone and reported (two live grants never overlap,
+    so that is a forged or damaged matrix a person must look at). Returns the matrix and
+    the repairs made, as lines for the log."""
+    result = matrix.copy()
+    repairs: list[str] = []
+    for key, held in sorted(grants.items()):
+        if key not in leases:
+            continue
+        for host, indices in held.gpus.items():
+            row = result.gpus.setdefault(host, [])
+            row.extend([UNAVAILABLE] * (max(indices, default=-1) + 1 - len(row)))
+            for i in indices:
+                cell = row[i]
+                if cell == key:
+                    continue
+                other = holder(cell)
+                if other is not None and other in leases:
+                    repairs.append(f"GPU {i} of {host}: granted to {key} but held by {other}; "
+                                   f"left as it is")
+                    continue
+                row[i] = key
+                repairs.append(f"GPU {i} of {host}: restored to {key} (was {cell!r})")
+        for host, numbers in held.ports.items():
+            row_ports = result.ports.setdefault(host, {})
+            for port in numbers:
+                port_holder = row_ports.get(str(port))
+                if port_holder == key:
+                    continue
+                other = holder(port_holder) if port_holder is not None else None
+                if other is not None and other in leases:
+                    continue
+                row_ports[str(port)] = key
+                repairs.append(f"port {port} of {host}: restored to {key}")
+    return result, repairs

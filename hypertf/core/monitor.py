@@ -1,0 +1,297 @@
+"""Deciding a running job's fate from what its nodes report: pure, the clock injected.
+
+The launcher feeds every event (a log line, a task listening or ending, a host lost or
+silent, the lease dropped, a clock tick) with the time; ``Monitor.feed`` returns a
+``Decision``: go on, or the job's outcome. The rules come from TensorFlow's behaviour
+(docs/tensorflow.md, tests/unit/test_monitor.py):
+
+- finishers and servers: mirrored jobs finish on every task; parameter-server jobs with a
+  chief when the chief does (workers and ps serve); legacy jobs (ps, no chief) when every
+  worker has exited 0. The job has succeeded when every finisher exited 0;
+- a finisher's non-zero exit fails the job; so does any parameter server's end (the chief
+  would fail ~11 s later anyway); other servers' ends are warnings;
+- a port taken by someone else fails a task with ``Address already in use`` (or gRPC's
+  words for it) before every task listens: a port clash, retried on fresh ports;
+- hangs raise no error: a start-up deadline (every task's port listening), an optional job
+  deadline, a warning (or, with ``idle_fail``, a failure) when every task listens and none
+  writes, and a host whose watcher stays silent is lost.
+
+Retryable failures are those a new attempt can cure: a host lost or silent, the start-up
+deadline, a task killed by a signal nobody on our side sent.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypertf.core import diagnose
+from hypertf.core import spec as specs
+from hypertf.core.scheduler import Placement
+
+PORT_IN_USE = ("Failed to add port to server", "Could not start gRPC server",
+               "Address already in use")
+TAIL_LINES = 200  # kept per task: a Keras error is often followed by a long tensor dump
+
+
+@dataclass
+class TaskState:
+    placement: Placement
+    port: int
+    started: float | None = None
+    exit_code: int | None = None
+    killed: bool = False
+    ended: float | None = None
+    tail: list[str] = field(default_factory=list)
+    stop_result: str | None = None  # what HyperTF's stop did to it (tasknode.stop)
+
+    def end(self, lost: bool) -> str:
+        """How the task ended, in words: exit code, stopped by HyperTF, died of a signal,
+        or lost with its host."""
+        code = self.exit_code
+        if self.stop_result == "survived SIGKILL":
+            return "survived SIGKILL (its GPUs stay draining)"
+        if self.stop_result == "killed" and (code is None or code == 128 + signal.SIGKILL):
+            return "stopped by HyperTF (SIGKILL after the grace)"
+        if self.stop_result == "stopped" and code in (None, 128 + signal.SIGTERM):
+            return "stopped by HyperTF (SIGTERM)"
+        if code is None and lost:
+            return "lost with its host"
+        if code is None and self.ended is None:  # its watcher never said it ended
+            return "end not seen (its host's watcher did not report it)"
+        if code is None:  # task.sh died with it, before writing the code
+            return "killed with its wrapper (no exit code: a SIGKILL not sent by HyperTF)"
+        if code > 128 and code - 128 in signal.valid_signals():
+            return f"died of signal {code - 128} ({signal.Signals(code - 128).name})"
+        return f"exit {code}"
+
+    @property
+    def name(self) -> str:
+        return self.placement.name
+
+    @property
+    def label(self) -> str:
+        return f"{self.placement.name}@{self.placement.host}"
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.placement.role}{self.placement.index}"
+
+    @property
+    def running(self) -> bool:
+        return self.ended is None
+
+
+class Verdict(enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # a new attempt would fail the same way
+    RETRYABLE = "retryable"  # a new attempt may succeed (host lost, deadline, signal)
+    PORT_CLASH = "port-clash"  # a granted port was taken: retry on fresh ports
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict = Verdict.RUNNING
+    message: str = ""
+    say: tuple[str, ...] = ()  # lines for the user, in order
+    hosts: frozenset[str] = frozenset()  # the hosts a failure points at
+
+    @property
+    def final(self) -> bool:
+        return self.verdict is not Verdict.RUNNING
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The deadlines a job runs under (seconds; None: none)."""
+
+    start_timeout: float = 120.0
+    timeout: float | None = None
+    idle_timeout: float | None = 300.0
+    idle_fail: bool = False
+    host_silence: float = 20.0
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a node's watcher (or the launcher) reported. ``kind``: log, listening, exit,
+    lost, closed, noise, tick, lease-dropped, session-lost."""
+
+    kind: str
+    host: str = ""
+    task: str = ""  # the task's file name (worker0)
+    line: str = ""
+    code: int | None = None
+    killed: bool = False
+    why: str = ""
+
+    @classmethod
+    def from_node(cls, host: str, payload: Mapping[str, Any]) -> Event:
+        """A line of ``tasknode watch`` JSON (``{"e": "exit", "task": ..., ...}``)."""
+        return cls(kind=str(payload.get("e", "noise")), host=host,
+                   task=str(payload.get("task", "")), line=str(payload.get("line", "")),
+                   code=payload.get("code"), killed=bool(payload.get("killed", False)),
+                   why=str(payload.get("why", "")))
+
+
+class Monitor:
+    """The state of one attempt's tasks and the rules that end it."""
+
+    def __init__(self, tasks: Mapping[str, TaskState], limits: Limits, now: float,
+                 logs_hint: str = "", idle_causes: str = "",
+                 facts: diagnose.JobFacts | None = None) -> None:
+        self.tasks = dict(tasks)
+        self.limits = limits
+        placements: Sequence[Placement] = [t.placement for t in self.tasks.values()]
+        self.finishers = specs.finishers(placements)
+        self.fatal = specs.fatal_servers(placements)
+        self.begun = now
+        self.last_output = now
+        self.idle_warned = False
+        self.idle_warnings = 0  # said for the current silence (repeated every idle_timeout)
+        self._warned_silence = now  # the last_output that silence started from
+        self.all_started = False
+        self.host_seen = {t.placement.host: now for t in self.tasks.values()}
+        self.lost_hosts: set[str] = set()
+        self._by_file = {(t.placement.host, t.file_name): t for t in self.tasks.values()}
+        self._logs_hint = logs_hint
+        self._idle_causes = idle_causes
+        self._facts = facts or diagnose.JobFacts()
+
+    def feed(self, event: Event, now: float) -> Decision:
+        """One event at ``now`` (monotonic seconds): the decision it leads to."""
+        if event.host:
+            self.host_seen[event.host] = now
+        said: list[str] = []
+        decision = self._on_event(event, now, said)
+        if decision is None:
+            decision = self._on_clock(now, said)
+        if decision is None:
+            return Decision(say=tuple(said))
+        return Decision(decision.verdict, decision.message, (*said, *decision.say),
+                        decision.hosts)
+
+    # -- events ---------------------------------------------------------------------------
+    def _on_event(self, event: Event, now: float, said: list[str]) -> Decision | None:
+        if event.kind == "lease-dropped":
+            return Decision(Verdict.FAILED, event.why or "the job's lease was dropped")
+        if event.kind == "session-lost":
+            return Decision(Verdict.RETRYABLE, "lost the ZooKeeper session: the job's lease "
+                            "is gone, so the agents stop its tasks and its GPUs return to the "
+                            "pool")
+        if event.kind == "lost":
+            self.lost_hosts.add(event.host)
+            return Decision(Verdict.RETRYABLE, f"lost contact with {event.host}: {event.why}",
+                            hosts=frozenset({event.host}))
+        task = self._by_file.get((event.host, event.task)) if event.task else None
+        if task is None:
+            return None
+        if event.kind == "log":
+            self.last_output = now
+            task.tail = [*task.tail, event.line][-TAIL_LINES:]
+            said.append(f"[{task.label}] {event.line}")
+        elif event.kind == "listening":
+            task.started = task.started or now
+        elif event.kind == "exit":
+            return self._on_exit(task, event, now, said)
+        return None
+
+    def _on_exit(self, task: TaskState, event: Event, now: float,
+                 said: list[str]) -> Decision | None:
+        task.ended = now
+        task.exit_code = event.code
+        task.killed = event.killed
+        code = "killed" if task.killed else f"exit {task.exit_code}"
+        said.append(f"hypertf: {task.label} ended ({code})")
+        if task.exit_code != 0 and not self.all_started and any(
+                marker in line for line in task.tail for marker in PORT_IN_USE):
+            return Decision(Verdict.PORT_CLASH, f"{task.label} could not bind port {task.port}")
+        culprit = frozenset({task.placement.host})
+        if task.name in self.finishers and task.exit_code != 0:
+            return Decision(self._failed_by(task), self.failure(task, code), hosts=culprit)
+        if task.name in self.fatal:
+            return Decision(self._failed_by(task),
+                            self.failure(task, f"parameter server ended ({code})"),
+                            hosts=culprit)
+        if task.name not in self.finishers:
+            said.append(f"hypertf: warning: {task.label} ended; the job goes on without it")
+        elif task.exit_code == 0 and task.started is None:
+            task.started = task.ended
+        if all(self.tasks[name].exit_code == 0 for name in self.finishers):
+            return Decision(Verdict.SUCCEEDED, "all finishers exited 0")
+        return None
+
+    @staticmethod
+    def _failed_by(task: TaskState) -> Verdict:
+        """A signal the task did not send itself (the OOM killer, a neighbour's kill) is
+        worth a new attempt; an exit code is the script's own verdict."""
+        killed = task.killed or (task.exit_code is not None and task.exit_code > 128)
+        return Verdict.RETRYABLE if killed else Verdict.FAILED
+
+    # -- the clock ------------------------------------------------------------------------
+    def _on_clock(self, now: float, said: list[str]) -> Decision | None:
+        limits = self.limits
+        if not self.all_started and all(t.started for t in self.tasks.values()):
+            self.all_started = True
+            said.append(f"hypertf: all {len(self.tasks)} tasks listening after "
+                        f"{now - self.begun:.1f} s")
+        if not self.all_started and now - self.begun > limits.start_timeout:
+            waiting = [t for t in self.tasks.values() if not t.started]
+            labels = ", ".join(t.label for t in waiting)
+            return Decision(Verdict.RETRYABLE, hosts=frozenset(t.placement.host for t in waiting),
+                            message=(
+                f"start-up deadline: {labels} not listening on their port after "
+                f"{limits.start_timeout:.0f} s (a peer that never started, a host cut off, or "
+                f"a script that never serves); raise --start-timeout if start-up is just "
+                f"slow"))
+        if limits.timeout and now - self.begun > limits.timeout:
+            return Decision(Verdict.FAILED,
+                            f"job timeout: still running after {limits.timeout:.0f} s")
+        idle = limits.idle_timeout
+        silent = now - self.last_output
+        if self.idle_warnings and self.last_output != self._warned_silence:
+            self.idle_warnings = 0  # a task wrote since: a new silence is said in full again
+        if self.all_started and idle and silent > idle * (self.idle_warnings + 1):
+            self._warned_silence = self.last_output
+            self.idle_warnings += 1
+            self.idle_warned = True
+            why = (f"every task listens and none has written a line for {idle:.0f} s: "
+                   f"{self._idle_causes}")
+            if limits.idle_fail:
+                return Decision(Verdict.FAILED, f"idle: {why}")
+            if self.idle_warnings == 1:
+                said.append(f"hypertf: warning: {why} (--idle-fail ends such a job)")
+            else:  # without --idle-fail nothing ends it: keep saying so, not wait silently
+                said.append(f"hypertf: warning: still no line from any task after "
+                            f"{silent:.0f} s; the job waits until a task writes or ends "
+                            f"(--idle-fail, --timeout or Ctrl-C end it)")
+        for host, seen in self.host_seen.items():
+            if now - seen > limits.host_silence and any(
+                    t.running for t in self.tasks.values() if t.placement.host == host):
+                self.lost_hosts.add(host)
+                return Decision(Verdict.RETRYABLE, f"host {host} stopped answering "
+                                f"({now - seen:.0f} s without news)", hosts=frozenset({host}))
+        return None
+
+    # -- words ----------------------------------------------------------------------------
+    def failure(self, task: TaskState, what: str) -> str:
+        """What died and why: a refused legacy flag named with its fix, the exception (the
+        last traceback's whole error and the script's own frame, FATAL and error lines), the
+        fixes HyperTF recognises (Keras 3, a missing module), the last lines."""
+        lines = list(task.tail)
+        refused = diagnose.unknown_legacy_flag(lines)
+        if refused:
+            what = (f"{what}: the script does not accept --{refused} (a legacy flag HyperTF "
+                    f"passed); run it with --no-legacy-flags (it reads TF_CONFIG then)")
+        causes = diagnose.cause_lines(lines)
+        cause = "".join(f"\n    {line}" for line in causes)
+        fixes = "".join(f"\n  hint: {hint}" for hint in diagnose.hints(lines, self._facts))
+        last = [line for line in lines[-10:] if line.strip() not in causes]
+        tail = "\n".join(f"    {line}" for line in last) or "    (no output)"
+        return (f"task {task.label} failed: {what}."
+                + (f" Cause:{cause}" if cause else "") + fixes
+                + f"\n  last lines of its log:\n{tail}\n  full logs: {self._logs_hint}")

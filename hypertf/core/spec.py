@@ -1,0 +1,96 @@
+"""The TensorFlow cluster spec for every task: TF_CONFIG and the legacy flags.
+
+Which tasks *finish* and which *serve* depends on the mode (see docs/tensorflow.md):
+mirrored jobs (no ps) finish on every task; parameter-server jobs with a chief finish when the
+chief does (workers and ps serve forever); legacy jobs (ps, no chief) finish when the workers
+do (ps serve forever).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from hypertf.core.records import GpuInfo
+from hypertf.core.scheduler import Placement, TaskSlot
+
+ROLE_ORDER = ("chief", "worker", "ps")
+
+
+def slots_for(ps: int, workers: int, chief: bool, worker_gpus: int, ps_gpus: int,
+              ) -> tuple[TaskSlot, ...]:
+    """The job's tasks, chief first, in the order TF_CONFIG lists them."""
+    slots = [TaskSlot("chief", 0, worker_gpus)] if chief else []
+    slots += [TaskSlot("worker", i, worker_gpus) for i in range(workers)]
+    slots += [TaskSlot("ps", i, ps_gpus) for i in range(ps)]
+    return tuple(slots)
+
+
+def mode(placements: Sequence[Placement]) -> str:
+    roles = {p.role for p in placements}
+    if "ps" not in roles:
+        return "mirrored"
+    return "parameter_server" if "chief" in roles else "legacy"
+
+
+def finishers(placements: Sequence[Placement]) -> set[str]:
+    """Tasks whose exit 0 ends the job; every other task is a server the launcher stops."""
+    job_mode = mode(placements)
+    if job_mode == "mirrored":
+        return {p.name for p in placements}
+    if job_mode == "parameter_server":
+        return {p.name for p in placements if p.role == "chief"}
+    return {p.name for p in placements if p.role == "worker"}
+
+
+def fatal_servers(placements: Sequence[Placement]) -> set[str]:
+    """Servers whose exit fails the job (a ps always; a PS-mode worker is tolerated)."""
+    return {p.name for p in placements if p.role == "ps"}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task needs to know about the cluster."""
+
+    placement: Placement
+    tf_config: str
+    flags: tuple[str, ...]
+
+
+def build(placements: Sequence[Placement], addresses: Mapping[str, str]) -> list[TaskSpec]:
+    """``addresses`` maps task name ('worker:0') to 'host:port' on the data network."""
+    cluster: dict[str, list[str]] = {}
+    for role in ROLE_ORDER:
+        members = sorted((p for p in placements if p.role == role), key=lambda p: p.index)
+        if members:
+            cluster[role] = [addresses[p.name] for p in members]
+    specs = []
+    for p in placements:
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": p.role, "index": p.index}},
+                               separators=(",", ":"))
+        flags = (
+            f"--ps_hosts={','.join(cluster.get('ps', []))}",
+            f"--worker_hosts={','.join(cluster.get('worker', []))}",
+            f"--job_name={p.role}",
+            f"--task_index={p.index}",
+        )
+        specs.append(TaskSpec(p, tf_config, flags))
+    return specs
+
+
+def gpu_env(indices: Sequence[int], gpus: Sequence[GpuInfo]) -> dict[str, str]:
+    """Pin a task to the GPUs it was granted, by UUID.
+
+    CUDA numbers devices fastest-first unless told ``PCI_BUS_ID`` order, while NVML (and so
+    the matrix) numbers them by PCI bus: on a node with mixed GPUs an index could name
+    another GPU than the one granted. A UUID cannot. ``HYPERTF_GPUS`` keeps the NVML
+    indices for tools that want them (valid with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). A GPU
+    whose UUID the agent did not report falls back to its index.
+    """
+    uuids = {gpu.index: gpu.uuid for gpu in gpus if gpu.uuid}
+    return {
+        "CUDA_VISIBLE_DEVICES": ",".join(uuids.get(i, str(i)) for i in indices),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "HYPERTF_GPUS": ",".join(map(str, indices)),
+    }

@@ -1,0 +1,2 @@
+"""The launcher, on the operator's machine: a request, its attempts, the node
+sessions over SSH, detached jobs and their logs."""

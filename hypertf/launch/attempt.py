@@ -1,0 +1,487 @@
+"""One try at running a job, under one task key for its whole life.
+
+allocate -> start -> watch -> stop -> release. ``Attempt.run`` returns an ``Outcome`` (the
+Monitor's verdict, and the ports to avoid after a port clash) or raises the failure; stop,
+release, logs and summary happen whatever goes wrong, and cannot be interrupted. A new try
+is a new ``Attempt`` with a new key: nothing of an old one is reused or mutated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import signal
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
+from hypertf.config.inventory import Inventory, Node
+from hypertf.core import diagnose
+from hypertf.core import spec as specs
+from hypertf.core.errors import Cancelled, HyperTFError, StoreError
+from hypertf.core.layout import Layout
+from hypertf.core.monitor import Event, Limits, Monitor, TaskState, Verdict
+from hypertf.core.placement import Grant
+from hypertf.core.records import AgentRecord
+from hypertf.core.rundir import RunDir, tensorboard_dir
+from hypertf.core.timeline import Timeline
+from hypertf.launch.nodeclient import NodeClient, PortsBusy
+from hypertf.launch.remote import Cluster, GroupResult, Session
+from hypertf.launch.request import TrainRequest
+from hypertf.store.allocation import release
+from hypertf.store.jobs import update_job
+
+
+class Job(Protocol):
+    """What an attempt needs of its job (hypertf.launch.launcher.Job): the job hands itself in,
+    and the attempt sees only these members, so the two modules do not import each other."""
+
+    client: Any
+    store: Any
+    layout: Layout
+    cluster: Cluster | None
+    inventory: Inventory
+    request: TrainRequest
+    records: dict[str, AgentRecord]
+    lost_session: threading.Event
+    queued: set[str]
+    tf_keras: dict[str, bool]
+    cpu_only: bool
+    started_at: float
+    max_port_retries: int
+    timeline: Timeline
+
+    @property
+    def job_id(self) -> str: ...
+
+    def say(self, line: str) -> None: ...
+
+    def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
+              avoid: frozenset[str] = ...) -> Grant: ...
+
+    def announce_flags(self) -> bool: ...
+
+    def checkpoint_dir(self, host: str) -> str: ...
+
+    def script_path(self) -> str: ...
+
+    def attempts_summary(self) -> list[dict[str, Any]]: ...
+
+LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow reads as TF_USE_LEGACY_KERAS set
+LATE_EXIT_WAIT_S = 5.0  # after the stop: how long the watchers may take to report the ends
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
+             "GRPC_FAIL_FAST": "use_caller"}
+
+
+class JobFailed(HyperTFError):
+    """The job ran and failed; the message names the task and shows its last lines.
+    ``retryable``: a new attempt may cure it; ``hosts``: the hosts it points at."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, retryable: bool = False,
+                 hosts: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.hosts = hosts
+
+
+class JobKilled(JobFailed):
+    """``hypertf kill`` or ``cancel`` ended the running job (its lease was dropped): final,
+    and its own exit code (errors.Cancelled's), so it is not taken for a failure."""
+
+    exit_code = Cancelled.exit_code
+
+
+class Interrupted(HyperTFError):
+    exit_code = 130
+
+
+@contextlib.contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM raise Interrupted (the job stops and releases what it
+    holds); the previous handlers come back after."""
+    def interrupt(signum: int, _frame: object) -> None:
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}: job stopped, "
+                          f"GPUs released")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def uninterruptible() -> Iterator[None]:
+    """Cleanup must finish: SIGINT and SIGTERM wait until it has."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def ended_by(err: HyperTFError) -> tuple[str, str]:
+    """The result and message a job or an attempt records when ``err`` ends it."""
+    return ("interrupted" if isinstance(err, Interrupted) else "failed"), str(err)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, when it did not raise: succeeded, or a port clash (retry on
+    fresh ports, avoiding ``busy_ports``)."""
+
+    verdict: Verdict
+    message: str = ""
+    busy_ports: dict[str, set[int]] = field(default_factory=dict)
+
+
+class Attempt:
+    """allocate -> start -> watch -> stop -> release, for one task key."""
+
+    def __init__(self, job: Job, task_key: str, number: int, last: bool) -> None:
+        self.job = job
+        self.task_key = task_key
+        self.number = number  # 1 for the first try: HYPERTF_ATTEMPT
+        self.last = last  # a port clash now fails the job instead of asking for a retry
+        self.grant: Grant | None = None
+        self.tasks: dict[str, TaskState] = {}
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.lease_dropped = threading.Event()
+        self.lost_hosts: set[str] = set()
+        self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
+        self.result = "failed"
+        self.message = ""
+        self._over = False
+
+    @property
+    def reporter(self) -> str:
+        """The task whose HYPERTF_METRICS_FILE is copied back: the chief, else worker 0."""
+        return "chief:0" if "chief:0" in self.tasks else "worker:0"
+
+    @property
+    def local(self) -> RunDir:
+        """The same layout on this machine, under the launcher's working directory: where
+        the task logs and summary.json land."""
+        return RunDir.of(".", self.task_key, local=True)
+
+    @property
+    def local_dir(self) -> Path:
+        return self.local.local
+
+    def run_dir(self, host: str) -> RunDir:
+        return RunDir.of(self.job.inventory.node(host).settings.workdir, self.task_key)
+
+    # -- the lifecycle --------------------------------------------------------------------
+    def run(self, live: list[str], exclude: dict[str, set[int]],
+            avoid: frozenset[str] = frozenset()) -> Outcome:
+        try:
+            self.grant = self.job.place(self.task_key, live, exclude, avoid)
+            self.tasks = {p.name: TaskState(p, self.grant.ports[p.name])
+                          for p in self.grant.placements}
+            self._watch_lease()
+            busy = self.start()
+            verdict = Verdict.PORT_CLASH if busy else self.watch()
+            if verdict is Verdict.PORT_CLASH:
+                if self.last:
+                    raise JobFailed("tasks could not bind their ports after "
+                                    f"{self.job.max_port_retries} retries")
+                self.result = "retried"
+                return Outcome(verdict, busy_ports=busy or {
+                    host: {t.port for t in self.tasks.values() if t.placement.host == host}
+                    for host in {t.placement.host for t in self.tasks.values()}})
+            self.result, self.message = "succeeded", "all finishers exited 0"
+            return Outcome(verdict, self.message)
+        except HyperTFError as err:
+            self.result, self.message = ended_by(err)
+            raise
+        finally:
+            with uninterruptible():
+                self.finish()
+
+    def _watch_lease(self) -> None:
+        """The lease vanishing while the attempt runs means 'hypertf kill' (or a lost
+        session): the watch loop notices."""
+        def on_lease(data: bytes | None, _stat: object) -> bool:
+            if data is None and not self._over:
+                self.lease_dropped.set()
+            return data is not None and not self._over  # False ends the watch
+
+        self.job.client.DataWatch(self.job.layout.lease(self.task_key), on_lease)
+
+    # -- start ----------------------------------------------------------------------------
+    def start(self) -> dict[str, set[int]]:
+        """Every task at once: one request per host, hosts in parallel. Returns the granted
+        ports found already in use, per host (nothing is started on such a host)."""
+        job, grant, cluster = self.job, self.grant, self.job.cluster
+        assert grant and cluster
+        addresses = {p.name: f"{job.records[p.host].data_addr}:{grant.ports[p.name]}"
+                     for p in grant.placements}
+        by_host: dict[str, list[specs.TaskSpec]] = {}
+        for task_spec in specs.build(grant.placements, addresses):
+            by_host.setdefault(task_spec.placement.host, []).append(task_spec)
+        if job.request.sync_dir:
+            sync_dir = job.request.sync_dir
+            def upload(session: Session) -> None:
+                with job.timeline.phase("upload", session.node.name):
+                    NodeClient(session).upload(self.run_dir(session.node.name), sync_dir)
+
+            cluster.each(upload, list(by_host)).raise_failed("--sync upload")
+        legacy_flags = job.announce_flags()
+
+        def launch(session: Session) -> None:
+            host = session.node.name
+            requests = task_requests(self, session.node, by_host[host], legacy_flags)
+            with job.timeline.phase("start", host):
+                NodeClient(session).start(self.run_dir(host), requests,
+                                          make_dirs=[job.checkpoint_dir(host)])
+
+        update_job(job.store, self.task_key, state="starting")
+        results = cluster.each(launch, list(by_host))
+        busy = {h: v.ports for h, v in results.failed.items() if isinstance(v, PortsBusy)}
+        failed = {h: v for h, v in results.failed.items() if not isinstance(v, PortsBusy)}
+        if failed:
+            raise JobFailed("could not start tasks: " +
+                            "; ".join(f"{h}: {v}" for h, v in failed.items()))
+        if busy:
+            return busy
+        job.say(f"hypertf: job {self.task_key}: started {len(self.tasks)} tasks: " + ", ".join(
+            f"{t.name}@{t.placement.host}:{t.port}"
+            + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
+            for t in self.tasks.values()))
+        for host in by_host:
+            ports = {t.file_name: t.port for t in self.tasks.values() if t.placement.host == host}
+            NodeClient(cluster.sessions[host]).follow(self.run_dir(host), ports, self.events)
+            self.watched.add(host)
+        return busy
+
+    # -- watch ----------------------------------------------------------------------------
+    def watch(self) -> Verdict:
+        """Stream logs and feed every event to a Monitor until it decides: the verdict
+        (succeeded, or a port clash to retry); a failure raises JobFailed."""
+        job = self.job
+        request = job.request
+        limits = Limits(start_timeout=request.start_timeout, timeout=request.timeout,
+                        idle_timeout=request.idle_timeout, idle_fail=request.idle_fail,
+                        host_silence=max(2 * job.inventory.cluster.ssh_timeout, 10.0))
+        monitor = Monitor(self.tasks, limits, time.monotonic(), logs_hint=f"{self.local_dir}/",
+                          idle_causes=job.request.idle_causes(), facts=self.facts())
+        while True:
+            try:
+                event = self.events.get(timeout=0.2)
+            except queue.Empty:
+                event = Event("tick")
+            if event.kind == "listening":
+                job.timeline.mark("listening", event.host)
+            elif event.kind == "log":
+                job.timeline.mark("first log line")
+            if event.kind == "exit" and event.killed:
+                self.lease_dropped.wait(1.0)  # killed by an agent after 'hypertf kill'?
+            if job.lost_session.is_set():
+                event = Event("session-lost")
+            elif self.lease_dropped.is_set():
+                event = Event("lease-dropped", why=(
+                    f"job {self.task_key} was killed: its lease was dropped (hypertf kill); "
+                    f"its tasks are stopped and its GPUs returned"))
+            decision = monitor.feed(event, time.monotonic())
+            for line in decision.say:
+                job.say(line)
+            self.lost_hosts |= monitor.lost_hosts
+            if decision.verdict in (Verdict.SUCCEEDED, Verdict.PORT_CLASH):
+                return decision.verdict
+            if decision.final and self.lease_dropped.is_set():
+                raise JobKilled(decision.message)
+            if decision.final:
+                raise JobFailed(decision.message, decision.verdict is Verdict.RETRYABLE,
+                                decision.hosts)
+
+    def facts(self) -> diagnose.JobFacts:
+        """What a failure's hint may rely on: TF_USE_LEGACY_KERAS=1 on every task's host,
+        and tf-keras in every host's venv (preflight's answer; None if a host did not say)."""
+        job = self.job
+        hosts = sorted({t.placement.host for t in self.tasks.values()})
+        legacy = bool(hosts) and all(
+            job.request.task_env(job.inventory.node(host)).get("TF_USE_LEGACY_KERAS")
+            in LEGACY_KERAS_ON for host in hosts)
+        known = job.tf_keras
+        tf_keras = (all(known[host] for host in hosts)
+                    if hosts and all(host in known for host in hosts) else None)
+        if any(known.get(host) is False for host in hosts):
+            tf_keras = False
+        return diagnose.JobFacts(legacy_keras=legacy, tf_keras=tf_keras)
+
+    # -- stop, release, report ------------------------------------------------------------
+    def stop(self) -> GroupResult[dict[str, str]]:
+        """TERM each task's process group, KILL after the grace period; every host at once."""
+        cluster = self.job.cluster
+        if not cluster or not self.tasks:
+            return GroupResult()
+        hosts = sorted({t.placement.host for t in self.tasks.values()} - self.lost_hosts)
+        for host in sorted(self.lost_hosts):
+            self.job.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
+                         f"tasks there when it can reach ZooKeeper again (the lease is released)")
+        grace = self.job.request.grace
+        results = cluster.each(
+            lambda s: NodeClient(s).stop(self.run_dir(s.node.name), grace), hosts)
+        for host, value in results.succeeded.items():
+            for task in self.tasks.values():
+                if task.placement.host == host and task.file_name in value:
+                    task.stop_result = task.stop_result or value[task.file_name]
+        for host, err in results.failed.items():
+            self.job.say(f"hypertf: warning: could not stop tasks on {host} ({err}); its "
+                         f"agent stops them once the job's lease is released")
+        return results
+
+    def late_exits(self, wait_s: float = LATE_EXIT_WAIT_S) -> None:
+        """Record the exit codes the watchers report after the Monitor decided. A job ends
+        at its first failure; its peers die of it a second later (a mirrored worker's
+        'Socket closed') or are stopped now, and their ends arrive after the decision.
+        Without this, a task that exited 1 with its own traceback read as having no exit
+        code at all. Waits until every watched host's tasks have ended, its watcher
+        closed, or ``wait_s``."""
+        by_file = {(t.placement.host, t.file_name): t for t in self.tasks.values()}
+
+        def waiting() -> bool:
+            return any(t.ended is None and t.placement.host in self.watched - self.lost_hosts
+                       for t in self.tasks.values())
+
+        deadline = time.monotonic() + wait_s
+        while waiting() and time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if event.kind in ("closed", "lost"):
+                self.watched.discard(event.host)
+            task = by_file.get((event.host, event.task))
+            if event.kind == "exit" and task is not None and task.ended is None:
+                task.ended, task.exit_code, task.killed = (time.monotonic(), event.code,
+                                                           event.killed)
+
+    def _release(self, stopped_on: list[str] | None, wait_s: float = 15.0) -> None:
+        """Release, or explain why the GPUs come back anyway when ZooKeeper is out of reach."""
+        client = self.job.client
+        deadline = time.monotonic() + wait_s
+        while not client.connected and time.monotonic() < deadline:
+            time.sleep(0.2)  # calls on a disconnected client would queue and block
+        try:
+            if not client.connected:
+                raise StoreError("not connected")
+            release(self.job.store, self.task_key, state=self.result,
+                    extra={"summary": summary_of(self)}, stopped_on=stopped_on)
+        except (StoreError, KazooException, KazooTimeoutError) as err:
+            self.job.say(f"hypertf: warning: could not reach ZooKeeper to release job "
+                         f"{self.task_key} ({err or type(err).__name__}); its lease ends with "
+                         f"this session and the next sync returns the GPUs")
+
+    def collect_logs(self) -> None:
+        """Every task's log into the local copy of the run (hosts that answer)."""
+        cluster = self.job.cluster
+        if not cluster or not self.tasks:
+            return
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        on = {host: [t.file_name for t in self.tasks.values() if t.placement.host == host]
+              for host in {t.placement.host for t in self.tasks.values()} - self.lost_hosts}
+        cluster.each(lambda s: NodeClient(s).fetch_logs(
+            self.run_dir(s.node.name), on[s.node.name], self.local), sorted(on))
+        reporter = self.tasks.get(self.reporter)
+        if reporter and reporter.placement.host in on:
+            host = reporter.placement.host
+            cluster.each(lambda s: NodeClient(s).fetch_metrics(self.run_dir(host), self.local),
+                         [host])
+
+    def finish(self) -> None:
+        """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""
+        self._over = True
+        stopped: GroupResult[dict[str, str]] = GroupResult()
+        timeline = self.job.timeline
+        try:
+            with timeline.phase("stop"):
+                stopped = self.stop()
+                self.late_exits()
+        finally:
+            with timeline.phase("release"):
+                if self.job.client is not None and self.grant is not None:
+                    self._release(confirmed_dead(self.tasks.values(), stopped, self.grant))
+                elif self.job.client is not None and self.task_key in self.job.queued:
+                    self._release(None)  # left the queue (cancelled, interrupted): nothing ran
+            with timeline.phase("logs"):
+                self.collect_logs()
+            if self.tasks:
+                self.local_dir.mkdir(parents=True, exist_ok=True)
+                Path(self.local.summary).write_text(json.dumps(summary_of(self), indent=2))
+
+
+def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskSpec],
+                  legacy_flags: bool) -> list[dict[str, Any]]:
+    """What ``tasknode start`` gets for each task on ``node``: name, port, working dir,
+    environment (TF_CONFIG, GPU pinning, attempt, checkpoints, the user's) and argv."""
+    job, run = attempt.job, attempt.run_dir(node.name)
+    cwd = str(run.code) if job.request.sync_dir else node.settings.workdir
+    script = job.request.script if job.request.sync_dir else job.script_path()
+    requests = []
+    for task_spec in task_specs:
+        task = attempt.tasks[task_spec.placement.name]
+        env = {**QUIET_ENV, **job.request.task_env(node), "TF_CONFIG": task_spec.tf_config,
+               **specs.gpu_env(task_spec.placement.gpus, job.records[node.name].gpus),
+               "HYPERTF_TASK_KEY": attempt.task_key, "HYPERTF_TASK": task.name,
+               "HYPERTF_ATTEMPT": str(attempt.number),
+               "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name),
+               "HYPERTF_TENSORBOARD_DIR": tensorboard_dir(node.settings.workdir, job.job_id)}
+        if task.name == attempt.reporter:
+            env["HYPERTF_METRICS_FILE"] = str(run.metrics)
+        argv = ["python", script, *(task_spec.flags if legacy_flags else ()), *job.request.args]
+        requests.append({"name": task.file_name, "port": task.port, "cwd": cwd, "env": env,
+                         "argv": argv})
+    return requests
+
+
+def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, str]],
+                   grant: Grant | None) -> list[str]:
+    """Hosts where the stop saw every task of the job dead: only their GPUs go back now;
+    the others drain until their agent has confirmed."""
+    hosts = {t.placement.host for t in tasks}
+    if not hosts:
+        return sorted({p.host for p in grant.placements}) if grant else []
+    return sorted(host for host in hosts if host in stopped.succeeded
+                  and "survived SIGKILL" not in stopped.succeeded[host].values())
+
+
+def summary_of(attempt: Attempt) -> dict[str, Any]:
+    """An attempt as summary.json and its job record say it: placement, ports, how each task
+    ended, and the job's attempts so far."""
+    job = attempt.job
+    return {
+        "task_key": attempt.task_key,
+        "result": attempt.result,
+        "message": attempt.message,
+        "script": job.request.script,
+        "args": list(job.request.args),
+        "inventory": str(job.inventory.path),
+        "policy": job.request.policy,
+        "cpu_only": job.cpu_only,
+        "env": {host: job.request.task_env(job.inventory.node(host))
+                for host in sorted({t.placement.host for t in attempt.tasks.values()})},
+        "wall_s": round(time.time() - job.started_at, 2),
+        "tasks": [
+            {"task": t.name, "host": t.placement.host, "gpus": list(t.placement.gpus),
+             "port": t.port, "exit_code": t.exit_code, "killed": t.killed,
+             "end": t.end(t.placement.host in attempt.lost_hosts),
+             "duration_s": round(t.ended - t.started, 2) if t.ended and t.started else None}
+            for t in attempt.tasks.values()
+        ],
+        "attempts": job.attempts_summary(),
+        "timeline": job.timeline.to_json(),
+    }

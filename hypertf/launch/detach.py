@@ -1,0 +1,97 @@
+"""``hypertf train --detach``: the job goes on in a background launcher of its own.
+
+The foreground checks what it can (the request, the inventory), picks the task key, starts
+``python -m hypertf.launch.detach`` in a new session (no terminal: a logout's SIGHUP does not reach
+it) with its output in ``runs/<key>/launcher.log``, waits until the job's record exists in
+ZooKeeper (queued or allocated) so that ``hypertf cancel KEY`` works at once, prints the key
+and returns. The background launcher is an ordinary one: it waits in the queue, runs the job
+and cleans up; killed outright, its lease expires and the agents clean up as for any job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hypertf import store
+from hypertf.config.inventory import load_inventory
+from hypertf.core.errors import HyperTFError
+from hypertf.core.placement import new_task_key
+from hypertf.core.rundir import RunDir
+from hypertf.launch.request import TrainRequest
+from hypertf.store import auth
+from hypertf.store.jobs import read_job
+
+REGISTERED_WITHIN_S = 120.0  # preflight and the first allocation try come before the record
+
+
+def request_file(run: Path) -> Path:
+    return run / "request.json"
+
+
+def start_detached(inventory: str, request: TrainRequest) -> int:
+    request.validate()
+    inv = load_inventory(inventory)  # a broken inventory fails here, in the foreground
+    key = new_task_key(auth.job_owner())
+    run = RunDir.of(".", key, local=True).local
+    run.mkdir(parents=True, exist_ok=True)
+    request_file(run).write_text(json.dumps(dataclasses.asdict(request)))
+    log_path = run / "launcher.log"
+    with open(log_path, "ab") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "hypertf.launch.detach", str(inv.path), str(request_file(run)),
+             key],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=os.getcwd())
+    client = store.connect(inv.cluster, long_lived=True)
+    try:
+        zk = store.Store(client, store.Layout(inv.cluster.zk_root))
+        deadline = time.monotonic() + REGISTERED_WITHIN_S
+        while read_job(zk, key) is None:
+            if launcher.poll() is not None:
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+                print("\n".join(tail), file=sys.stderr)
+                return launcher.returncode or 1
+            if time.monotonic() > deadline:
+                break  # still preflighting: it goes on; say where to look
+            time.sleep(0.2)
+    finally:
+        store.close(client)
+    print(key)
+    print(f"hypertf: job {key} detached (launcher PID {launcher.pid}, output {log_path}); "
+          f"follow: hypertf logs {key} -f; queue: hypertf queue; end: hypertf cancel {key}",
+          file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """The background launcher: ``python -m hypertf.launch.detach INVENTORY REQUEST.json KEY``."""
+    from hypertf.launch.exits import quiet_kazoo, run
+    from hypertf.launch.launcher import train
+
+    inventory, request_path, key = argv
+    fields = json.loads(Path(request_path).read_text())
+    fields.update(args=tuple(fields["args"]), env=tuple(fields["env"]))
+    request = TrainRequest(**fields)
+    quiet_kazoo()
+    print(f"hypertf: detached launcher of job {key} (PID {os.getpid()})", flush=True)
+
+    def job() -> int:
+        train(load_inventory(inventory), request, say=lambda line: print(line, flush=True),
+              first_key=key)
+        return 0
+
+    return run(job)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except HyperTFError as err:  # pragma: no cover - exits.run reports these
+        print(f"hypertf: error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)

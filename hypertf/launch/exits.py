@@ -1,0 +1,54 @@
+"""How a command ends: a HyperTFError becomes one line on stderr and its exit code, an
+outage of ZooKeeper exit 3, Ctrl-C 130, a reader that left (``| head``) a quiet 141;
+anything else is a bug and keeps its traceback. Shared by the CLI, Invoke's tasks and the
+background launchers (detached jobs, sweep drivers), which import no CLI.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
+from hypertf.core.errors import HyperTFError
+
+
+def quiet_kazoo() -> None:
+    """kazoo's connection warnings are noise for a one-shot command: our error says it."""
+    kazoo_log = logging.getLogger("hypertf.kazoo")
+    kazoo_log.addHandler(logging.NullHandler())
+    kazoo_log.propagate = False
+
+
+def run(func: Callable[[], int]) -> int:
+    """Turn HyperTFError into a message and its exit code."""
+    try:
+        return func()
+    except HyperTFError as err:
+        print(f"hypertf: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except (KazooException, KazooTimeoutError) as err:  # an outage, not a bug
+        print(f"hypertf: error: ZooKeeper failed ({type(err).__name__}: {err or 'no detail'}); "
+              f"check 'hypertf status' and the ZooKeeper servers", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("hypertf: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return reader_gone()
+
+
+SIGPIPE_EXIT = 128 + 13  # what a shell reports for a writer killed by SIGPIPE
+
+
+def reader_gone() -> int:
+    """The reader of stdout left (``| head -1``, ``| grep -q``): end quietly, as ``cat``
+    does. Stdout goes to /dev/null so that the interpreter's last flush cannot complain."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_EXIT

@@ -1,0 +1,414 @@
+"""The job behind ``invoke train`` / ``hypertf train``: plan -> preflight -> one ``Attempt``
+per try -> report.
+
+``Job`` holds what every attempt shares (the ZooKeeper client, the SSH sessions, the hosts
+that passed preflight); each ``Attempt`` (hypertf.launch.attempt) has its own task key and
+allocates, starts, watches, stops and releases. A port clash is retried as a new attempt
+on fresh ports. If the launcher is killed outright, its ZooKeeper lease expires and the
+agents stop the job's tasks and free its GPUs.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooState
+
+from hypertf import store
+from hypertf.config.inventory import Inventory
+from hypertf.core.admission import fits_cluster
+from hypertf.core.errors import HyperTFError, InsufficientResources
+from hypertf.core.monitor import Verdict
+from hypertf.core.placement import Grant, Request, new_task_key
+from hypertf.core.rundir import checkpoint_dir
+from hypertf.core.timeline import Timeline
+from hypertf.launch.attempt import (
+    Attempt,
+    Interrupted,
+    JobFailed,
+    JobKilled,
+    Outcome,
+    ended_by,
+    interrupted_by_signals,
+    summary_of,
+    uninterruptible,
+)
+from hypertf.launch.nodeclient import NodeClient
+from hypertf.launch.remote import Cluster, GroupResult, Session
+from hypertf.launch.request import TrainRequest
+from hypertf.store import Layout, auth
+from hypertf.store.allocation import plan, read_matrix
+from hypertf.store.waitqueue import enqueue, grant_of, read_view, wait_for_admission
+
+__all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
+
+MAX_PORT_RETRIES = 3
+EARLY_PREFLIGHT_HOSTS = 32  # hosts a waiting job preflights while it waits
+MAX_RESTART_PAUSE_S = 30.0  # restarts wait 1, 2, 4 ... seconds, at most this
+
+
+@dataclass
+class Restarts:
+    """--max-restarts: how many so far, and how often each host was to blame."""
+
+    allowed: int
+    on_failure: bool  # --restart-on-failure: a script's own exit counts too
+    done: int = 0
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    @property
+    def avoid(self) -> frozenset[str]:
+        """Hosts that failed two attempts: left out when the others can take the job."""
+        return frozenset(host for host, count in self.failures.items() if count >= 2)
+
+    def after(self, err: JobFailed) -> float | None:
+        """The pause before the next attempt (1, 2, 4 ... s), or None: ``err`` ends the job."""
+        if isinstance(err, JobKilled) or not (err.retryable or self.on_failure) \
+                or self.done >= self.allowed:  # a kill or cancel is never restarted
+            return None
+        self.done += 1
+        self.failures.update(err.hosts)
+        return min(2.0 ** (self.done - 1), MAX_RESTART_PAUSE_S)
+
+
+class Job:
+    """One training job from plan to report; its tries are ``Attempt`` objects."""
+
+    max_port_retries = MAX_PORT_RETRIES
+
+    def __init__(self, inventory: Inventory, request: TrainRequest,
+                 say: Callable[[str], None] = print, first_key: str | None = None) -> None:
+        request.validate()
+        self.inventory = inventory
+        self.request = request
+        self.say = say
+        self.layout = Layout(inventory.cluster.zk_root)
+        self.owner = auth.job_owner()
+        self.client: Any = None
+        self.store: Any = None  # store.Store once connected
+        self.cluster: Cluster | None = None
+        self.records: dict[str, store.AgentRecord] = {}
+        self.lost_session = threading.Event()
+        self.started_at = time.time()
+        self.result = "failed"
+        self.message = ""
+        self.preflighted: set[str] = set()
+        self.script_reads_flags = False
+        self.tf_keras: dict[str, bool] = {}  # preflight: tf-keras in each host's venv
+        self.flags_announced = False
+        self.cpu_only = False
+        self.attempts: list[Attempt] = []
+        self.queued: set[str] = set()  # task keys that went through the queue
+        self.first_key = first_key  # a detached launcher's key, chosen by its parent
+        self.timeline = Timeline()
+
+    # -- plan ---------------------------------------------------------------------------
+    def plan(self) -> list[str]:
+        """Connect, and find the candidate hosts (inventory GPU nodes with a live agent)."""
+        with self.timeline.phase("connect"):
+            self.client = store.connect(self.inventory.cluster, long_lived=True,
+                                        on_pause=lambda msg: self.say(f"hypertf: {msg}"))
+            self.store = store.Store(self.client, self.layout)
+            self.client.add_listener(self._on_state)
+            hosts = self.live_hosts()
+        self.cpu_only = sum(self.records[h].gpu for h in hosts) == 0
+        if self.cpu_only and (self.request.gpus_per_worker or self.request.gpus_per_ps):
+            self.say("hypertf: notice: no GPU on any node of this cluster: every task runs on CPU")
+        return hosts
+
+    def live_hosts(self) -> list[str]:
+        """The inventory's GPU nodes whose agent is up (their records kept for the start)."""
+        self.records = self.store.records()
+        hosts = [name for name in self.inventory.nodes if name in self.records]
+        if not hosts:
+            raise HyperTFError(
+                f"no agent is running on any host of {self.inventory.path}: start them with "
+                f"'invoke agent.start -i {self.inventory.path}' (status: hypertf status)"
+            )
+        return hosts
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self.lost_session.set()
+
+    # -- preflight ----------------------------------------------------------------------
+    def preflight(self, hosts: list[str]) -> None:
+        """SSH with verified host keys, venv, script, work dir: on every host, in parallel.
+        Hosts that passed are remembered (and their sessions kept) for the whole job."""
+        self._check_hosts(hosts).raise_failed("preflight", "; nothing was started or allocated")
+
+    def _check_hosts(self, hosts: list[str]) -> GroupResult[dict[str, Any]]:
+        """Preflight ``hosts``; what passed is remembered, what failed is returned."""
+        cluster = self._cluster(hosts)
+        script = "" if self.request.sync_dir else self.script_path()
+
+        def check(session: Session) -> dict[str, Any]:
+            with self.timeline.phase("preflight", session.node.name):
+                return NodeClient(session).preflight(
+                    script, timeout=self.inventory.cluster.ssh_timeout * 3)
+
+        results = cluster.each(check, hosts)
+        self.script_reads_flags |= any(v.get("legacy_flags") for v in results.succeeded.values())
+        self.tf_keras.update({host: bool(v["tf_keras"]) for host, v in results.succeeded.items()
+                              if "tf_keras" in v})
+        self.preflighted.update(results.succeeded)
+        return results
+
+    def _cluster(self, hosts: list[str]) -> Cluster:
+        """The job's SSH sessions, with one for each of ``hosts`` (made in the caller's
+        thread: the background preflight only uses them)."""
+        if self.cluster is None:
+            self.cluster = Cluster([], self.inventory.cluster)
+        for host in hosts:
+            self.cluster.sessions.setdefault(
+                host, Session(self.inventory.node(host), self.inventory.cluster))
+        return self.cluster
+
+    def preflight_while_waiting(self, hosts: list[str]) -> threading.Thread | None:
+        """A job that waits preflights the hosts it may get meanwhile (at most
+        EARLY_PREFLIGHT_HOSTS of them), so that once admitted it starts at once. A host
+        failing here is only checked again, loudly, if the job is placed on it."""
+        todo = [host for host in hosts if host not in self.preflighted][:EARLY_PREFLIGHT_HOSTS]
+        if not todo:
+            return None
+        self._cluster(todo)
+        thread = threading.Thread(target=lambda: self._check_hosts(todo), daemon=True,
+                                  name="early-preflight")
+        thread.start()
+        return thread
+
+    def announce_flags(self) -> bool:
+        """Whether the legacy flags are passed; said once per job, with what ends it."""
+        passed = self.request.passes_legacy_flags(self.script_reads_flags)
+        if not self.flags_announced:
+            self.say(f"hypertf: {self.request.legacy_flags_note(passed)}")
+            notice = self.request.topology_notice()
+            if notice:
+                self.say(f"hypertf: {notice}")
+            warning = self.hang_warning(passed)
+            if warning:
+                self.say(f"hypertf: warning: {warning}")
+            self.flags_announced = True
+        return passed
+
+    def hang_warning(self, passed: bool) -> str | None:
+        """ps tasks, no chief, and no legacy flags for the script: only a TF1 script that
+        reads its cluster from the flags finishes in that shape (its workers are the
+        finishers). A TF2 ParameterServerStrategy script's workers and ps only serve, so
+        the job would wait for ever, silently: say so before it starts. A warning, not a
+        refusal: a TF1 script may read TF_CONFIG itself and then runs fine."""
+        if not self.request.ps or self.request.chief or passed:
+            return None
+        why = ("--no-legacy-flags" if self.request.legacy_flags == "off"
+               else "the script reads no legacy flags (--ps_hosts ...)")
+        return (f"ps tasks, no --chief, and {why}: if this is a TF2 ParameterServerStrategy "
+                f"script, its workers and ps only serve and the job hangs (nothing ends it "
+                f"but --timeout, --idle-fail or Ctrl-C); run it with --chief")
+
+    def script_path(self) -> str:
+        script = self.request.script
+        return str(Path(script).resolve()) if Path(script).is_file() else script
+
+    # -- allocate -----------------------------------------------------------------------
+    def _allocation_request(self, hosts: list[str]) -> Request:
+        return Request(slots=self.request.slots(self.cpu_only), hosts=tuple(hosts),
+                       policy=self.request.policy,
+                       port_ranges={h: self.inventory.node(h).settings.port_range
+                                    for h in hosts})
+
+    def needed_hosts(self, hosts: list[str]) -> list[str]:
+        """The hosts the job would use now (a dry run): only those are preflighted, so a
+        broken node the job does not need does not fail it."""
+        placements = plan(self.store, self._allocation_request(hosts))
+        used = {p.host for p in placements}
+        return [host for host in hosts if host in used]
+
+    def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
+              avoid: frozenset[str] = frozenset()) -> Grant:
+        """Ask the keeper for GPUs: the one way to get them (on an idle cluster too). The
+        job waits in the queue until admitted, or with --no-wait is admitted at once or
+        refused (exit 4). When it would start now, the hosts it would use are preflighted
+        before it asks. Hosts in ``avoid`` (they failed two attempts) are left out when
+        the others can take the job. A request larger than the whole cluster, or than the
+        owner's GPU limit, fails at once whatever --no-wait says."""
+        others = [host for host in live if host not in avoid]
+        if avoid and others:
+            with contextlib.suppress(InsufficientResources):  # it needs them: keep them
+                self.needed_hosts(others)
+                live = others
+        request = self._allocation_request(live)
+        self._check_could_ever_run(request)
+        expect_wait = bool(read_view(self.store))  # others wait: in line behind them
+        if not expect_wait:
+            try:
+                chosen = self.needed_hosts(live)
+            except InsufficientResources:
+                if not self.request.wait:
+                    raise  # the message names what is free where
+                expect_wait = True
+            else:
+                new = [host for host in chosen if host not in self.preflighted]
+                if new:
+                    self.preflight(new)
+        return self._wait_in_queue(task_key, request, exclude, expect_wait)
+
+    def _check_could_ever_run(self, request: Request) -> None:
+        limit = self.inventory.cluster.user_gpu_limit
+        if limit and request.gpus > limit:
+            raise InsufficientResources(
+                f"this job asks for {request.gpus} GPUs, more than the {limit} one user may "
+                f"hold at once (hypertf_user_gpu_limit): ask for fewer GPUs")
+        matrix, _ = read_matrix(self.store)
+        if not fits_cluster(request, matrix, list(request.hosts)):
+            plan(self.store, request)  # raises today's message: what is free, per host
+            raise InsufficientResources(f"{request.describe()}: more than the whole cluster "
+                                        f"has; ask for fewer tasks or GPUs")
+
+    def _wait_in_queue(self, task_key: str, request: Request, exclude: dict[str, set[int]],
+                       expect_wait: bool) -> Grant:
+        """Queue the job, wait for the keeper to admit it, then preflight its hosts."""
+        asked = time.monotonic()
+        enqueue(self.store, task_key, request, self._record(), self.request.priority, exclude,
+                wait=self.request.wait)
+        self.queued.add(task_key)
+        queued_at = time.monotonic()
+        said: list[str] = []
+
+        def say(line: str) -> None:
+            said.append(line)
+            self.say(line)
+
+        early = None
+        if expect_wait and self.request.wait:
+            say(f"hypertf: job {task_key} queued (priority {self.request.priority}, "
+                f"{request.describe()}): it starts when the GPUs are free; 'hypertf queue' "
+                f"shows the queue, 'hypertf cancel {task_key}' ends it")
+            early = self.preflight_while_waiting(list(request.hosts))
+        try:
+            grant = grant_of(wait_for_admission(self.store, task_key, say, self.lost_session))
+        finally:
+            self.timeline.add("admission", asked, time.monotonic())
+        if said:
+            self.say(f"hypertf: job {task_key} admitted after "
+                     f"{time.monotonic() - queued_at:.1f} s in the queue")
+        if early is not None:
+            early.join(self.inventory.cluster.ssh_timeout * 3 + 5)
+        self.live_hosts()  # fresh records (addresses, GPU UUIDs) after the wait
+        hosts = sorted({p.host for p in grant.placements})
+        gone = [host for host in hosts if host not in self.records]
+        if gone:
+            raise JobFailed(f"the agent of {', '.join(gone)} went away while the job waited",
+                            retryable=True, hosts=frozenset(gone))
+        new = [host for host in hosts if host not in self.preflighted]
+        if new:
+            self.preflight(new)
+        return grant
+
+    def _record(self) -> dict[str, Any]:
+        """What the job record says about the request (hypertf jobs shows it)."""
+        return {"script": self.request.script, "args": list(self.request.args),
+                "inventory": str(self.inventory.path), "job_id": self.job_id,
+                "attempt": len(self.attempts)}
+
+    # -- the lifecycle ------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Plan, then attempts until one succeeds, fails, or the port retries run out;
+        every attempt stops and releases what it took whatever goes wrong."""
+        with interrupted_by_signals():
+            try:
+                outcome = self._attempts(self.plan())
+                self.result, self.message = "succeeded", outcome.message
+            except HyperTFError as err:
+                self.result, self.message = ended_by(err)
+                raise
+            finally:
+                with uninterruptible():
+                    if self.cluster:
+                        self.cluster.close()
+                    if self.client is not None:
+                        store.close(self.client)
+        return self.summary()
+
+    def _attempts(self, live: list[str]) -> Outcome:
+        """New attempts after port clashes (up to MAX_PORT_RETRIES) and, with
+        --max-restarts, after retryable failures: each after the previous one is stopped
+        and released, restarts with a growing pause, leaving out hosts that failed twice."""
+        exclude: dict[str, set[int]] = {}
+        port_retries = 0
+        restarts = Restarts(self.request.max_restarts, self.request.restart_on_failure)
+        while True:
+            key = self.first_key if not self.attempts and self.first_key else \
+                new_task_key(self.owner)
+            attempt = Attempt(self, key, number=len(self.attempts) + 1,
+                              last=port_retries == MAX_PORT_RETRIES)
+            self.attempts.append(attempt)
+            self.lost_session.clear()  # a new attempt has a new lease in the current session
+            try:
+                outcome = attempt.run(live, exclude, restarts.avoid)
+            except JobFailed as err:
+                pause = restarts.after(err)
+                if pause is None:
+                    raise
+                self.say(f"hypertf: attempt {attempt.number} failed ({str(err).splitlines()[0]});"
+                         f" restart {restarts.done} of {restarts.allowed} in {pause:.0f} s")
+                time.sleep(pause)
+                live = self.live_hosts()
+                continue
+            if outcome.verdict is not Verdict.PORT_CLASH:
+                return outcome
+            port_retries += 1
+            self.say("hypertf: a task could not bind its port: retrying on fresh ports")
+            for host, ports in outcome.busy_ports.items():
+                exclude.setdefault(host, set()).update(ports)
+
+    @property
+    def job_id(self) -> str:
+        """The job across its attempts: its first attempt's task key."""
+        return self.attempts[0].task_key
+
+    def checkpoint_dir(self, host: str) -> str:
+        """HYPERTF_CHECKPOINT_DIR: --checkpoint-dir, else one per job in the node's work dir;
+        the same path for every attempt."""
+        return self.request.checkpoint_dir or checkpoint_dir(
+            self.inventory.node(host).settings.workdir, self.job_id)
+
+    @property
+    def local_dir(self) -> Path:
+        return self.attempts[-1].local_dir if self.attempts else Path("runs")
+
+    def attempts_summary(self) -> list[dict[str, Any]]:
+        return [{"attempt": a.number, "task_key": a.task_key, "result": a.result,
+                 "message": a.message.splitlines()[0] if a.message else ""}
+                for a in self.attempts]
+
+    def summary(self) -> dict[str, Any]:
+        return {**summary_of(self.attempts[-1]), "result": self.result, "message": self.message}
+
+
+def train(inventory: Inventory, request: TrainRequest, say: Callable[[str], None] = print,
+          first_key: str | None = None, inventory_s: float = 0.0) -> dict[str, Any]:
+    """Run one job to the end; returns the summary, raises JobFailed on failure.
+    ``inventory_s``: how long reading the inventory took (the timeline's first phase)."""
+    job = Job(inventory, request, say, first_key)
+    if inventory_s:
+        job.timeline.add("inventory", job.timeline.origin - inventory_s, job.timeline.origin)
+    try:
+        summary = job.run()
+    finally:
+        if request.timings:
+            key = job.job_id if job.attempts else "?"
+            say(f"hypertf: timeline of job {key} (seconds from its start):")
+            for line in job.timeline.table():
+                say(line)
+    say(f"hypertf: job {summary['task_key']} {summary['result']} in {summary['wall_s']:.1f} s")
+    for task in summary["tasks"]:
+        say(f"  {task['task']:<10} {task['host']:<12} {task['end']}")
+    say(f"  logs and summary.json: {job.local_dir}/")
+    return summary

@@ -1,0 +1,161 @@
+"""The launcher's side of the node protocol: one node, one session, ``tasknode`` verbs.
+
+Every verb runs ``<venv>/bin/python -m hypertf.node.tasknode <verb>`` on the node and reads its
+JSON answer: the first JSON object line of what the command printed after its frame (what
+the user's shell startup files print is dropped by ``remote.Session``). ``start`` sends its
+request as a file read on stdin: a command line is limited (128 KiB per argument on Linux),
+a job's task specs are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import queue
+import tarfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hypertf.core.errors import RemoteError
+from hypertf.core.monitor import Event
+from hypertf.core.rundir import RunDir
+from hypertf.launch.remote import Result, Session, command_line, quote
+
+
+class PortsBusy(Exception):
+    """Something else listens on granted ports of a host; nothing was started there."""
+
+    def __init__(self, ports: set[int]) -> None:
+        super().__init__(f"ports in use: {sorted(ports)}")
+        self.ports = ports
+
+
+class _LineSink(io.TextIOBase):
+    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue."""
+
+    def __init__(self, host: str, events: queue.Queue[Event]) -> None:
+        self.host, self.events, self.buffer = host, events, ""
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            if line.strip():
+                try:
+                    self.events.put(Event.from_node(self.host, json.loads(line)))
+                except (json.JSONDecodeError, AttributeError):  # not a JSON object
+                    self.events.put(Event("noise", self.host, line=line))
+        return len(text)
+
+
+class NodeClient:
+    """One node's preflight, start, watch, stop and logs for the jobs of this launcher."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.node = session.node
+
+    def run_dir(self, task_key: str) -> RunDir:
+        return RunDir.of(self.node.settings.workdir, task_key)
+
+    def _tasknode(self, verb: str, *args: object) -> str:
+        return command_line([f"{self.node.settings.venv}/bin/python", "-m", "hypertf.node.tasknode",
+                             verb, *args])
+
+    def _answer(self, result: Result) -> Any:
+        """The verb's JSON answer; a failed command is a RemoteError with its last words."""
+        if not result.ok:
+            detail = (result.stderr or result.stdout).strip().splitlines()
+            why = detail[-1] if detail else f"exit {result.exited}"
+            if result.exited == 127 or "No such file" in why:
+                why = (f"the virtualenv {self.node.settings.venv} has no python with HyperTF "
+                       f"(run invoke cluster.setup): {why}")
+            raise RemoteError(why)
+        for line in result.stdout.splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                answer = json.loads(line)
+                if isinstance(answer, dict):
+                    return answer
+        said = " ".join(result.stdout.split())
+        raise RemoteError(f"{self.node.name}: no answer from hypertf.node.tasknode (it printed "
+                          f"{said[:200]!r}); is HyperTF installed in {self.node.settings.venv}?")
+
+    def preflight(self, script: str, timeout: float) -> dict[str, Any]:
+        """Venv, work dir and script on this node; problems raise RemoteError."""
+        report = self._answer(self.session.run(self._tasknode(
+            "preflight", "--workdir", self.node.settings.workdir, "--script", script),
+            timeout=timeout))
+        if report["problems"]:
+            raise RemoteError("; ".join(report["problems"]))
+        return report
+
+    def upload(self, run: RunDir, source_dir: str) -> None:
+        """``--sync``: the directory, unpacked as ``<run dir>/code``."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+            archive.add(source_dir, arcname=run.code.name)
+        self.session.put(buffer.getvalue(), str(run.code_archive))
+        archive_file = quote(run.code_archive)
+        result = self.session.run(
+            f"mkdir -p {quote(run.path)} && tar -xzf {archive_file} -C {quote(run.path)}; "
+            f"code=$?; rm -f {archive_file}; exit $code", timeout=120)
+        if not result.ok:
+            raise RemoteError(f"--sync upload failed: {result.stderr.strip()}")
+
+    def start(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
+              make_dirs: Sequence[str] = ()) -> dict[str, int]:
+        """Start ``tasks`` (name, port, cwd, env, argv) in ``run``, after making
+        ``make_dirs``; PortsBusy when a granted port is taken (nothing is started then).
+        Returns each task's PID."""
+        request = {"run_dir": str(run.path), "venv": self.node.settings.venv,
+                   "make_dirs": list(make_dirs), "tasks": list(tasks)}
+        self.session.put(json.dumps(request).encode(), str(run.start_request))
+        request_file = quote(run.start_request)
+        answer = self._answer(self.session.run(
+            f"{self._tasknode('start')} < {request_file}; code=$?; rm -f {request_file}; "
+            f"exit $code", timeout=60))
+        if answer.get("busy"):
+            raise PortsBusy(set(answer["busy"]))
+        return answer["started"]
+
+    def watch(self, run: RunDir, ports: Mapping[str, int], sink: io.TextIOBase) -> Result:
+        """Stream ``tasknode watch`` events (one JSON line each) into ``sink`` until every
+        task named in ``ports`` has ended."""
+        return self.session.stream(
+            self._tasknode("watch", run.path, *(f"{name}={port}" for name, port in ports.items())),
+            sink)
+
+    def follow(self, run: RunDir, ports: Mapping[str, int], events: queue.Queue[Event]) -> None:
+        """Watch in a thread of its own: every event goes to ``events``, then ``closed``
+        when the watcher ends, or ``lost`` when the host goes away (the Monitor decides)."""
+        host = self.node.name
+
+        def watch() -> None:
+            try:
+                self.watch(run, ports, _LineSink(host, events))
+            except Exception as err:
+                events.put(Event("lost", host, why=str(err)))
+            else:
+                events.put(Event("closed", host))
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    def stop(self, run: RunDir, grace: float) -> dict[str, str]:
+        """TERM, then KILL after ``grace``, every task of the run; per task what happened."""
+        return self._answer(self.session.run(
+            self._tasknode("stop", run.path, "--grace", grace), timeout=grace + 30))
+
+    def fetch_metrics(self, run: RunDir, local: RunDir) -> None:
+        """The reporting task's metrics file, if it wrote one (sweeps read it)."""
+        result = self.session.run(f"cat {quote(run.metrics)}", timeout=60)
+        if result.ok and result.stdout.strip():
+            Path(local.metrics).write_text(result.stdout)
+
+    def fetch_logs(self, run: RunDir, tasks: Sequence[str], local: RunDir) -> None:
+        """Copy the tasks' logs into ``local`` (the same layout on this machine)."""
+        for task in tasks:
+            log = self.session.run(f"cat {quote(run.log(task))}", timeout=60).stdout
+            Path(local.log(task)).write_text(log)

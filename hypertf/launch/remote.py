@@ -1,0 +1,309 @@
+"""Running commands on nodes: Fabric over SSH with pinned host keys, or locally.
+
+Host keys are always verified against the known_hosts the inventory names: paramiko's
+default of accepting unknown keys is switched off. A node with ``ansible_connection: local``
+runs its commands through Invoke on this machine, with the same interface.
+
+Shell startup files: sshd runs every command (and the sftp-server) through the user's login
+shell, and bash sources ``~/.bashrc`` for a command that comes from sshd (``SSH_CLIENT``
+set, ``SHLVL`` below 2). HyperTF cannot stop sshd from starting that shell, so:
+
+- what the startup files print is dropped: each command first prints ``FRAME`` on stdout
+  and on stderr, and only what follows it is the command's output (``framed``/``unframe``);
+- each command is sent with ``SHLVL=1``: where sshd accepts it (``AcceptEnv SHLVL`` in
+  sshd_config, or ``SetEnv SHLVL=1`` as the lab does), bash skips ``~/.bashrc``, its time and
+  its hangs (a stale pyenv lock made every command wait 60 s); elsewhere the file still
+  runs, and a slow or hanging one is paid by every command (docs/provisioning.md);
+- files go to the node through ``cat`` on a command channel, not SFTP: a ``~/.bashrc``
+  that prints breaks the SFTP protocol unless sshd uses ``internal-sftp``.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+import paramiko
+from fabric import Config, Connection
+from invoke import Context
+from invoke.exceptions import UnexpectedExit
+
+from hypertf.config.inventory import Node
+from hypertf.config.settings import ClusterSettings
+from hypertf.core.errors import RemoteError
+
+T = TypeVar("T")
+
+
+def quote(value: object) -> str:
+    """Every user value that reaches a remote shell goes through here."""
+    return shlex.quote(str(value))
+
+
+def command_line(argv: Sequence[object]) -> str:
+    return " ".join(quote(arg) for arg in argv)
+
+
+FRAME = "HYPERTF-OUTPUT-BEGINS"  # printed before a command's own output (see above)
+QUIET_SHELL = {"SHLVL": "1"}  # bash skips ~/.bashrc for sshd's commands when SHLVL >= 2
+
+
+def framed(command: str) -> str:
+    """``command`` after a mark on stdout and stderr: what comes before is startup files'."""
+    return f"printf '%s\\n' {FRAME}; printf '%s\\n' {FRAME} >&2; {command}"
+
+
+def unframe(text: str) -> str:
+    """What a framed command printed after its mark; all of ``text`` when the mark is
+    missing (the shell ended in its startup files: what they said is the news)."""
+    at = text.find(FRAME + "\n")
+    return text if at < 0 else text[at + len(FRAME) + 1:]
+
+
+class _Unframed(io.TextIOBase):
+    """A stream's output after its mark, as it arrives (``Session.stream``)."""
+
+    def __init__(self, sink: io.TextIOBase) -> None:
+        self.sink, self.held, self.open = sink, "", False
+
+    def write(self, text: str) -> int:
+        if self.open:
+            self.sink.write(text)
+            return len(text)
+        self.held += text
+        if FRAME + "\n" in self.held:
+            self.open, rest, self.held = True, unframe(self.held), ""
+            if rest:
+                self.sink.write(rest)
+        return len(text)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished command: what HyperTF needs of Invoke's and Fabric's results."""
+
+    host: str
+    command: str
+    exited: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exited == 0
+
+
+class Runner(Protocol):
+    def run(self, command: str, **kwargs: Any) -> Any: ...
+
+
+class Session:
+    """One node's command channel; reused for every command to that node."""
+
+    def __init__(self, node: Node, cluster: ClusterSettings) -> None:
+        self.node = node
+        self.cluster = cluster
+        self._runner: Runner | None = None
+
+    def _open(self) -> Runner:
+        if self._runner is not None:
+            return self._runner
+        if self.node.local:
+            self._runner = Context()
+            return self._runner
+        known_hosts = Path(self.cluster.known_hosts)
+        if not known_hosts.is_file():
+            raise RemoteError(
+                f"{self.node.name}: known_hosts file {known_hosts} does not exist; "
+                f"pin the nodes' host keys first (invoke cluster.setup does it)"
+            )
+        connect_kwargs: dict[str, Any] = {"look_for_keys": False, "allow_agent": False}
+        if self.node.key_file:
+            connect_kwargs["key_filename"] = self.node.key_file
+        conn = Connection(
+            host=self.node.address,
+            user=self.node.user,
+            port=self.node.port,
+            connect_timeout=self.cluster.ssh_timeout,
+            connect_kwargs=connect_kwargs,
+            config=Config(overrides={"load_ssh_configs": False}),
+            inline_ssh_env=False,  # SHLVL as an SSH env request, read before bash starts
+        )
+        conn.client.load_host_keys(str(known_hosts))
+        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            conn.open()
+        except paramiko.BadHostKeyException:
+            raise RemoteError(
+                f"{self.node.name} ({self.node.address}): its SSH host key CHANGED since it "
+                f"was pinned in {known_hosts}; check the node, then re-pin it"
+            ) from None
+        except paramiko.SSHException as err:
+            if "not found in known_hosts" in str(err):
+                raise RemoteError(
+                    f"{self.node.name} ({self.node.address}): host key unknown: it is not "
+                    f"in {known_hosts}; verify the node and pin its key (invoke cluster.setup)"
+                ) from None
+            raise RemoteError(
+                f"{self.node.name} ({self.node.address}): SSH failed: {err}"
+            ) from None
+        except TimeoutError:
+            raise RemoteError(
+                f"{self.node.name} ({self.node.address}:{self.node.port}): no answer within "
+                f"{self.cluster.ssh_timeout:.0f} s; is the node up and reachable?"
+            ) from None
+        except OSError as err:
+            raise RemoteError(
+                f"{self.node.name} ({self.node.address}:{self.node.port}): cannot connect: "
+                f"{err.strerror or err}"
+            ) from None
+        self._runner = conn
+        return conn
+
+    def run(self, command: str, timeout: float | None = None, **kwargs: Any) -> Result:
+        """Run a shell command; a non-zero exit is returned, never raised."""
+        runner = self._open()
+        kwargs.setdefault("in_stream", False)
+        kwargs.setdefault("hide", True)
+        remote = isinstance(runner, Connection)
+        if remote:  # through the user's login shell: frame it, ask for no ~/.bashrc
+            kwargs["env"] = QUIET_SHELL
+            if "out_stream" in kwargs:
+                kwargs["out_stream"] = _Unframed(kwargs["out_stream"])
+        try:
+            result = runner.run(framed(command) if remote else command, warn=True,
+                                timeout=timeout, **kwargs)
+        except UnexpectedExit as err:  # only with warn=False, kept for safety
+            result = err.result
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            self.close()
+            raise RemoteError(f"{self.node.name}: connection lost: "
+                              f"{err or type(err).__name__}") from None
+        stdout, stderr = result.stdout, result.stderr
+        if remote:
+            stdout, stderr = unframe(stdout), unframe(stderr)
+        return Result(self.node.name, command, result.exited, stdout, stderr)
+
+    def put(self, data: bytes, path: str, timeout: float = 300.0) -> None:
+        """Write ``data`` to ``path`` on the node (a plain write for a local node).
+        Large payloads go this way: a command line is limited, and Invoke's stdin feeding
+        is slow and breaks on large inputs. Not SFTP, which startup files' output breaks:
+        ``cat`` on a channel of its own, fed with paramiko's ``sendall``."""
+        runner = self._open()
+        if not isinstance(runner, Connection):
+            try:
+                Path(path).write_bytes(data)
+            except OSError as err:
+                raise RemoteError(f"{self.node.name}: cannot write {path}: "
+                                  f"{err.strerror or err}") from None
+            return
+        why = ""
+        try:
+            channel = runner.transport.open_session(timeout=self.cluster.ssh_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            self.close()
+            raise RemoteError(f"{self.node.name}: connection lost: "
+                              f"{err or type(err).__name__}") from None
+        try:
+            channel.settimeout(timeout)
+            channel.update_environment(QUIET_SHELL)
+            channel.exec_command(framed(f"cat > {quote(path)}"))
+            try:
+                channel.sendall(data)
+                channel.shutdown_write()
+            except OSError as err:  # cat ended early: its exit and stderr say why
+                why = str(err) or type(err).__name__
+            stderr = unframe(channel.makefile_stderr("rb").read().decode(errors="replace"))
+            code = channel.recv_exit_status()
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise RemoteError(f"{self.node.name}: cannot write {path}: "
+                              f"{err or type(err).__name__}") from None
+        finally:
+            channel.close()
+        if code != 0:
+            lines = stderr.strip().splitlines()
+            raise RemoteError(f"{self.node.name}: cannot write {path}: "
+                              f"{lines[-1] if lines else why or f'exit {code}'}")
+
+    def stream(self, command: str, sink: io.TextIOBase) -> Result:
+        """Run a long command whose stdout goes to ``sink`` as it arrives."""
+        return self.run(command, hide=False, out_stream=sink, err_stream=io.StringIO())
+
+    def close(self) -> None:
+        runner, self._runner = self._runner, None
+        if isinstance(runner, Connection):
+            runner.close()
+
+
+class Cluster:
+    """Sessions to many nodes, with parallel fan-out (threads: SSH waits on the network)."""
+
+    def __init__(self, nodes: Iterable[Node], cluster: ClusterSettings) -> None:
+        self.sessions = {node.name: Session(node, cluster) for node in nodes}
+
+    def each(self, action: Callable[[Session], T], names: Iterable[str] | None = None,
+             ) -> GroupResult[T]:
+        """Run ``action`` per node in parallel; each value is its result or its exception."""
+        chosen = list(self.sessions if names is None else names)
+        results: GroupResult[T] = GroupResult()
+        if not chosen:
+            return results
+        with ThreadPoolExecutor(max_workers=min(32, len(chosen))) as pool:
+            futures = {name: pool.submit(action, self.sessions[name]) for name in chosen}
+            for name, future in futures.items():
+                try:
+                    results[name] = future.result()
+                except Exception as err:  # collected and reported per host
+                    results[name] = err
+        return results
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class GroupResult(dict[str, Any], Generic[T]):
+    """Per host, an action's result or the exception it raised (fabric's GroupResult):
+    ``succeeded`` and ``failed`` split them, ``problems`` words the failures, host by host
+    in name order, and ``raise_failed`` makes them one error."""
+
+    @property
+    def succeeded(self) -> dict[str, T]:
+        return {h: v for h, v in sorted(self.items()) if not isinstance(v, BaseException)}
+
+    @property
+    def failed(self) -> dict[str, BaseException]:
+        return {h: v for h, v in sorted(self.items()) if isinstance(v, BaseException)}
+
+    def problems(self) -> dict[str, str]:
+        """What went wrong per host: exceptions, and commands that exited non-zero."""
+        found = {}
+        for host, value in sorted(self.items()):
+            if isinstance(value, BaseException):
+                found[host] = str(value)
+            elif isinstance(value, Result) and not value.ok:
+                detail = (value.stderr or value.stdout).strip().splitlines()
+                found[host] = f"exit {value.exited}: {detail[-1] if detail else 'no output'}"
+        return found
+
+    def raise_failed(self, what: str, consequence: str = "", noun: str = "host") -> None:
+        """``RemoteError("<what> failed on N host(s)<consequence>:\n  host: why ...")``."""
+        problems = self.problems()
+        if problems:
+            lines = "\n".join(f"  {host}: {why}" for host, why in problems.items())
+            raise RemoteError(f"{what} failed on {len(problems)} {noun}(s){consequence}:\n"
+                              f"{lines}")

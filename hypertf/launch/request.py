@@ -1,0 +1,246 @@
+"""What a user asks of ``hypertf train``: one typed request, its defaults, its checks.
+
+Every default of a training job lives here, once: ``TRAIN_OPTIONS`` declares each option
+(flag, type, default, help) for both ``hypertf train`` (argparse) and ``invoke train``, and
+``TrainRequest.from_options`` turns the values of either into the request the launcher reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hypertf.config.inventory import Node
+from hypertf.config.settings import check_env
+from hypertf.core import diagnose
+from hypertf.core.errors import UsageError
+from hypertf.core.scheduler import POLICIES, TaskSlot
+from hypertf.core.spec import slots_for
+
+LEGACY_FLAG_MODES = ("auto", "on", "off")
+MAX_PATH_BYTES = 4096  # PATH_MAX
+MAX_ARG_BYTES = 131072 - 1  # MAX_ARG_STRLEN: one argument the kernel passes to a program
+MAX_ARGS_BYTES = 1024 * 1024  # all of them, well under ARG_MAX with TF_CONFIG beside
+MAX_SYNC_SOURCES = 2000  # Python files of --sync DIR scanned for the legacy flags
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What the user asked for on the command line."""
+
+    script: str
+    workers: int = 1
+    ps: int = 0
+    chief: bool = False
+    policy: str = "round_robin"
+    gpus_per_worker: int = 1
+    gpus_per_ps: int = 0
+    sync_dir: str | None = None
+    start_timeout: float = 120.0
+    timeout: float | None = None
+    legacy_flags: str = "auto"  # auto: only if the script reads them; on; off
+    grace: float = 5.0
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()  # NAME=VALUE for every task, over the inventory's
+    idle_timeout: float | None = 300.0  # warn when every task listens and none writes
+    idle_fail: bool = False  # ... and end the job then
+    max_restarts: int = 0  # new attempts after a retryable failure (a lost host, a signal...)
+    restart_on_failure: bool = False  # ... also after a finisher's own non-zero exit
+    checkpoint_dir: str | None = None  # HYPERTF_CHECKPOINT_DIR; default per node's work dir
+    priority: int = 0  # higher first in the queue; FIFO within a priority
+    wait: bool = True  # wait in the queue when the GPUs are busy (False: refuse at once)
+    timings: bool = False  # print the launch's timeline at the end
+
+    @classmethod
+    def from_options(cls, values: Mapping[str, Any], args: Sequence[str] = ()) -> TrainRequest:
+        """The request for ``TRAIN_OPTIONS`` values (keyed by ``Option.name``): the one place
+        where an option becomes a field, whichever command line gave it."""
+        if values["legacy_flags"] and values["no_legacy_flags"]:
+            raise UsageError("--legacy-flags and --no-legacy-flags exclude each other")
+        legacy = "on" if values["legacy_flags"] else "off" if values["no_legacy_flags"] else "auto"
+        return cls(
+            script=values["script"], workers=values["worker"], ps=values["ps"],
+            chief=values["chief"], policy=values["policy"],
+            gpus_per_worker=values["gpus_per_worker"], gpus_per_ps=values["gpus_per_ps"],
+            sync_dir=values["sync"], start_timeout=values["start_timeout"],
+            timeout=values["timeout"], grace=values["grace"], legacy_flags=legacy,
+            env=tuple(values["env"] or ()), idle_timeout=values["idle_timeout"] or None,
+            idle_fail=values["idle_fail"], max_restarts=values["max_restarts"],
+            restart_on_failure=values["restart_on_failure"],
+            checkpoint_dir=values["checkpoint_dir"], priority=values["priority"],
+            wait=not values["no_wait"], timings=values["timings"], args=tuple(args))
+
+    def env_vars(self) -> dict[str, str]:
+        """--env NAME=VALUE as a mapping; a bad name or a reserved one is a usage error."""
+        result = {}
+        for item in self.env:
+            name, sep, value = item.partition("=")
+            try:
+                if not sep:
+                    raise ValueError(f"--env {item!r} must look like NAME=VALUE")
+                result[name] = check_env(name, value, "--env")
+            except ValueError as err:
+                raise UsageError(str(err)) from None
+        return result
+
+    def task_env(self, node: Node) -> dict[str, str]:
+        """The user's environment for the tasks on ``node``: the inventory's
+        hypertf_task_env, then --env over it."""
+        return {**dict(node.settings.task_env), **self.env_vars()}
+
+    def slots(self, cpu_only: bool) -> tuple[TaskSlot, ...]:
+        """The tasks to place (no GPUs asked on a cluster without any)."""
+        return slots_for(self.ps, self.workers, self.chief,
+                         0 if cpu_only else self.gpus_per_worker,
+                         0 if cpu_only else self.gpus_per_ps)
+
+    def passes_legacy_flags(self, script_reads_flags: bool) -> bool:
+        """Pass --ps_hosts/--worker_hosts/--job_name/--task_index? In ``auto`` only when the
+        script reads them (preflight looked at it; --sync: every .py of the directory):
+        absl and strict argparse scripts die of flags they do not know."""
+        if self.legacy_flags != "auto":
+            return self.legacy_flags == "on"
+        if self.sync_dir:
+            sources = itertools.islice(Path(self.sync_dir).rglob("*.py"), MAX_SYNC_SOURCES)
+            return diagnose.files_read_legacy_flags(sources)
+        return script_reads_flags
+
+    def legacy_flags_note(self, passed: bool) -> str:
+        why = {"on": "--legacy-flags", "off": "--no-legacy-flags"}.get(
+            self.legacy_flags,
+            "the script reads them" if passed else
+            "the script does not read them; --legacy-flags forces them")
+        return (f"legacy flags (--ps_hosts, --worker_hosts, --job_name, --task_index) "
+                f"{'passed' if passed else 'not passed'}: {why}")
+
+    def topology_notice(self) -> str | None:
+        """What ends the job, said before it starts: a wrong guess here is a silent hang."""
+        if self.ps and not self.chief:
+            return ("ps and no chief: the job ends when every worker has exited 0 (TF1 "
+                    "between-graph); a TF2 ParameterServerStrategy script needs --chief (its "
+                    "workers and ps only serve)")
+        return None
+
+    def idle_causes(self) -> str:
+        """What usually keeps every task listening and silent, for this shape of job."""
+        if self.ps and not self.chief:
+            return ("with ps and no chief the workers are the finishers (TF1 between-graph); "
+                    "a TF2 ParameterServerStrategy script needs --chief, or every task only "
+                    "serves")
+        return ("a task waiting for a peer that never connects (a wrong address or network), "
+                "a collective stuck on a dead peer, or a script that only serves")
+
+    def validate(self) -> None:
+        if self.workers < 0 or self.ps < 0 or self.gpus_per_worker < 0 or self.gpus_per_ps < 0:
+            raise UsageError("--worker, --ps and the GPU counts cannot be negative")
+        if self.workers == 0 and not self.chief:
+            raise UsageError("a job needs at least one worker (--worker N) or --chief")
+        if self.workers + self.ps + self.chief > 1024:
+            raise UsageError(f"{self.workers + self.ps + self.chief} tasks is more than the "
+                             f"1024 a job may have")
+        self.env_vars()
+        if self.legacy_flags not in LEGACY_FLAG_MODES:
+            raise UsageError(f"legacy flags must be one of {', '.join(LEGACY_FLAG_MODES)}, "
+                             f"not {self.legacy_flags!r}")
+        if self.policy not in POLICIES:
+            raise UsageError(f"unknown policy {self.policy!r}; choose {' or '.join(POLICIES)}")
+        if not self.start_timeout > 0 or (self.timeout is not None and not self.timeout > 0):
+            raise UsageError("--start-timeout and --timeout must be positive seconds")
+        if self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise UsageError("--idle-timeout must be positive seconds")
+        if not -1000 <= self.priority <= 1000:
+            raise UsageError(f"--priority must lie within -1000..1000, not {self.priority}")
+        if self.max_restarts < 0:
+            raise UsageError(f"--max-restarts must be 0 or more, not {self.max_restarts}")
+        if self.checkpoint_dir is not None and (
+                not self.checkpoint_dir.startswith("/") or "\0" in self.checkpoint_dir):
+            raise UsageError(f"--checkpoint-dir {self.checkpoint_dir!r} must be an absolute "
+                             f"path (the same on every node, e.g. on shared storage)")
+        if not self.grace >= 0:
+            raise UsageError(f"--grace must be zero or more seconds, not {self.grace}")
+        if "\0" in self.script or any("\0" in arg for arg in self.args):
+            raise UsageError("the script path and its arguments cannot hold NUL bytes")
+        if len(self.script.encode()) > MAX_PATH_BYTES:
+            raise UsageError(f"--script is {len(self.script.encode())} bytes long; a path "
+                             f"has at most {MAX_PATH_BYTES}")
+        longest = max((len(arg.encode()) for arg in self.args), default=0)
+        if longest > MAX_ARG_BYTES:
+            raise UsageError(f"a script argument of {longest} bytes is longer than the "
+                             f"{MAX_ARG_BYTES} bytes Linux passes to a program; put such "
+                             f"values in a file and pass its path")
+        total = sum(len(arg.encode()) + 1 for arg in self.args)
+        if total > MAX_ARGS_BYTES:
+            raise UsageError(f"the script's arguments total {total} bytes, more than the "
+                             f"{MAX_ARGS_BYTES} a task's command line may have; put them in "
+                             f"a file and pass its path")
+        if self.sync_dir:
+            if not Path(self.sync_dir).is_dir():
+                raise UsageError(f"--sync {self.sync_dir}: no such directory")
+            if not (Path(self.sync_dir) / self.script).is_file():
+                raise UsageError(f"--script {self.script} not found in --sync {self.sync_dir}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of ``train``, declared once for argparse, Invoke and the README table."""
+
+    name: str  # the Python name; the flag is --name with dashes (both command lines)
+    kind: type  # int, float or str take a value; bool is a flag; list repeats (str items)
+    default: Any
+    help: str
+    metavar: str | None = None
+    required: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+R = TrainRequest
+TRAIN_OPTIONS: tuple[Option, ...] = (
+    Option("script", str, None, "training script (a path on the nodes, or inside --sync DIR)",
+           "PATH", required=True),
+    Option("worker", int, R.workers, "number of workers (default 1)", "N"),
+    Option("ps", int, R.ps, "parameter servers (0: a mirrored job)", "N"),
+    Option("chief", bool, R.chief, "add a chief task (TF2 ParameterServerStrategy)"),
+    Option("policy", str, R.policy, f"{' or '.join(POLICIES)} (default {R.policy})"),
+    Option("gpus_per_worker", int, R.gpus_per_worker, "GPUs per worker and chief (default 1)",
+           "N"),
+    Option("gpus_per_ps", int, R.gpus_per_ps, "GPUs per parameter server (default 0)", "N"),
+    Option("sync", str, R.sync_dir, "upload this directory into the job's run directory first",
+           "DIR"),
+    Option("start_timeout", float, R.start_timeout,
+           "seconds for every task to listen on its port (default 120)", "S"),
+    Option("timeout", float, R.timeout, "seconds for the whole job (default none)", "S"),
+    Option("grace", float, R.grace, "seconds from SIGTERM to SIGKILL when stopping tasks "
+           "(default 5)", "S"),
+    Option("legacy_flags", bool, False, "always pass --ps_hosts/--worker_hosts/--job_name/"
+           "--task_index (default: only if the script reads them)"),
+    Option("no_legacy_flags", bool, False, "never pass the legacy flags"),
+    Option("env", list, None, "an environment variable for every task (repeatable; over the "
+           "inventory's hypertf_task_env)", "NAME=VALUE"),
+    Option("idle_timeout", float, R.idle_timeout, "warn when every task listens and none has "
+           "written a line for this many seconds (default 300; 0: never)", "S"),
+    Option("idle_fail", bool, R.idle_fail, "end the job (failed) at the idle timeout instead "
+           "of warning"),
+    Option("max_restarts", int, R.max_restarts, "after a retryable failure (a host lost, a task "
+           "killed by a signal, the start-up deadline) start the whole job again, up to N "
+           "times (default 0); tasks see HYPERTF_ATTEMPT", "N"),
+    Option("restart_on_failure", bool, R.restart_on_failure,
+           "with --max-restarts: also restart after a task's own non-zero exit"),
+    Option("checkpoint_dir", str, R.checkpoint_dir, "HYPERTF_CHECKPOINT_DIR for every task: an "
+           "absolute path, the same for every attempt (default <workdir>/checkpoints/<job> on "
+           "each node; multi-worker jobs want shared storage)", "DIR"),
+    Option("priority", int, R.priority, "place in the queue: higher first, first come first "
+           "served within a priority (default 0)", "N"),
+    Option("no_wait", bool, False, "fail at once (exit 4) when the GPUs are busy instead of "
+           "waiting in the queue"),
+    Option("timings", bool, False, "print where the job's time went at the end (each phase, "
+           "per host; summary.json keeps the timeline whatever this says)"),
+    Option("detach", bool, False, "print the job's key and return: a background launcher "
+           "waits, runs and cleans up (its output: runs/<key>/launcher.log)"),
+)
+"""Every option of ``train`` (``-i/--inventory`` aside), in the README's order of topics."""

@@ -1,0 +1,2 @@
+"""What runs on each GPU server: the resource agent, its probes and metrics, and the
+node side of a job (tasknode). Imports nothing of the launcher, the CLI or ops."""

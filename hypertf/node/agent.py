@@ -1,0 +1,374 @@
+"""The resource agent: probes its node and keeps an ephemeral record in ZooKeeper.
+
+It probes the node every ``hypertf_agent_interval`` seconds and writes its record only when
+something in it changed, or after a keep-alive (30 quiet intervals, at most 60 s: the
+ephemeral znode already says "alive", and 10,000 idle agents need not write every second;
+its ``heartbeat`` is the time of the last write), re-registers after a lost
+session (a ZooKeeper restart, a long network cut), and deletes the record on SIGTERM. The
+agent holding the keeper lease (``keeper/lease``) is the *matrix keeper*: it brings the
+stored matrix in line with the records and leases, so a dead agent's row turns unavailable
+and a dead launcher's GPUs return to the pool without anyone running a command, and it
+admits waiting jobs from the queue (hypertf.store.waitqueue) whenever GPUs or the queue change.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from hypertf import store
+from hypertf.config.inventory import Inventory, Node
+from hypertf.core.errors import HyperTFError, StoreError
+from hypertf.core.rundir import RunDir
+from hypertf.node import tasknode
+from hypertf.node.metrics import AgentCollector, MetricsServer
+from hypertf.node.probes import (
+    GpuSource,
+    NoGpuSource,
+    NvmlGpuSource,
+    StaticGpuSource,
+    free_port,
+    ipv4_addresses,
+    judge,
+    select_address,
+)
+from hypertf.store import AgentRecord, Layout, Store
+from hypertf.store.allocation import confirm_drained, read_matrix
+from hypertf.store.jobs import prune_jobs
+from hypertf.store.waitqueue import Admitter
+
+KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at most)
+KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
+STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
+CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
+
+log = logging.getLogger(__name__)
+
+
+def gpu_source(node: Node) -> GpuSource:
+    """The node's GPU source as the inventory chooses it."""
+    if node.settings.gpu_source == "static":
+        return StaticGpuSource(node.name, node.settings.static_gpus)
+    if node.settings.gpu_source == "none":
+        return NoGpuSource()
+    return NvmlGpuSource()
+
+
+class Prober:
+    """Builds the node's record; the port stays the same while it is free."""
+
+    def __init__(self, node: Node, source: GpuSource) -> None:
+        self.node = node
+        self.source = source
+        self._port: int | None = None
+
+    def _port_still_free(self) -> int:
+        if self._port is not None:
+            try:
+                return free_port((self._port, self._port), tries=1)
+            except HyperTFError:
+                pass
+        self._port = free_port(self.node.settings.port_range)
+        return self._port
+
+    def probe(self) -> AgentRecord:
+        settings = self.node.settings
+        addresses = ipv4_addresses()
+        gpus = judge(self.source.read(), settings.gpu_util_max, settings.gpu_mem_max)
+        return AgentRecord(
+            host=self.node.name,
+            mgmt_addr=select_address(settings.mgmt_network, addresses, self.node.address),
+            data_addr=select_address(settings.data_network, addresses, self.node.address),
+            port=self._port_still_free(),
+            gpu=len(gpus),
+            gpu_avail_list=[g.index for g in gpus if g.available],
+            gpus=gpus,
+            gpu_source=self.source.name,
+            gpu_driver=self.source.versions(),
+            heartbeat=time.time(),
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+        )
+
+
+class Agent:
+    """The service loop around one ZooKeeper client."""
+
+    def __init__(self, inventory: Inventory, host: str, prober: Prober | None = None,
+                 client_factory: Callable[[], KazooClient] | None = None) -> None:
+        self.inventory = inventory
+        self.node = inventory.node(host)
+        self.layout = Layout(inventory.cluster.zk_root)
+        self.prober = prober or Prober(self.node, gpu_source(self.node))
+        self._client_factory = client_factory or (lambda: store.connect(
+            inventory.cluster, 30, identity=f"agent.{host}", long_lived=True,
+            on_pause=log.warning))
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._disconnected_since: float | None = None
+        self._waiting_for = ""  # why ZooKeeper cannot take this agent now, said once
+        self._republish = True
+        self._written, self._written_at = b"", 0.0  # the record as last written, and when
+        self._next_prune = 0.0
+        self._users: set[str] = set()
+        self.metrics = AgentCollector(host)
+        self.metrics_server = MetricsServer(self.metrics)
+
+    def _on_state(self, state: str) -> None:
+        """Listeners must not block: note what happened and wake the loop."""
+        if state == KazooState.CONNECTED:
+            self._disconnected_since = None
+        elif self._disconnected_since is None:
+            self._disconnected_since = time.monotonic()
+        if state in (KazooState.LOST, KazooState.CONNECTED):
+            self._republish = True  # a new session has no record yet
+        if state == KazooState.LOST and not self._stop.is_set():
+            log.warning("ZooKeeper session lost: the record is gone, re-registering")
+        self._wake.set()
+
+    def _wake_up(self, *_: object) -> None:
+        """A watch fired: look again now. One bound method, so kazoo keeps one watcher
+        per path however often the loop sets it."""
+        self._wake.set()
+
+    def _on_users(self, users: list[str]) -> None:
+        """The users with a lease folder: the loop watches each (no read per pass)."""
+        self._users = set(users)
+        self._wake.set()
+
+    def publish(self, zk: Store, record: AgentRecord, force: bool = False) -> None:
+        """Write the record (Store.publish_record) when it changed (the heartbeat aside) or
+        the keep-alive is due, or when ``force``d; try again next pass if it cannot yet."""
+        content = replace(record, heartbeat=0.0).to_json()
+        interval = self.node.settings.agent_interval
+        keepalive = max(interval, min(KEEPALIVE_BEATS * interval, KEEPALIVE_S))
+        if (not force and content == self._written
+                and time.monotonic() - self._written_at < keepalive):
+            return
+        outcome = zk.publish_record(record)
+        if outcome in ("created", "updated"):
+            self._written, self._written_at = content, time.monotonic()
+        if outcome == "created":
+            log.info("registered %s: %d GPUs, %s available", self.node.name, record.gpu,
+                     record.gpu_avail_list)
+        elif outcome == "older-session":
+            log.info("the record of an older session of this agent is still there: "
+                     "waiting for it to expire")
+        if outcome in ("older-session", "taken"):
+            self._republish = True  # look again next pass
+
+    def _publish_probe(self, zk: Store) -> AgentRecord:
+        """Probe the node, publish the record, and serve it as metrics."""
+        force, self._republish = self._republish, False
+        record = self.prober.probe()
+        self.publish(zk, record, force)
+        self.metrics.update(record=record)
+        self.metrics_server.start(record.mgmt_addr, self.node.settings.metrics_port)
+        return record
+
+    def reap_orphans(self, zk: Store) -> None:
+        """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
+        runs = tasknode.unstopped_runs(self.node.settings.workdir)
+        if not runs:
+            return
+        leases = zk.leases()  # read after listing: see reap()
+        for task_key, result in tasknode.reap(runs, leases).items():
+            log.warning("job %s has no lease any more: stopped its tasks %s", task_key, result)
+
+    def confirm_drained(self, zk: Store) -> None:
+        """Free this host's draining cells (and cells of jobs whose lease is gone) once no
+        process of the job is left here: stop what is left first (TERM, KILL after the
+        grace). Nothing is freed while a process lives: a GPU is free only when this node
+        says so."""
+        matrix, _ = read_matrix(zk)
+        leases = zk.leases()  # after the matrix: see allocation
+        host = self.node.name
+        self.metrics.update(row=matrix.gpus.get(host, []))
+        ended = matrix.ended_on(host, leases)
+        if not ended:
+            return
+        dead = {key for key in ended if tasknode.drain(
+            RunDir.of(self.node.settings.workdir, key, local=True), grace=STOP_GRACE_S)}
+        if dead:
+            # Freed cells follow the record: probe again, so the dead tasks' processes
+            # (NVML's list) no longer keep their GPUs unavailable for a heartbeat.
+            self._publish_probe(zk)
+        if dead and confirm_drained(zk, host, dead):
+            log.info("confirmed the tasks of %s dead on %s: GPUs free", sorted(dead), host)
+
+    def prune(self, zk: Store) -> None:
+        """The keeper drops finished job records past their retention (every
+        hypertf_keeper_prune_interval seconds)."""
+        if time.monotonic() < self._next_prune:
+            return
+        cluster = self.inventory.cluster
+        self._next_prune = time.monotonic() + cluster.keeper_prune_interval
+        pruned = prune_jobs(zk, cluster.job_retention_days * 86400,
+                            cluster.job_records_max)
+        if pruned:
+            log.info("pruned %d finished job records", pruned)
+
+    def keep(self, zk: Store, admitter: Admitter) -> None:
+        """The keeper's pass: sync the matrix (and repair it), admit or refuse waiting jobs,
+        prune old records."""
+        try:
+            for decision in admitter.keep():
+                if decision.admitted:
+                    log.info("admitted %s: %s", decision.task_key,
+                             ", ".join(f"{p.name}@{p.host}" for p in decision.placements))
+                elif decision.refused:
+                    log.info("refused %s (--no-wait): %s", decision.task_key, decision.reason)
+        except StoreError as err:  # e.g. the matrix outgrew its znode
+            log.error("cannot sync the matrix or admit waiting jobs: %s", err)
+        self.prune(zk)
+
+    def is_keeper(self, zk: Store) -> bool:
+        """Whether this agent keeps the matrix (it takes the keeper lease when it is free)."""
+        taken = zk.take_keeper_lease(self.node.name, watch=self._wake_up)
+        if taken == "taken":
+            log.info("this agent now keeps the matrix (keeper lease taken)")
+        return taken in ("taken", "held")
+
+    def stop(self, *_: object) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _stale(self) -> bool:
+        """Disconnected for long: a new client, because a ZooKeeper whose data was lost
+        refuses every reconnect of a client that has seen a newer transaction id."""
+        since = self._disconnected_since
+        limit = store.outage_patience(self.inventory.cluster)
+        return since is not None and time.monotonic() - since >= limit
+
+    def run(self, once: bool = False) -> AgentRecord | None:
+        """Serve until stopped; with ``once``, publish one record and return it."""
+        record = None
+        while not self._stop.is_set():
+            client = self._connect(once)
+            if client is None:
+                continue
+            self._disconnected_since = None
+            client.add_listener(self._on_state)
+            try:
+                record = self._serve(client, once)
+            finally:
+                self._stop_requested_cleanup(client)
+            if once:
+                break
+            if not self._stop.is_set():
+                log.warning("no ZooKeeper for a long time: reconnecting with a new client")
+        self.metrics_server.stop()
+        close = getattr(self.prober.source, "close", None)
+        if close:
+            close()
+        return record
+
+    def _connect(self, once: bool) -> KazooClient | None:
+        """A new client; None after a pause when ZooKeeper cannot take this agent yet (it
+        is down, or lost its data and waits for 'hypertf auth init'): a service waits and
+        registers by itself once the admin has acted, saying why once per reason."""
+        try:
+            client = self._client_factory()
+        except StoreError as err:
+            if once:
+                raise
+            if str(err) != self._waiting_for:
+                self._waiting_for = str(err)
+                log.error("%s; retrying every %.0f s", err, CONNECT_RETRY_S)
+            self._stop.wait(CONNECT_RETRY_S)
+            return None
+        if self._waiting_for:
+            log.info("ZooKeeper takes this agent again: registering")
+        self._waiting_for = ""
+        return client
+
+    def _serve(self, client: KazooClient, once: bool) -> AgentRecord | None:
+        """Publish every interval (or after a reconnect); on a watch wake-up only sync the
+        matrix and reap, so job starts and ends cost no write per node."""
+        zk = Store(client, self.layout)
+        record = None
+        watching = False
+        watched_users: set[str] = set()
+        admitter: Admitter | None = None
+        matrix_watched = False
+        next_beat = 0.0
+        while not self._stop.is_set():
+            self._wake.clear()
+            if self._stale():
+                return record
+            if not client.connected:
+                self._wake.wait(1.0)  # calls would queue and block until reconnected
+                continue
+            try:
+                if not watching:
+                    client.ChildrenWatch(self.layout.resources, self._wake_up)
+                    client.ChildrenWatch(self.layout.leases, self._on_users)
+                    watching = True
+                for user in self._users - watched_users:  # new users' lease folders
+                    client.ChildrenWatch(self.layout.user_leases(user), self._wake_up)
+                    watched_users.add(user)
+                if self._republish or time.monotonic() >= next_beat:
+                    record = self._publish_probe(zk)
+                    next_beat = time.monotonic() + self.node.settings.agent_interval
+                if self.is_keeper(zk):
+                    if not matrix_watched:  # the keeper also wakes when GPUs are freed
+                        client.DataWatch(self.layout.matrix, self._wake_up)
+                        matrix_watched = True
+                    admitter = admitter or Admitter(zk, self.inventory.cluster.user_gpu_limit)
+                    self.keep(zk, admitter)
+                else:
+                    admitter = None  # a later term starts from a fresh read
+                self.reap_orphans(zk)
+                self.confirm_drained(zk)
+            except NoNodeError:
+                log.error("ZooKeeper has no HyperTF root %s (did it lose its data?): the admin "
+                          "runs 'hypertf auth init'; retrying", self.layout.root)
+                self._wake.wait(2.0)
+                continue
+            except (KazooException, KazooTimeoutError) as err:
+                log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
+                self._wake.wait(1.0)
+                continue
+            except (StoreError, OSError) as err:  # unreadable data, a full disk: keep serving
+                log.error("agent pass failed: %s; retrying", err)
+                self._wake.wait(1.0)
+                continue
+            except HyperTFError:
+                raise  # a setting to fix (a network that is not there...): say it and stop
+            except Exception:  # a bug must not take every agent down in turn: log, go on
+                log.exception("agent pass failed unexpectedly; retrying")
+                self._wake.wait(5.0)
+                continue
+            if once:
+                return record
+            self._wake.wait(max(0.0, next_beat - time.monotonic()))
+        return record
+
+    def _stop_requested_cleanup(self, client: KazooClient) -> None:
+        """Close the session: its ephemeral record goes at once (an agent may not delete
+        records, not even its own; closing needs no permission)."""
+        try:
+            store.close(client)
+        except Exception as err:  # a dying client must not keep the agent from going on
+            log.debug("closing the ZooKeeper client: %s", err)
+
+
+def serve(inventory: Inventory, host: str) -> None:
+    """The ``hypertf agent`` entry point: run until SIGTERM or SIGINT."""
+    agent = Agent(inventory, host)
+    signal.signal(signal.SIGTERM, agent.stop)
+    signal.signal(signal.SIGINT, agent.stop)
+    log.info("agent for %s starting (ZooKeeper %s, root %s)", host,
+             inventory.cluster.zookeeper_hosts, inventory.cluster.zk_root)
+    agent.run()
+    log.info("agent for %s stopped, record removed", host)

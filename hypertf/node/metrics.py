@@ -1,0 +1,117 @@
+"""The agent's Prometheus endpoint: what ops teams already scrape from NVIDIA's DCGM
+exporter, plus what only HyperTF knows (a GPU's matrix state and the job holding it).
+
+The figures come from the agent's last record and its row of the matrix, so a scrape costs
+no NVML call and no ZooKeeper read. Served with prometheus_client on the management
+address only (``hypertf_agent_metrics_port``, default 9400; 0 turns it off).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hypertf.core.matrix import Cell, job_of, state_of
+from hypertf.store import AgentRecord
+
+STATES = ("free", "busy", "draining", "unavailable")
+log = logging.getLogger(__name__)
+
+
+class AgentCollector(Collector):
+    """Renders the latest record and matrix row on every scrape."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._lock = threading.Lock()
+        self._record: AgentRecord | None = None
+        self._row: Sequence[Cell] = ()
+
+    def update(self, record: AgentRecord | None = None, row: Sequence[Cell] | None = None) -> None:
+        with self._lock:
+            if record is not None:
+                self._record = record
+            if row is not None:
+                self._row = list(row)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            record, row = self._record, list(self._row)
+        labels = ["host", "gpu", "uuid", "name"]
+        util = GaugeMetricFamily("hypertf_gpu_utilization_percent",
+                                 "GPU utilisation as NVML reports it", labels=labels)
+        used = GaugeMetricFamily("hypertf_gpu_memory_used_bytes", "GPU memory in use",
+                                 labels=labels)
+        total = GaugeMetricFamily("hypertf_gpu_memory_total_bytes", "GPU memory in all",
+                                  labels=labels)
+        state = GaugeMetricFamily("hypertf_gpu_state", "1 for the GPU's state in the matrix",
+                                  labels=[*labels, "state"])
+        task = GaugeMetricFamily("hypertf_gpu_task", "1 for the job holding (or draining) it",
+                                 labels=[*labels, "task_key"])
+        foreign = GaugeMetricFamily("hypertf_gpu_foreign_processes",
+                                    "compute processes not of the job holding the GPU",
+                                    labels=labels)
+        age = GaugeMetricFamily("hypertf_agent_heartbeat_age_seconds",
+                                "seconds since the agent last probed its node", labels=["host"])
+        info = InfoMetricFamily("hypertf_agent", "the agent's GPU source and driver versions",
+                                labels=["host"])
+        if record is not None:
+            age.add_metric([self.host], max(0.0, time.time() - record.heartbeat))
+            info.add_metric([self.host], {"gpu_source": record.gpu_source,
+                                          **{f"{k}_version": v
+                                             for k, v in record.gpu_driver.items()}})
+            for gpu in record.gpus:
+                values = [self.host, str(gpu.index), gpu.uuid, gpu.name]
+                cell = row[gpu.index] if gpu.index < len(row) else None
+                util.add_metric(values, gpu.utilization)
+                used.add_metric(values, gpu.memory_used)
+                total.add_metric(values, gpu.memory_total)
+                now = state_of(cell)
+                for name in STATES:
+                    state.add_metric([*values, name], 1.0 if name == now else 0.0)
+                key = job_of(cell) if cell is not None else None
+                if key:
+                    task.add_metric([*values, key], 1.0)
+                foreign.add_metric(values, len(gpu.foreign_processes(key)))
+        yield from (util, used, total, state, task, foreign, age, info)
+
+
+class MetricsServer:
+    """``/metrics`` for one agent; a port in use is logged, never fatal to the agent."""
+
+    def __init__(self, collector: AgentCollector) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self._server: WSGIServer | None = None
+        self._refused: tuple[str, int] | None = None
+        self.address: tuple[str, int] | None = None
+
+    def start(self, address: str, port: int) -> bool:
+        """Serve on ``address:port`` unless already serving (or refused there before)."""
+        if self._server is not None or port == 0 or self._refused == (address, port):
+            return self._server is not None
+        try:
+            self._server, _thread = start_http_server(port, addr=address,
+                                                      registry=self.registry)
+        except OSError as err:
+            self._refused = (address, port)
+            log.error("cannot serve /metrics on %s:%d (%s): set hypertf_agent_metrics_port "
+                      "to a free port (0 turns it off); the agent goes on without it",
+                      address, port, err)
+            return False
+        self.address = (address, self._server.server_port)
+        log.info("serving Prometheus metrics on http://%s:%d/metrics", *self.address)
+        return True
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

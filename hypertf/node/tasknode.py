@@ -1,0 +1,338 @@
+"""The node side of a job: preflight, start, watch and stop the tasks of one run directory.
+
+The launcher runs ``python -m hypertf.node.tasknode ...`` on each node over SSH. ``start`` reads
+the tasks to start as JSON on stdin (no command-line limit, no shell), refuses when a
+granted port is already taken, and starts each task in its own session. ``watch``
+streams one JSON event per line (log lines, port listening, exits, heartbeats) so a single
+SSH channel per node carries everything the launcher needs; ``stop`` signals each task's
+process group (TERM, then KILL after a grace period: MultiWorkerMirroredStrategy catches
+TERM). Only processes whose pidfile is in the run directory and whose command line is our
+task wrapper are signalled. Standard library only (and hypertf.node.procs), so it starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hypertf.core import diagnose
+from hypertf.core.rundir import RunDir
+from hypertf.node.procs import alive
+
+WRAPPER = "task.sh"
+log = logging.getLogger(__name__)
+
+
+def wrapper_path() -> str:
+    return str(Path(__file__).with_name(WRAPPER))
+
+
+def _ours(pid: int, task_key: str = "") -> bool:
+    """The group led by ``pid`` is this job's task: its leader is our wrapper started for
+    a file of this job's run directory, or (the wrapper already gone) a member still carries
+    the job's HYPERTF_TASK_KEY. A process group id is not reused while any member lives, so
+    a live group found this way is ours; a reused PID of another job's wrapper is not."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        if any(arg.endswith(WRAPPER) for arg in args) and (
+                not task_key or any(Path(arg).parent.name == task_key for arg in args)):
+            return True
+    except OSError:
+        pass
+    if not task_key:
+        return False
+    marker = f"HYPERTF_TASK_KEY={task_key}".encode()
+    for member in _group_members(pid):
+        with contextlib.suppress(OSError):
+            if marker in Path(f"/proc/{member}/environ").read_bytes().split(b"\0"):
+                return True
+    return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(stat.parent.name))
+    return members
+
+
+def _pid(run: RunDir, name: str) -> int | None:
+    try:
+        return int(Path(run.pid(name)).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _exit_code(run: RunDir, name: str) -> int | None:
+    try:
+        return int(Path(run.exit(name)).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        return True
+    return False
+
+
+def emit(event: dict) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def wrapper_argv(run: RunDir, name: str, venv: str, cwd: str, argv: Sequence[str]) -> list[str]:
+    """The command that runs one task under ``task.sh``, every file it writes named."""
+    return ["bash", wrapper_path(), str(run.log(name)), str(run.pid(name)),
+            str(run.exit(name)), str(run.drained), venv, cwd, "--", *argv]
+
+
+def start(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Start the tasks of ``request`` (``run_dir``, ``venv``, ``make_dirs``, ``tasks``: each with
+    ``name``, ``port``, ``cwd``, ``env``, ``argv``), each in its own session so its process
+    group can be signalled whole; returns ``{"busy": [ports]}`` without starting anything
+    when a granted port is already in use (the launcher retries on fresh ports), else
+    ``{"started": {name: pid}}``."""
+    tasks = request["tasks"]
+    busy = sorted(t["port"] for t in tasks if _listening(int(t["port"])))
+    if busy:
+        return {"busy": busy}
+    run = RunDir(Path(request["run_dir"]))
+    run.local.mkdir(parents=True, exist_ok=True)
+    for directory in request.get("make_dirs", ()):  # checkpoints: kept across attempts
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    started = {}
+    for task in tasks:
+        process = subprocess.Popen(
+            wrapper_argv(run, task["name"], request["venv"], task["cwd"], task["argv"]),
+            env={**os.environ, **task["env"]}, start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started[task["name"]] = process.pid
+    return {"started": started}
+
+
+def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2) -> None:
+    """Stream events until every task has exited (or the launcher goes away)."""
+    offsets = dict.fromkeys(tasks, 0)
+    partial = dict.fromkeys(tasks, b"")
+    listening: set[str] = set()
+    finished: set[str] = set()
+    missing_since: dict[str, float] = {}
+    last_beat = 0.0
+    while True:
+        for name, port in tasks.items():
+            if name in finished:
+                continue
+            log = Path(run.log(name))
+            with contextlib.suppress(OSError), open(log, "rb") as handle:
+                handle.seek(offsets[name])
+                chunk = handle.read(1 << 20)
+                offsets[name] += len(chunk)
+                *lines, partial[name] = (partial[name] + chunk).split(b"\n")
+                for line in lines:
+                    emit({"e": "log", "task": name, "line": line.decode(errors="replace")})
+            if name not in listening and _listening(port):
+                listening.add(name)
+                emit({"e": "listening", "task": name})
+            code = _exit_code(run, name)
+            pid = _pid(run, name)
+            gone = pid is not None and not alive(pid)
+            if pid is None:
+                missing_since.setdefault(name, time.monotonic())
+                gone = time.monotonic() - missing_since[name] > 10
+            if code is not None or gone:
+                if code is None:
+                    time.sleep(0.05)  # the wrapper may be writing it right now
+                    code = _exit_code(run, name)
+                with contextlib.suppress(OSError), open(log, "rb") as handle:
+                    handle.seek(offsets[name])
+                    rest = partial[name] + handle.read()
+                    for line in rest.split(b"\n"):
+                        if line:
+                            emit({"e": "log", "task": name, "line": line.decode(errors="replace")})
+                finished.add(name)
+                # killed: no code (the wrapper died too) or the wrapper saw TERM/KILL end it
+                killed = code is None or code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+                emit({"e": "exit", "task": name, "code": code, "killed": killed})
+        if len(finished) == len(tasks):
+            emit({"e": "done"})
+            return
+        now = time.monotonic()
+        if now - last_beat >= 1.0:
+            emit({"e": "beat"})
+            last_beat = now
+        time.sleep(interval)
+
+
+def mark_drained(run: RunDir) -> None:
+    """Mark the run so that a task starting from now on does not run (task.sh checks the
+    mark after writing its PID file): whoever then looks at the PID files sees every task."""
+    run.local.mkdir(parents=True, exist_ok=True)
+    Path(run.drained).touch()
+
+
+def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0) -> dict[str, str]:
+    """TERM each task's process group, KILL what is left after ``grace``; report per task.
+    The run is marked drained first, so a task still starting is either seen or never runs."""
+    with contextlib.suppress(OSError):
+        mark_drained(run)
+    chosen = list(names) if names else run.task_names()
+    groups = {}
+    result = {}
+    for name in chosen:
+        pid = _pid(run, name)
+        if pid and _group_alive(pid) and _ours(pid, run.task_key):
+            groups[name] = pid
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+        else:
+            result[name] = "not running"
+    deadline = time.monotonic() + grace
+    while groups and time.monotonic() < deadline:
+        for name, pid in list(groups.items()):
+            if not _group_alive(pid):
+                result[name] = "stopped"
+                del groups[name]
+        time.sleep(0.05)
+    for name, pid in groups.items():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        result[name] = "killed"
+    deadline = time.monotonic() + 5
+    while any(_group_alive(pid) for pid in groups.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [name for name, pid in groups.items() if _group_alive(pid)]
+    for name in survivors:  # e.g. stuck in uninterruptible sleep: not dead, not confirmed
+        result[name] = "survived SIGKILL"
+    if not survivors and run.local.is_dir():
+        Path(run.stopped).touch()
+    return result
+
+
+def drain(run: RunDir, grace: float) -> bool:
+    """For the agent, a job whose GPUs it frees: mark the run drained (before looking: see
+    task.sh), stop whatever of it is left here; True once nothing of it lives here."""
+    try:
+        mark_drained(run)
+    except OSError as err:  # a full or read-only disk: cannot be sure, keep draining
+        log.error("cannot mark %s drained (%s): its GPUs stay draining", run.path, err)
+        return False
+    if run_alive(run):
+        result = stop(run, grace=grace)
+        log.warning("job %s ended without its launcher's stop: stopped its tasks %s",
+                    run.task_key, result)
+    return not run_alive(run)
+
+
+def run_alive(run: RunDir) -> bool:
+    """Is any process of this run still alive on this node (by its tasks' groups)?"""
+    for name in run.task_names():
+        pid = _pid(run, name)
+        if pid and _group_alive(pid) and _ours(pid, run.task_key):
+            return True
+    return False
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any live (non-zombie) process left in the group?"""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return bool(_group_members(pgid))
+
+
+def unstopped_runs(workdir: str | Path) -> list[RunDir]:
+    """Run directories whose tasks may still be running (no 'stopped' marker yet)."""
+    return [run for run in RunDir.all_on(workdir) if not Path(run.stopped).exists()]
+
+
+def reap(runs: Iterable[RunDir], leases: set[str], grace: float = 5.0,
+         ) -> dict[str, dict[str, str]]:
+    """Stop the tasks of every run whose lease is gone (its launcher died).
+
+    List ``run_dirs`` *before* reading ``leases``: a run directory is made only after its
+    lease exists, so a run missing from the newer lease list is really dead.
+    """
+    reaped = {}
+    for run in runs:
+        if run.task_key in leases:
+            continue
+        if run_alive(run):
+            reaped[run.task_key] = stop(run, grace=grace)
+        else:
+            Path(run.stopped).touch()
+    return reaped
+
+
+def preflight(workdir: str, script: str) -> dict:
+    """Can this node run the job? Checked before anything is allocated or started."""
+    problems = []
+    work = Path(workdir)
+    runs = RunDir.runs(workdir)
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        probe = runs / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        problems.append(f"work dir {workdir} is not writable ({err.strerror})")
+    if script and not (work / script).is_file():
+        problems.append(f"script {script} not found (relative paths start in {workdir})")
+    reads_flags = bool(script) and diagnose.files_read_legacy_flags([work / script])
+    # tf-keras in this venv (the tasks' venv): a Keras 3 error's hint says whether
+    # TF_USE_LEGACY_KERAS=1 would work as is. find_spec imports nothing (fast).
+    tf_keras = importlib.util.find_spec("tf_keras") is not None
+    return {"python": sys.executable, "problems": problems,
+            "hostname": socket.gethostname(), "legacy_flags": reads_flags,
+            "tf_keras": tf_keras}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hypertf.node.tasknode")
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("preflight")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--script", default="")
+    sub.add_parser("start", help="start the tasks a JSON request on stdin names")
+    p = sub.add_parser("watch")
+    p.add_argument("run_dir")
+    p.add_argument("tasks", nargs="+", help="NAME=PORT")
+    p = sub.add_parser("stop")
+    p.add_argument("run_dir")
+    p.add_argument("names", nargs="*")
+    p.add_argument("--grace", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    if args.action == "preflight":
+        print(json.dumps(preflight(args.workdir, args.script)))
+    elif args.action == "start":
+        print(json.dumps(start(json.load(sys.stdin))))
+    elif args.action == "watch":
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
+        tasks = {name: int(port) for name, port in (t.rsplit("=", 1) for t in args.tasks)}
+        watch(RunDir(Path(args.run_dir)), tasks)
+    else:
+        print(json.dumps(stop(RunDir(Path(args.run_dir)), args.names, args.grace)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""The ZooKeeper layout and record formats, in one place (see docs/zookeeper-layout.md).
+
+::
+
+    <root>/resources/<host>    ephemeral  AgentRecord: one node's addresses, port and GPUs
+    <root>/matrix              persistent Matrix: servers x GPUs (free / unavailable / task key)
+    <root>/jobs/<user>/<task_key>    persistent JobRecord: request, placement, ports, state
+    <root>/leases/<user>/<task_key>  ephemeral  held by the launcher's session while the job lives
+    <root>/keeper/lease        ephemeral  held by the session of the agent that keeps the matrix
+    <root>/keeper/queue        ephemeral  the keeper's view of the queue (position, reason)
+
+A task key ends with its owner (``20261122-085000-a1b2c3.alice``), so the owner's parents
+are found from the key alone; every znode carries an ACL (hypertf.store.auth).
+
+Every payload is JSON with a ``format`` number so that a newer HyperTF can refuse (or
+upgrade) what an older one wrote instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry, RetryFailedError
+
+from hypertf.config.settings import ClusterSettings
+from hypertf.core.errors import StoreError
+from hypertf.core.layout import Layout as Layout  # re-exported: part of the store's interface
+from hypertf.core.layout import owner_of as owner_of
+
+# re-exported: the record formats are part of the store's interface
+from hypertf.core.records import (
+    FORMAT as FORMAT,
+)
+from hypertf.core.records import MAX_ZNODE_BYTES as MAX_ZNODE_BYTES
+from hypertf.core.records import AgentRecord as AgentRecord
+from hypertf.core.records import GpuInfo as GpuInfo
+from hypertf.core.records import GpuProcess as GpuProcess
+from hypertf.core.records import decode as decode
+from hypertf.core.records import encode as encode
+from hypertf.store import auth
+from hypertf.store.zkclient import PatientClient
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+_credentials: weakref.WeakKeyDictionary[KazooClient, auth.Credential] = \
+    weakref.WeakKeyDictionary()
+
+
+def credentials_dir(cluster: ClusterSettings) -> Path:
+    return auth.credentials_dir(cluster.zk_credentials, cluster.zookeeper_hosts, cluster.zk_root)
+
+
+def outage_patience(cluster: ClusterSettings) -> float:
+    """How long a long-lived client waits for ZooKeeper to answer again: well past its
+    session (a restarted server keeps sessions for a session timeout after it is back).
+    Longer means ZooKeeper refuses us: it lost its data and will never take this session
+    (it refuses a client that has seen a newer transaction id), so waiting would hang."""
+    return max(3 * cluster.zk_session_timeout, 10.0)
+
+
+def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | None = None,
+            check: bool = True, long_lived: bool = False,
+            on_pause: Callable[[str], None] | None = None) -> KazooClient:
+    """A started client for the inventory's ZooKeeper, authenticated as ``identity``
+    (default ``$HYPERTF_ZK_IDENTITY`` or ``user.<login>``), or a message saying how to
+    start ZooKeeper or which credential file to fix. ``check``: the root must exist, be
+    secured and accept the credential. Its calls wait out a connection loss
+    (hypertf.store.zkclient): a ``long_lived`` client until ZooKeeper answers, its session
+    expires or ``outage_patience`` is spent (``on_pause`` hears of the outage once), a
+    one-shot one for at most a session timeout."""
+    credential = auth.load(credentials_dir(cluster), identity or auth.default_identity())
+    tls = {"use_ssl": True, "ca": cluster.zk_tls_ca, "verify_certs": True} \
+        if cluster.zk_tls_ca else {}
+    client = PatientClient(
+        patience_s=outage_patience(cluster) if long_lived else cluster.zk_session_timeout,
+        on_pause=on_pause,
+        hosts=cluster.zookeeper_hosts,
+        timeout=cluster.zk_session_timeout,
+        # Reconnect attempts at most 0.5 s apart: a restarted ZooKeeper keeps a session only
+        # for one session timeout after it serves again (4 s in the lab), and a slow JVM
+        # start on a busy machine leaves little of it; a longer backoff missed it (issue 27).
+        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 0.5},
+        command_retry={"max_tries": 5, "delay": 0.2, "max_delay": 2.0},
+        logger=logging.getLogger("hypertf.kazoo"),
+        auth_data=credential.auth_data(),
+        **tls,
+    )
+    try:
+        client.start(timeout=timeout)
+    except (KazooTimeoutError, KazooException, OSError) as err:
+        client.stop()
+        client.close()
+        raise StoreError(
+            f"cannot reach ZooKeeper at {cluster.zookeeper_hosts} ({err or 'timed out'}): "
+            f"start it with 'invoke zk.start' or fix hypertf_zookeeper_hosts in the inventory"
+        ) from None
+    _credentials[client] = credential
+    if check:
+        try:
+            auth.check_access(client, cluster.zk_root, credential)
+        except BaseException:
+            close(client)
+            raise
+    return client
+
+
+def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] | None = None,
+                   reset: bool = False) -> Path:
+    """``hypertf auth init``: credentials for the admin, every host's agent, the running
+    user and ``users``, then the secured root. Idempotent; returns the directory."""
+    directory = credentials_dir(cluster)
+    auth.ensure_credentials(directory, hosts, [auth.job_owner(), *(users or [])])
+    client = connect(cluster, identity="admin", check=False)
+    try:
+        auth.secure_root(client, cluster.zk_root, directory, reset=reset)
+    finally:
+        close(client)
+    return directory
+
+
+def credential_of(client: KazooClient) -> auth.Credential:
+    """The credential a client from ``connect`` authenticated with."""
+    return _credentials[client]
+
+
+def acls(client: KazooClient) -> auth.Acls:
+    """The ACLs this client writes on the znodes it creates."""
+    return auth.Acls(_credentials[client])
+
+
+def close(client: KazooClient) -> None:
+    """Stop and close; ephemeral nodes of this session go away at once."""
+    try:
+        client.stop()
+    finally:
+        client.close()
+
+
+def _children(client: KazooClient, path: str) -> list[str]:
+    try:
+        return sorted(client.get_children(path))
+    except NoNodeError:
+        return []
+
+
+@dataclass(frozen=True)
+class Store:
+    """One cluster's ZooKeeper: the client and the layout of its root, always together.
+    The reads are here; hypertf.store.allocation's version-checked writes take a Store."""
+
+    client: KazooClient
+    layout: Layout
+
+    @property
+    def acls(self) -> auth.Acls:
+        """The ACLs this client writes on the znodes it creates."""
+        return acls(self.client)
+
+    @property
+    def credential(self) -> auth.Credential:
+        return credential_of(self.client)
+
+    def records(self, only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
+        """Every live agent's record (or those of the ``only`` hosts), keyed by host name."""
+        hosts = _children(self.client, self.layout.resources)
+        if only is not None:
+            hosts = sorted(set(hosts) & set(only))
+        pending = [(host, self.client.get_async(self.layout.resource(host))) for host in hosts]
+        records: dict[str, AgentRecord] = {}
+        for host, result in pending:  # pipelined: one round trip's latency, not one per host
+            try:
+                data, _ = result.get(timeout=30)
+            except NoNodeError:
+                continue  # the agent went away between the two reads
+            records[host] = AgentRecord.from_json(data)
+        return records
+
+    def _keys_of_every_user(self, parent: str) -> list[str]:
+        keys: list[str] = []
+        for user in _children(self.client, parent):
+            with contextlib.suppress(NoNodeError):  # a user removed meanwhile
+                keys.extend(self.client.get_children(f"{parent}/{user}"))
+        return keys
+
+    def leases(self) -> set[str]:
+        """Task keys whose launcher is still alive."""
+        return set(self._keys_of_every_user(self.layout.leases))
+
+    def job_keys(self) -> list[str]:
+        """Every job record's task key, of every user."""
+        return self._keys_of_every_user(self.layout.jobs)
+
+    def publish_record(self, record: AgentRecord) -> str:
+        """An agent writes its own record, creating it if missing: "created", "updated",
+        "older-session" (a record of this agent's previous session, after a restart within
+        the session timeout: an agent may not delete records, so it waits for that one to
+        expire) or "taken" (another session created it meanwhile)."""
+        path = self.layout.resource(record.host)
+        data = record.to_json()
+        stat = self.client.exists(path)
+        if stat is None:
+            try:
+                self.client.create(path, data, acl=self.acls.agent_record(), ephemeral=True)
+            except NodeExistsError:
+                return "taken"
+            return "created"
+        if stat.ephemeralOwner != self.client.client_id[0]:
+            return "older-session"
+        self.client.set(path, data)
+        return "updated"
+
+    def take_keeper_lease(self, host: str, watch: Callable[..., Any]) -> str:
+        """The matrix keeper holds ``keeper/lease``, an ephemeral znode of its own session:
+        the first agent to create it keeps until its session ends (a clean stop at once, a
+        SIGKILL or a cut-off host after the session timeout); every agent watches it and the
+        next to try takes over. Returns "held", "taken" (now), or "other". A root secured
+        by an older HyperTF has no ``keeper/``: the lowest-named live agent keeps then."""
+        path = self.layout.keeper_lease
+        try:
+            stat = self.client.exists(path, watch=watch)
+            if stat is not None:
+                return "held" if stat.ephemeralOwner == self.client.client_id[0] else "other"
+            self.client.create(path, host.encode(), acl=self.acls.keeper_lease(),
+                               ephemeral=True)
+        except NodeExistsError:
+            return "other"  # another agent took it first
+        except NoNodeError:
+            live = _children(self.client, self.layout.resources)
+            return "held" if live and min(live) == host else "other"
+        return "taken"
+
+
+@contextlib.contextmanager
+def opened(cluster: ClusterSettings, long_lived: bool = False,
+           on_pause: Callable[[str], None] | None = None) -> Iterator[Store]:
+    """A command's Store: connected as the default identity, closed after (``long_lived``:
+    it waits out ZooKeeper outages, see ``connect``)."""
+    client = connect(cluster, long_lived=long_lived, on_pause=on_pause)
+    try:
+        yield Store(client, Layout(cluster.zk_root))
+    finally:
+        close(client)
+
+
+def until_committed(attempt: Callable[[int], T], what: str, deadline_s: float | None = 30.0,
+                    max_tries: int = 200) -> T:
+    """Run a version-checked read-modify-write until it commits, kazoo's way: ``attempt``
+    (given how many tries lost so far) raises ``ForceRetryError`` when another writer won;
+    ``KazooRetry`` retries that (and a lost connection) with backoff and jitter."""
+    tries = itertools.count()
+    retry = KazooRetry(max_tries=max_tries, delay=0.005, backoff=2, max_jitter=0.8,
+                       max_delay=0.2, deadline=deadline_s)
+    try:
+        result: T = retry(lambda: attempt(next(tries)))
+        return result
+    except RetryFailedError:
+        raise StoreError(f"gave up {what} after {next(tries) - 1} tries lost to other "
+                         f"writers") from None

@@ -1,0 +1,136 @@
+"""Job records (``jobs/<user>/<task key>``): read, update, list, mark lost, prune.
+
+A record is written by its launcher and, when its launcher died, by whoever syncs the matrix
+first (``lost``) or by ``hypertf kill`` (``killed``); a state recorded by someone else is
+never overwritten by the launcher's own release. The keeper prunes finished records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
+from kazoo.retry import ForceRetryError
+
+from hypertf.core.errors import StoreError
+from hypertf.store import Store, decode, encode, until_committed
+
+
+class JobState(StrEnum):
+    """Every state a job record holds (docs/zookeeper-layout.md); each equals its text, so
+    records stay plain JSON and older readers keep working."""
+
+    QUEUED = "queued"  # waiting for the keeper
+    ALLOCATED = "allocated"  # admitted: placements and ports granted
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    RETRIED = "retried"  # a port clash or a restart: a new attempt has another key
+    RELEASED = "released"
+    KILLED = "killed"  # hypertf kill of a running job
+    CANCELLED = "cancelled"  # hypertf cancel of a waiting one
+    LOST = "lost"  # its launcher died without releasing it
+    REFUSED = "refused"  # --no-wait and it could not start at once
+
+
+LIVE_STATES = (JobState.QUEUED, JobState.ALLOCATED, JobState.STARTING, JobState.RUNNING)
+# states a launcher's own release does not overwrite
+ENDED_BY_OTHERS = (JobState.KILLED, JobState.CANCELLED, JobState.LOST, JobState.REFUSED)
+
+
+def mark_lost(store: Store, task_key: str) -> None:
+    """A job whose lease vanished without a release or a kill: its launcher died."""
+    with contextlib.suppress(NoNodeError, BadVersionError, StoreError, NoAuthError):
+        data, stat = store.client.get(store.layout.job(task_key))
+        job = decode(data, "job record")
+        if job.get("state") in LIVE_STATES:
+            job.update(state=JobState.LOST, lost=time.time())
+            store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
+
+
+def read_job(store: Store, task_key: str) -> dict[str, Any] | None:
+    try:
+        data, _ = store.client.get(store.layout.job(task_key))
+    except NoNodeError:
+        return None
+    return decode(data, "job record")
+
+
+def update_job(store: Store, task_key: str, **changes: Any) -> None:
+    """Merge ``changes`` into the job record, version-checked; a state recorded by someone
+    else (``killed``, ``lost``) is never overwritten."""
+    def attempt(_retries: int) -> None:
+        data, stat = store.client.get(store.layout.job(task_key))
+        job = decode(data, "job record")
+        kept = ({k: v for k, v in changes.items() if k != "state"}
+                if job.get("state") in ENDED_BY_OTHERS else changes)
+        job.update(kept)
+        try:
+            store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
+        except BadVersionError:
+            raise ForceRetryError() from None
+
+    until_committed(attempt, f"updating job {task_key}")
+
+
+def list_jobs(store: Store) -> list[dict[str, Any]]:
+    """Every job record, newest first, with ``alive`` telling whether its lease exists."""
+    leases = store.leases()
+    jobs = []
+    for key in sorted(store.job_keys(), reverse=True):
+        job = read_job(store, key)
+        if job is not None:
+            job["alive"] = key in leases
+            jobs.append(job)
+    return jobs
+
+
+def _ended_at(job: Mapping[str, Any]) -> float:
+    times = [job.get(k) for k in ("created", "released", "killed", "lost")]
+    return max((float(t) for t in times if isinstance(t, (int, float))), default=0.0)
+
+
+def prune_jobs(store: Store, max_age_s: float, max_records: int,
+               now: float | None = None) -> int:
+    """Delete the records of finished jobs (no lease) that ended more than ``max_age_s`` ago,
+    and the oldest finished ones beyond ``max_records``; running jobs are never pruned.
+    Returns how many were deleted."""
+    now = time.time() if now is None else now
+    keys = store.job_keys()
+    leases = store.leases()  # after the list: a listed job without one is over
+    finished = []
+    for key in keys:
+        if key in leases:
+            continue
+        try:
+            job = read_job(store, key)
+        except StoreError:
+            job = None  # another format or damaged: left for a person to look at
+        if job is None:
+            continue
+        if job.get("state") in LIVE_STATES:
+            mark_lost(store, key)  # missed when its cells drained
+        finished.append((_ended_at(job), key))
+    finished.sort()
+    excess = max(0, len(finished) + len(leases) - max_records)
+    doomed = [key for i, (ended, key) in enumerate(finished)
+              if i < excess or now - ended > max_age_s]
+    for key in doomed:
+        with contextlib.suppress(NoNodeError, NoAuthError):
+            store.client.delete(store.layout.job(key))
+    return len(doomed)
+
+
+def job_state(job: dict[str, Any]) -> str:
+    """queued / running while the lease lives; the recorded end state after (``lost`` for a
+    live state whose launcher is gone). ``job`` is a list_jobs entry (it has ``alive``)."""
+    state = job.get("state", "?")
+    if job["alive"]:
+        return "queued" if state == "queued" else "running"
+    return "lost" if state in LIVE_STATES else state

@@ -1,0 +1,53 @@
+"""``hypertf queue``: the waiting jobs as the admitter sees them, like squeue.
+
+It runs the keeper's own admission pass (hypertf.core.admission) read-only on what ZooKeeper
+holds now, so it needs no keeper to answer and says the same as the keeper will: one
+matrix read, one listing of the live hosts, the waiting jobs' records (in parallel).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hypertf.core.admission import admission_pass
+from hypertf.store import Store
+from hypertf.store.allocation import read_matrix
+from hypertf.store.waitqueue import QueueReader, live_hosts
+
+STARTING = "Starting"  # fits now: the keeper admits it at its next pass
+
+
+def collect(store: Store, user_gpu_limit: int = 0) -> list[dict[str, Any]]:
+    matrix, _ = read_matrix(store)
+    reader = QueueReader(store)
+    waiting = reader.waiting()
+    decisions = admission_pass(matrix, live_hosts(store), waiting, user_gpu_limit)
+    by_key = {w.task_key: w for w in waiting}
+    now = time.time()
+    rows = []
+    for decision in decisions:
+        job = by_key[decision.task_key]
+        record, _ = reader.records[decision.task_key]
+        created = float(record.get("created", now))
+        rows.append({"position": decision.position, "task_key": job.task_key,
+                     "user": job.user, "priority": job.priority,
+                     "shape": job.request.describe(), "gpus": job.request.gpus,
+                     "script": record.get("script", ""), "queued": created,
+                     "waiting_s": round(now - created, 1),
+                     "reason": decision.reason or STARTING})
+    return rows
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no job is waiting"
+    header = f"{'POS':>3}  {'TASK KEY':<34} {'USER':<10} {'PRIO':>4}  {'WAITING':>8}  " \
+             f"{'REASON':<9}  SHAPE"
+    lines = [header]
+    for row in rows:
+        wait = int(row["waiting_s"])
+        lines.append(f"{row['position']:>3}  {row['task_key']:<34} {row['user']:<10} "
+                     f"{row['priority']:>4}  {wait // 60:>5}:{wait % 60:02d}  "
+                     f"{row['reason']:<9}  {row['shape']}  {row['script']}")
+    return "\n".join(lines)

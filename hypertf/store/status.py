@@ -1,0 +1,192 @@
+"""Cluster status: hosts x GPUs, agents' heartbeats, ZooKeeper's health.
+
+``collect`` returns one JSON-ready dict that scripts can rely on::
+
+    {"zookeeper": {...}, "hosts": [{"name": ..., "agent": "up"|"down",
+      "gpus": [{"index": 0, "state": "free"|"busy"|"draining"|"unavailable",
+                "task_key": null}]}]}
+
+``render`` prints it as a table with rich.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kazoo.client import KazooClient
+from rich.console import Console
+from rich.table import Table
+
+from hypertf.config.inventory import Inventory
+from hypertf.core.matrix import job_of, state_of, synced
+from hypertf.store import Layout, Store, fourletter
+from hypertf.store.allocation import read_matrix
+
+GIB = 1024**3
+
+
+def _zookeeper_health(hosts: str) -> list[dict[str, Any]]:
+    servers = []
+    for entry in hosts.split("/")[0].split(","):
+        address, _, port = entry.strip().rpartition(":")
+        started = time.monotonic()
+        mode = fourletter.mode(address, int(port))
+        servers.append({"server": entry.strip(), "mode": mode or "down",
+                        "latency_ms": round(1000 * (time.monotonic() - started), 1)})
+    return servers
+
+
+def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
+    """Describe every inventory host: the matrix as the records and leases say it is now.
+    A read: it writes nothing (bringing the stored matrix in line is the keeper agent's
+    job), so a dead job's GPUs already show as draining here before the keeper has run."""
+    layout = Layout(inventory.cluster.zk_root)
+    zk = Store(client, layout)
+    stored, _ = read_matrix(zk)
+    records = zk.records()
+    leases = zk.leases()
+    matrix = synced(stored, records, leases)
+    now = time.time()
+    hosts = []
+    for name, node in inventory.nodes.items():
+        record = records.get(name)
+        row = matrix.gpus.get(name, [])
+        details = {gpu.index: gpu for gpu in record.gpus} if record else {}
+        gpus = []
+        for index, cell in enumerate(row):
+            gpu = details.get(index)
+            key = job_of(cell)
+            entry: dict[str, Any] = {"index": index, "state": state_of(cell), "task_key": key}
+            if gpu:
+                entry.update(name=gpu.name, uuid=gpu.uuid, utilization=gpu.utilization,
+                             memory_used=gpu.memory_used, memory_total=gpu.memory_total,
+                             reason=gpu.reason, mig=gpu.mig,
+                             foreign_pids=[p.pid for p in gpu.foreign_processes(key)])
+            gpus.append(entry)
+        hosts.append({
+            "name": name,
+            "address": node.address,
+            "agent": "up" if record else "down",
+            "heartbeat_age_s": round(now - record.heartbeat, 1) if record else None,
+            "data_addr": record.data_addr if record else None,
+            "mgmt_addr": record.mgmt_addr if record else None,
+            "gpu_source": record.gpu_source if record else None,
+            "gpu_driver": record.gpu_driver if record else {},
+            "gpus": gpus,
+            "ports_reserved": len(matrix.ports.get(name, {})),
+        })
+    return {
+        "inventory": str(inventory.path),
+        "zookeeper": {"hosts": inventory.cluster.zookeeper_hosts, "root": layout.root,
+                      "servers": _zookeeper_health(inventory.cluster.zookeeper_hosts)},
+        "hosts": hosts,
+        "jobs": sorted(leases),
+    }
+
+
+def _gpu_cell(gpu: dict[str, Any]) -> str:
+    foreign = gpu.get("foreign_pids")
+    warning = (f" [red]busy-with-foreign-process[/] pid {', '.join(map(str, foreign))}"
+               if foreign else "")
+    if gpu["state"] == "free":
+        return "[green]free[/]" + warning
+    if gpu["state"] == "busy":
+        return f"[yellow]busy[/] {gpu['task_key']}" + warning
+    if gpu["state"] == "draining":
+        return f"[magenta]draining[/] {gpu['task_key']}" + warning
+    if foreign:
+        return warning.lstrip()
+    if gpu.get("reason"):
+        return f"[red]unavailable[/] {gpu['reason']}"
+    if "utilization" in gpu:
+        return (f"[red]unavailable[/] {gpu['utilization']:.0f}% "
+                f"{gpu['memory_used'] / GIB:.1f}/{gpu['memory_total'] / GIB:.1f} GiB")
+    return "[red]unavailable[/]"
+
+
+def _driver(host: dict[str, Any]) -> str:
+    versions = host.get("gpu_driver") or {}
+    return " ".join(f"{k} {v}" for k, v in versions.items()) or (host.get("gpu_source") or "")
+
+
+COMPACT_FROM_HOSTS = 64  # beyond this a table cell per GPU is unreadable (and slow)
+
+
+def _compact_gpus(host: dict[str, Any]) -> str:
+    """A host's GPUs grouped by state: 'free 0,2; busy KEY 1,3; unavailable (why) 4'."""
+    if host["agent"] == "up" and not host["gpus"]:
+        return "no GPU: CPU tasks only"
+    groups: dict[str, list[str]] = {}
+    for gpu in host["gpus"]:
+        label = gpu["state"]
+        if gpu.get("task_key"):
+            label += f" {gpu['task_key']}"
+        elif gpu.get("reason"):
+            label += f" ({gpu['reason']})"
+        if gpu.get("foreign_pids"):
+            label += f" busy-with-foreign-process pid {','.join(map(str, gpu['foreign_pids']))}"
+        groups.setdefault(label, []).append(str(gpu["index"]))
+    return "; ".join(f"{label} {','.join(indices)}" for label, indices in groups.items())
+
+
+def render_compact(status: dict[str, Any], console: Console) -> None:
+    """Plain aligned lines, one per host, GPUs grouped by state: for large clusters, where
+    a rich table would take seconds to lay out (1000 hosts x 8 GPUs)."""
+    hosts = status["hosts"]
+    free = sum(g["state"] == "free" for h in hosts for g in h["gpus"])
+    total = sum(len(h["gpus"]) for h in hosts)
+    up = sum(h["agent"] == "up" for h in hosts)
+    name_w = max((len(h["name"]) for h in hosts), default=4)
+    addr_w = max((len(h["data_addr"] or h["address"] or "") for h in hosts), default=7)
+    drivers: dict[str, int] = {}
+    for host in hosts:
+        if host["agent"] == "up":
+            drivers[_driver(host) or "none"] = drivers.get(_driver(host) or "none", 0) + 1
+    lines = [f"HyperTF cluster ({status['inventory']}): {len(hosts)} hosts ({up} agents up), "
+             f"{free} of {total} GPUs free",
+             "GPU driver: " + "; ".join(f"{name} ({count} hosts)"
+                                        for name, count in sorted(drivers.items())),
+             f"{'host':<{name_w}}  {'agent':<11}  {'data address':<{addr_w}}  GPUs"]
+    for host in hosts:
+        agent = f"up {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == "up" else "down"
+        address = host["data_addr"] or host["address"] or ""
+        lines.append(f"{host['name']:<{name_w}}  {agent:<11}  {address:<{addr_w}}  "
+                     f"{_compact_gpus(host)}")
+    console.out("\n".join(lines), highlight=False)
+
+
+def render(status: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    if len(status["hosts"]) > COMPACT_FROM_HOSTS:
+        render_compact(status, console)
+        _render_footer(status, console)
+        return
+    most = max((len(h["gpus"]) for h in status["hosts"]), default=0)
+    width = max(1, most)
+    table = Table(title=f"HyperTF cluster ({status['inventory']})")
+    table.add_column("host")
+    table.add_column("agent")
+    table.add_column("data address")
+    table.add_column("GPU driver")
+    for index in range(width):
+        table.add_column(f"GPU {index}" if most else "GPUs")
+    for host in status["hosts"]:
+        agent = (f"[green]up[/] {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == "up"
+                 else "[red]down[/]")
+        cells = [_gpu_cell(g) for g in host["gpus"]]
+        if host["agent"] == "up" and not host["gpus"]:
+            cells = ["no GPU: CPU tasks only"]
+        cells += [""] * (width - len(cells))
+        table.add_row(host["name"], agent, host["data_addr"] or host["address"], _driver(host),
+                      *cells)
+    console.print(table)
+    _render_footer(status, console)
+
+
+def _render_footer(status: dict[str, Any], console: Console) -> None:
+    servers = ", ".join(f"{s['server']} {s['mode']} ({s['latency_ms']} ms)"
+                        for s in status["zookeeper"]["servers"])
+    console.print(f"ZooKeeper: {servers}; root {status['zookeeper']['root']}")
+    jobs = status["jobs"]
+    console.print(f"Jobs holding resources: {', '.join(jobs) if jobs else 'none'}")

@@ -1,0 +1,423 @@
+"""The queue in ZooKeeper: jobs that wait for GPUs, and their admission by the keeper.
+
+A waiting job is an ordinary job whose record says ``queued``: its launcher creates the
+lease (ephemeral, tied to its session) and the record (with the request and the priority)
+in one transaction, then watches only its own record, its lease and the queue's view.
+
+**Who admits.** The matrix keeper (the agent holding ``keeper/lease``; see hypertf.node.agent)
+runs ``Admitter.admit`` after each sync: ``admission.admission_pass`` decides every waiting
+job, and all the jobs admitted in a pass are committed in ONE transaction: the matrix
+(version-checked), and per job a check that its lease still lives and its record written
+``allocated`` with placements and ports (version-checked against a cancel). A keeper that
+dies mid-admission commits everything or nothing; the next keeper starts the pass again.
+
+**Pitfalls, on purpose.**
+- *Herd effect*: waiters never compete for a lock and never read the matrix or the records
+  of 1000 hosts: each waits on its own record (admission), its lease (cancel) and one small
+  view (``keeper/queue``, position and reason), rewritten only when it changes.
+- *A waiter's session lost*: its lease goes with it, the admitting transaction checks the
+  lease, so a job whose launcher is gone is never admitted (and is marked ``lost``).
+- *Sequence overflow*: no sequential znode is used; FIFO order is the record's creation
+  zxid, ZooKeeper's 64-bit transaction id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.retry import ForceRetryError
+
+from hypertf.core.admission import (
+    HELD,
+    PRIORITY,
+    RESOURCES,
+    USER_LIMIT,
+    Decision,
+    Waiting,
+    admission_pass,
+    clamped,
+)
+from hypertf.core.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
+from hypertf.core.limits import Limits
+from hypertf.core.matrix import Held, Matrix
+from hypertf.core.placement import Grant, Request, cannot_place
+from hypertf.core.scheduler import Placement, TaskSlot
+from hypertf.store import Store, decode, encode, owner_of, until_committed
+from hypertf.store.allocation import check_registered, owner_info, read_matrix, sync_matrix
+from hypertf.store.jobs import JobState, mark_lost, read_job
+
+QUEUED = JobState.QUEUED
+DEFAULT_PORT_RANGE = (20000, 20999)
+
+
+# -- the request as the record keeps it --------------------------------------------------
+def request_to_json(request: Request, priority: int,
+                    exclude_ports: Mapping[str, set[int]] | None = None,
+                    wait: bool = True) -> dict[str, Any]:
+    """Compact: 1000 hosts share one port range, so only the differing ones are listed."""
+    ranges = list(request.port_ranges.values())
+    common = max(ranges, key=ranges.count) if ranges else DEFAULT_PORT_RANGE
+    return {"priority": priority, "hosts": list(request.hosts), "policy": request.policy,
+            "slots": [[s.role, s.index, s.gpus] for s in request.slots],
+            "port_range": list(common),
+            "port_ranges": {h: list(r) for h, r in request.port_ranges.items()
+                            if tuple(r) != tuple(common)},
+            "exclude_ports": {h: sorted(p) for h, p in (exclude_ports or {}).items() if p},
+            "held": False, "no_wait": not wait}
+
+
+def waiting_from_record(record: Mapping[str, Any], order: int) -> Waiting:
+    queue = record["queue"]
+    common = tuple(queue.get("port_range", DEFAULT_PORT_RANGE))
+    ranges = {h: tuple(queue.get("port_ranges", {}).get(h, common)) for h in queue["hosts"]}
+    request = Request(slots=tuple(TaskSlot(r, i, g) for r, i, g in queue["slots"]),
+                      hosts=tuple(queue["hosts"]), policy=queue.get("policy", "round_robin"),
+                      port_ranges=ranges)
+    return Waiting(record["task_key"], request, priority=int(queue.get("priority", 0)),
+                   order=order, held=bool(queue.get("held")),
+                   exclude_ports={h: frozenset(p) for h, p in
+                                  queue.get("exclude_ports", {}).items()},
+                   no_wait=bool(queue.get("no_wait")))
+
+
+def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, Any],
+            priority: int = 0, exclude_ports: Mapping[str, set[int]] | None = None,
+            wait: bool = True) -> None:
+    """The lease and the ``queued`` record, in one transaction, in the owner's folders (the
+    only places a user may write). ``wait`` False (--no-wait): the keeper admits the job in
+    its next pass or refuses it."""
+    if not request.slots:
+        raise UsageError("a job needs at least one task")
+    owner = {**owner_info(), "user": owner_of(task_key)}
+    job = {"task_key": task_key, "state": QUEUED, "created": time.time(), "owner": owner,
+           "policy": request.policy, "placements": [],
+           "queue": request_to_json(request, priority, exclude_ports, wait), **record}
+    tx = store.client.transaction()
+    tx.create(store.layout.lease(task_key), encode(owner), acl=store.acls.lease(),
+              ephemeral=True)
+    tx.create(store.layout.job(task_key), encode(job), acl=store.acls.job())
+    errors = [r for r in tx.commit() if isinstance(r, Exception)]
+    if errors:
+        check_registered(store, owner_of(task_key))  # the likely cause, named
+        raise StoreError(f"ZooKeeper refused to queue job {task_key}: {errors}")
+
+
+def submit(store: Store, request: Request, task_key: str,
+           record: Mapping[str, Any] | None = None, *, priority: int = 0,
+           exclude_ports: Mapping[str, set[int]] | None = None, wait: bool = True,
+           say: Callable[[str], None] | None = None,
+           lost_session: threading.Event | None = None) -> Grant:
+    """The one way to take GPUs: queue the request, and return the grant once the keeper
+    admitted it. With ``wait`` False, InsufficientResources when the keeper refuses it (it
+    could not start at once); the lease is dropped then, and on any error."""
+    enqueue(store, task_key, request, record or {}, priority, exclude_ports, wait)
+    try:
+        admitted = wait_for_admission(store, task_key, say or (lambda _line: None),
+                                      lost_session or threading.Event())
+    except BaseException:
+        with contextlib.suppress(Exception):
+            store.client.delete(store.layout.lease(task_key))
+        raise
+    return grant_of(admitted)
+
+
+def grant_of(record: Mapping[str, Any]) -> Grant:
+    """The placements and ports an admitted job record holds."""
+    placements = tuple(Placement(p["role"], int(p["index"]), p["host"], tuple(p["gpus"]))
+                       for p in record["placements"])
+    return Grant(str(record["task_key"]), placements,
+                 {f"{p['role']}:{p['index']}": int(p["port"]) for p in record["placements"]})
+
+
+def held_of(placements: Iterable[Mapping[str, Any]]) -> Held:
+    """What a grant holds, per host (for the keeper's repairs)."""
+    gpus: dict[str, list[int]] = {}
+    ports: dict[str, list[int]] = {}
+    for p in placements:
+        gpus.setdefault(p["host"], []).extend(int(g) for g in p["gpus"])
+        ports.setdefault(p["host"], []).append(int(p["port"]))
+    return Held({h: tuple(g) for h, g in gpus.items() if g},
+                {h: tuple(n) for h, n in ports.items()})
+
+
+def set_held(store: Store, task_key: str, held: bool) -> None:
+    """``hypertf hold``/``unhold``: a held job keeps its place but is not admitted (and
+    reserves nothing). Only a waiting job; the record's ACL lets only its owner (and the
+    admin) write it."""
+    def attempt(_retries: int) -> None:
+        try:
+            data, stat = store.client.get(store.layout.job(task_key))
+        except NoNodeError:
+            raise UsageError(f"no job {task_key!r}; list them with 'hypertf queue'") from None
+        record = decode(data, "job record")
+        if record.get("state") != QUEUED or "queue" not in record:
+            raise UsageError(f"job {task_key} is not waiting in the queue "
+                             f"({record.get('state')}): only a waiting job can be held")
+        record["queue"]["held"] = held
+        try:
+            store.client.set(store.layout.job(task_key), encode(record), version=stat.version)
+        except BadVersionError:
+            raise ForceRetryError() from None
+        except NoAuthError:
+            raise NotAllowed(f"job {task_key} belongs to {owner_of(task_key)}: only they or "
+                             f"the admin may hold it") from None
+
+    until_committed(attempt, f"holding job {task_key}")
+
+
+# -- reading the queue -------------------------------------------------------------------
+@dataclass
+class QueueReader:
+    """Reads the waiting jobs; remembers the keys it saw were not waiting (running jobs),
+    so a pass reads only the records of waiting and new jobs, in parallel. What running
+    jobs were granted is kept (``grants``): the keeper restores it if the matrix loses it."""
+
+    store: Store
+    settled: set[str] = field(default_factory=set)
+    records: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
+    grants: dict[str, Held] = field(default_factory=dict)
+
+    def waiting(self) -> list[Waiting]:
+        leases = self.store.leases()
+        self.settled &= leases
+        self.grants = {key: held for key, held in self.grants.items() if key in leases}
+        gone = set(self.records) - leases
+        for key in gone:  # a waiter whose lease went without a cancel: its launcher is gone
+            mark_lost(self.store, key)
+        keys = sorted(leases - self.settled)
+        asyncs = [(key, self.store.client.get_async(self.store.layout.job(key))) for key in keys]
+        self.records = {}
+        found = []
+        for key, result in asyncs:
+            try:
+                data, stat = result.get(timeout=30)
+                record = decode(data, "job record")
+            except (NoNodeError, StoreError):
+                continue  # not written yet (the launcher's transaction), or unreadable
+            if record.get("state") != QUEUED or "queue" not in record:
+                self.settled.add(key)
+                if record.get("placements") and key not in self.grants:
+                    with contextlib.suppress(KeyError, TypeError, ValueError):
+                        self.grants[key] = held_of(record["placements"])  # a new keeper
+                continue
+            self.records[key] = (record, stat.version)
+            found.append(waiting_from_record(record, stat.czxid))
+        return found
+
+
+def live_hosts(store: Store) -> list[str]:
+    """Hosts with an agent record: one child listing, no record read."""
+    with contextlib.suppress(NoNodeError):
+        return sorted(store.client.get_children(store.layout.resources))
+    return []
+
+
+def read_limits(store: Store) -> Limits:
+    """The admin's per-user ceilings (defaults when the root has none yet)."""
+    try:
+        data, _ = store.client.get(store.layout.limits)
+    except NoNodeError:
+        return Limits()
+    try:
+        return Limits.from_json(data)
+    except (StoreError, TypeError, ValueError, AttributeError):
+        return Limits()  # damaged: the defaults, never a user's wish
+
+
+# -- admitting ---------------------------------------------------------------------------
+@dataclass
+class Admitter:
+    """The keeper's pass: sync the matrix, decide every waiting job, commit admissions and
+    refusals in one transaction, publish the view."""
+
+    store: Store
+    user_gpu_limit: int = 0
+    reader: QueueReader = field(init=False)
+    published: bytes | None = None
+
+    def __post_init__(self) -> None:
+        self.reader = QueueReader(self.store)
+
+    def keep(self) -> list[Decision]:
+        """Sync (free ended jobs, repair running ones), then admit."""
+        self.reader.waiting()  # fresh grants before the repair (a new keeper reads them)
+        sync_matrix(self.store, self.reader.grants)
+        return self.admit()
+
+    def admit(self) -> list[Decision]:
+        """One pass; returns the decisions (admitted and refused ones committed)."""
+        def attempt(_retries: int) -> list[Decision]:
+            matrix, version = read_matrix(self.store)
+            waiting = self.reader.waiting()
+            live = live_hosts(self.store)
+            limits = read_limits(self.store)
+            decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
+            settled = [d for d in decisions if d.admitted or d.refused]
+            if settled and not self._commit(matrix, version, settled, live, limits):
+                raise ForceRetryError()
+            self.publish(decisions, {w.task_key: w for w in clamped(waiting, limits)})
+            return decisions
+
+        return until_committed(attempt, "admitting waiting jobs")
+
+    def _commit(self, matrix: Matrix, version: int, settled: list[Decision],
+                live: list[str], limits: Limits) -> bool:
+        taken = matrix
+        tx = self.store.client.transaction()
+        now = time.time()
+        # Admissions first: a refusal names what is free once this pass's admissions took
+        # their GPUs (two --no-wait jobs for the last GPU: the loser hears it is taken).
+        for decision in sorted(settled, key=lambda d: d.refused):
+            record, record_version = self.reader.records[decision.task_key]
+            if decision.refused:
+                tx.set_data(self.store.layout.job(decision.task_key), encode({
+                    **record, "state": JobState.REFUSED, "refused": now,
+                    "refused_reason": self.refusal(decision, record, taken, live, limits)}),
+                    version=record_version)
+                continue
+            gpus: dict[str, list[int]] = {}
+            ports: dict[str, list[int]] = {}
+            for p in decision.placements:
+                gpus.setdefault(p.host, []).extend(p.gpus)
+                ports.setdefault(p.host, []).append(decision.ports[p.name])
+            taken = taken.take(decision.task_key, gpus, ports)
+            tx.check(self.store.layout.lease(decision.task_key), -1)
+            tx.set_data(self.store.layout.job(decision.task_key), encode({
+                **record, "state": JobState.ALLOCATED, "admitted": now,
+                "waited_s": round(now - float(record.get("created", now)), 3),
+                "placements": placements_json(decision.placements, decision.ports)}),
+                version=record_version)
+        if taken is not matrix:
+            tx.set_data(self.store.layout.matrix, taken.to_json(), version=version)
+        else:
+            tx.check(self.store.layout.matrix, version)
+        errors = [r for r in tx.commit() if isinstance(r, Exception)]
+        if errors:
+            return False  # a cancel, a lost waiter or another writer: read and decide again
+        for decision in settled:
+            self.reader.settled.add(decision.task_key)
+            if decision.admitted:
+                self.reader.grants[decision.task_key] = held_of(
+                    placements_json(decision.placements, decision.ports))
+        return True
+
+    def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
+                live: list[str], limits: Limits) -> str:
+        """Why a --no-wait job cannot start now, naming what is free or the limit."""
+        job = waiting_from_record(record, 0)
+        if decision.reason == USER_LIMIT:
+            held = matrix.held_per_user().get(job.user, 0)
+            cap = limits.gpu_limit(job.user, self.user_gpu_limit)
+            return (f"{job.user} holds {held} GPUs; this job's {job.request.gpus} more would "
+                    f"pass the limit of {cap} (hypertf_user_gpu_limit, or the admin's "
+                    f"'hypertf auth limits')")
+        why = cannot_place(job.request, matrix, live)
+        return why or (f"the GPUs it needs are promised to jobs ahead of it in the queue "
+                       f"({REASONS[PRIORITY]}); run it without --no-wait to wait in line")
+
+    def publish(self, decisions: list[Decision], waiting: Mapping[str, Waiting]) -> None:
+        """``keeper/queue``: an ephemeral of the keeper's session, rewritten on change."""
+        data = encode(view_of(decisions, waiting))
+        if data == self.published:
+            return
+        path = self.store.layout.queue_view
+        try:
+            self.store.client.set(path, data)
+        except NoNodeError:
+            try:
+                self.store.client.create(path, data, acl=self.store.acls.keeper_lease(),
+                                         ephemeral=True)
+            except NodeExistsError:
+                return  # an older keeper's session still holds it: next pass
+            except (NoNodeError, NoAuthError):
+                pass  # a root secured before the keeper existed: waiters poll, no view
+        self.published = data
+
+
+def placements_json(placements: tuple[Placement, ...], ports: Mapping[str, int]
+                    ) -> list[dict[str, Any]]:
+    return [{"role": p.role, "index": p.index, "host": p.host, "gpus": list(p.gpus),
+             "port": ports[p.name]} for p in placements]
+
+
+def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting]) -> dict[str, Any]:
+    """What waiters and ``hypertf queue`` show: every job still waiting, in order."""
+    entries: list[dict[str, Any]] = []
+    for d in decisions:
+        if d.admitted or d.refused:
+            continue
+        job = waiting[d.task_key]
+        entries.append({"task_key": d.task_key, "position": len(entries) + 1,
+                        "reason": d.reason, "priority": job.priority,
+                        "gpus": job.request.gpus})
+    return {"waiting": entries}
+
+
+def read_view(store: Store, watch: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
+    """The keeper's last view of the queue ([] when there is none)."""
+    try:
+        data, _ = store.client.get(store.layout.queue_view, watch=watch)
+    except NoNodeError:
+        return []
+    return list(decode(data, "queue view").get("waiting", []))
+
+
+REASONS = {
+    RESOURCES: "not enough free GPUs yet",
+    PRIORITY: "jobs ahead of it (higher priority, or earlier) wait for the GPUs it needs",
+    USER_LIMIT: "its owner's running jobs are at hypertf_user_gpu_limit",
+    HELD: "held",
+}
+
+
+def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
+                       lost_session: threading.Event) -> dict[str, Any]:
+    """Block until the keeper admits ``task_key``; say its position and reason whenever
+    they change. Returns the admitted record; raises Cancelled when the lease goes."""
+    wake = threading.Event()
+    done = False
+
+    def changed(*_: object) -> bool:
+        wake.set()
+        return not done  # False ends a DataWatch
+
+    store.client.DataWatch(store.layout.job(task_key), changed)
+    store.client.DataWatch(store.layout.lease(task_key), changed)
+    store.client.DataWatch(store.layout.queue_view, changed)
+    shown: tuple[int, int, str] | None = None
+    try:
+        while True:
+            wake.wait(2.0)
+            wake.clear()
+            if lost_session.is_set():
+                raise StoreError(f"lost the ZooKeeper session while job {task_key} waited: its "
+                                f"place in the queue is gone and it will never start; submit "
+                                f"it again")
+            record = read_job(store, task_key) or {}
+            state = record.get("state")
+            if state == JobState.ALLOCATED:
+                return record
+            if state == JobState.REFUSED:
+                raise InsufficientResources(str(record.get("refused_reason")
+                                                or "the keeper could not start it now"))
+            if state != QUEUED or store.client.exists(store.layout.lease(task_key)) is None:
+                by = record.get("cancelled_by") or record.get("killed_by") or {}
+                who = by.get("identity") or by.get("user")
+                raise Cancelled(f"job {task_key} was cancelled while it waited"
+                                + (f" (by {who} from {by.get('host', '?')})" if who else ""))
+            view = read_view(store)
+            mine = next((e for e in view if e["task_key"] == task_key), None)
+            if mine is not None:
+                now = (int(mine["position"]), len(view), str(mine["reason"]))
+                if now != shown:
+                    shown = now
+                    say(f"hypertf: job {task_key} waits in the queue: position {now[0]} of "
+                        f"{now[1]} ({now[2]}: {REASONS.get(now[2], now[2])})")
+    finally:
+        done = True

@@ -1,0 +1,1 @@
+"""Hyperparameter sweeps: a spec, its trials as ordinary queued jobs, their results."""
