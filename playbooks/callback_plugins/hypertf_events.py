@@ -1,6 +1,6 @@
 """Ansible callback: one JSON line per playbook event, for ``invoke cluster.setup``.
 
-hypertf.provision runs ansible-playbook with this callback enabled and the path of a file in
+hypertf.ops.provision runs ansible-playbook with this callback enabled and the path of a file in
 ``HYPERTF_PROVISION_EVENTS``; it follows that file to show progress per host and to name the
 step at which a node failed. The normal Ansible output still goes to the run's log file.
 """
@@ -21,7 +21,7 @@ DOCUMENTATION = """
       - Writes one JSON object per line (play, task, per-host result, final stats) to the file
         named by the HYPERTF_PROVISION_EVENTS environment variable; does nothing without it.
     requirements:
-      - enabled in callbacks_enabled (hypertf.provision does this)
+      - enabled in callbacks_enabled (hypertf.ops.provision does this)
 """
 
 MESSAGE_LIMIT = 2000
