@@ -1,0 +1,146 @@
+"""The offload world: one mpiexec (MPICH's hydra) running the agent as rank 0 and K
+processors, started and stopped by PID, its channel unlinked even if the agent died.
+
+On one machine hydra forks the ranks (``-launcher fork``); across hosts it reaches them over
+SSH (``-launcher ssh -launcher-exec SSH``), where SSH is a script that pins host keys. Every
+address is loopback unless hosts are given: nothing listens wider than needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from hypertf.offload import channel as channel_module
+from hypertf.offload.hook import ENV_CHANNEL, ENV_MIN_FLOPS, ENV_STATS
+
+BOOT = Path(__file__).resolve().parent / "boot"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def mpiexec_argv(channel: str, processors: int, python: str = sys.executable,
+                 hosts: Sequence[str] = (), launcher_exec: str | None = None,
+                 ready: str | None = None, stats: str | None = None,
+                 data_mb: int = 64) -> list[str]:
+    """mpiexec's command line: the agent here (rank 0), the processors on ``hosts``."""
+    if processors < 1:
+        raise ValueError("an offload world needs at least one processor")
+    argv = ["mpiexec"]
+    if hosts:
+        argv += ["-launcher", "ssh"]
+        if launcher_exec:
+            argv += ["-launcher-exec", launcher_exec]
+        argv += ["-hosts", ",".join(hosts)]
+    else:
+        argv += ["-launcher", "fork", "-hosts", "localhost", "-iface", "lo"]
+    agent = [python, "-m", "hypertf.offload.agent", "--channel", channel,
+             "--data-mb", str(data_mb)]
+    if ready:
+        agent += ["--ready", ready]
+    if stats:
+        agent += ["--stats", stats]
+    processor = [python, "-m", "hypertf.offload.processor"]
+    return [*argv, "-n", "1", *agent, ":", "-n", str(processors), *processor]
+
+
+def loopback_env() -> dict[str, str]:
+    """MPICH and libfabric kept on loopback (the network rule: nothing listens wider)."""
+    return {"MPIR_CVAR_CH3_INTERFACE_HOSTNAME": "127.0.0.1", "MPIR_CVAR_CH4_NETMOD": "ofi",
+            "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo",
+            "HYDRA_IFACE": "lo"}
+
+
+@dataclass
+class World:
+    """A running offload world: its mpiexec process and its channel's name."""
+
+    channel: str
+    processors: int
+    workdir: Path
+    proc: subprocess.Popen[Any] | None = None
+    model: dict[str, float] = field(default_factory=dict)
+    log: IO[bytes] | None = None
+
+    @property
+    def ready_file(self) -> Path:
+        return self.workdir / f"ready-{self.channel.strip('/')}"
+
+    @property
+    def stats_file(self) -> Path:
+        return self.workdir / f"agent-{self.channel.strip('/')}.json"
+
+    def start(self, timeout: float = 30.0, python: str = sys.executable) -> World:
+        argv = mpiexec_argv(self.channel, self.processors, python, ready=str(self.ready_file),
+                            stats=str(self.stats_file))
+        env = {**os.environ, **loopback_env()}
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+        log_path = self.workdir / f"world-{self.channel.strip('/')}.log"
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed by stop()
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not self.ready_file.exists():
+            if self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"the offload world ended at start: {self.output()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the offload world was not ready in {timeout:.0f} s")
+            time.sleep(0.02)
+        with contextlib.suppress(ValueError, OSError):
+            self.model = json.loads(self.ready_file.read_text())["model"]
+        return self
+
+    def output(self) -> str:
+        path = self.workdir / f"world-{self.channel.strip('/')}.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def task_env(self, min_flops: int, stats: Path | None = None) -> dict[str, str]:
+        """What a task's environment needs for the hook to route its products here."""
+        env = {ENV_CHANNEL: self.channel, ENV_MIN_FLOPS: str(min_flops),
+               "PYTHONPATH": os.pathsep.join([str(BOOT), str(REPO)])}
+        if stats:
+            env[ENV_STATS] = str(stats)
+        return env
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to mpiexec (it forwards it; the agent stops its processors), SIGKILL to
+        its process group if it lingers, then every channel name unlinked."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the group mpiexec leads: its ranks
+                proc.wait(5)
+        if proc is not None and proc.poll() is not None:
+            # Ranks outlive a SIGKILLed mpiexec only in its group, which we started.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self.log is not None:
+            self.log.close()
+        channel_module.unlink_all(self.channel)
+        self.ready_file.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def world(processors: int, workdir: Path, timeout: float = 30.0) -> Any:
+    """An offload world for the duration of a ``with`` block; always stopped."""
+    w = World(channel_module.new_name(), processors, workdir)
+    try:
+        yield w.start(timeout)
+    finally:
+        w.stop()
