@@ -26,9 +26,9 @@ install_python() {
         echo "== creating .venv with $($PYTHON --version)"
         "$PYTHON" -m venv .venv
     fi
-    echo "== pip install -e .[tf,dev]"
+    echo "== pip install -e .[controller,tf,dev]"
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[tf,dev]'
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[controller,tf,dev]'
     # Keras 2 for examples/keras_fit.py: tf-keras of TensorFlow's minor version, without its
     # dependencies (it requires "tensorflow", which would pull the full wheel over -cpu).
     local tf

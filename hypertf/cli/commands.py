@@ -12,11 +12,14 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypertf.config.inventory import load_inventory
 from hypertf.core.errors import UsageError
 from hypertf.launch.request import TrainRequest
+
+if TYPE_CHECKING:
+    from hypertf.core.jobrecord import JobRecord
 
 
 def status(inventory: str, as_json: bool = False) -> int:
@@ -48,18 +51,19 @@ def _span(seconds: Any) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _job_line(job: dict[str, Any]) -> str:
-    owner = job.get("owner", {})
-    tasks = ", ".join(f"{p['role']}:{p['index']}@{p['host']}" for p in job.get("placements", []))
+def _job_line(job: JobRecord) -> str:
+    from hypertf.core.jobrecord import task_hosts
     from hypertf.store.jobs import job_state
 
+    owner = job.get("owner", {})
+    tasks = ", ".join(f"{name}@{host}" for name, host in task_hosts(job))
     state = job_state(job)
     ended = ""
-    for how in ("killed", "cancelled"):
-        if state == how and job.get(f"{how}_by"):
-            by = job[f"{how}_by"]
+    for how, by, when in (("killed", job.get("killed_by"), job.get("killed")),
+                          ("cancelled", job.get("cancelled_by"), job.get("cancelled"))):
+        if state == how and by:
             who = by.get("identity") or by.get("user", "?")
-            ended = f"  ({how} by {who} from {by.get('host', '?')} at {_clock(job.get(how))})"
+            ended = f"  ({how} by {who} from {by.get('host', '?')} at {_clock(when)})"
     attempt = (f"  attempt {job['attempt']} of {job['job_id']}"
                if job.get("attempt", 1) > 1 else "")
     created = job.get("created")
@@ -179,7 +183,7 @@ def agent(inventory: str, host: str, once: bool = False) -> int:
 
 
 def agent_ctl(inventory: str, host: str, action: str) -> int:
-    from hypertf.ops import agentctl
+    from hypertf.node import service as agentctl
 
     workdir = load_inventory(inventory).node(host).settings.workdir
     if action == "start":
@@ -326,8 +330,7 @@ def local_packages(inventory: str) -> int:
     return install_local_packages(inventory)
 
 
-def train(inventory: str, request: TrainRequest, detach: bool = False,
-          job_key: str | None = None) -> int:
+def train(inventory: str, request: TrainRequest, detach: bool = False) -> int:
     """Run a job in the foreground, or (``detach``) hand it to a background launcher."""
     if detach:
         from hypertf.launch.detach import start_detached
@@ -337,6 +340,6 @@ def train(inventory: str, request: TrainRequest, detach: bool = False,
 
     started = time.monotonic()
     inv = load_inventory(inventory)
-    run_job(inv, request, say=lambda line: print(line, flush=True), first_key=job_key,
+    run_job(inv, request, say=lambda line: print(line, flush=True),
             inventory_s=time.monotonic() - started)
     return 0

@@ -32,16 +32,7 @@ def parse_train(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    return commands.train(args.inventory, train_request(args), detach=args.detach,
-                          job_key=args.job_key)
-
-
-
-
-
-
-
-
+    return commands.train(args.inventory, train_request(args), detach=args.detach)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hypertf.cli.trainargs import parse_train, train_request
 from hypertf.core.errors import UsageError
 from hypertf.launch.request import TRAIN_OPTIONS
 from hypertf.sweep import driver as sweeps
@@ -71,18 +72,17 @@ def run(argv: Sequence[str], default_inventory: str) -> int:
             raise UsageError("a sweep from a spec file takes its options from the file; only "
                              "-i, --detach, --max-concurrent, --max-failed, --metric and "
                              "--mode may be given beside it")
-        train_argv = train_argv_of(spec)
+        request = train_request(parse_train(train_argv_of(spec)))
     else:
-        from hypertf.cli.trainargs import parse_train
-
         parsed = parse_train([*rest, "--", *after])  # --script and the options, checked
         spec = SweepSpec(script=parsed.script, train={}, grid=parse_grid_option(known.grid))
-        train_argv = [*rest, "--", *after] if after else rest
+        request = train_request(parsed)
+    request.validate()
     trials = expand(spec)
     if not trials:
         raise UsageError("a sweep needs --grid NAME=V1,V2 (or a spec file with grid/random)")
     sweep = sweeps.create(
-        known.inventory, train_argv, trials, known.metric or spec.metric,
+        known.inventory, request, trials, known.metric or spec.metric,
         known.mode or spec.mode or "max",
         known.max_concurrent or spec.max_concurrent,
         known.max_failed if known.max_failed is not None else spec.max_failed)

@@ -42,7 +42,6 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
         else:
             p.add_argument(option.flag, type=option.kind, default=option.default,
                            required=option.required, metavar=option.metavar, help=option.help)
-    p.add_argument("--job-key", help=argparse.SUPPRESS)  # the detached launcher's key
 
 
 def train_flags() -> list[str]:

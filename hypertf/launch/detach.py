@@ -10,7 +10,6 @@ and cleans up; killed outright, its lease expires and the agents clean up as for
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -40,7 +39,7 @@ def start_detached(inventory: str, request: TrainRequest) -> int:
     key = new_task_key(auth.job_owner())
     run = RunDir.of(".", key, local=True).local
     run.mkdir(parents=True, exist_ok=True)
-    request_file(run).write_text(json.dumps(dataclasses.asdict(request)))
+    request_file(run).write_text(json.dumps(request.to_json()))
     log_path = run / "launcher.log"
     with open(log_path, "ab") as log:
         launcher = subprocess.Popen(
@@ -70,14 +69,13 @@ def start_detached(inventory: str, request: TrainRequest) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """The background launcher: ``python -m hypertf.launch.detach INVENTORY REQUEST.json KEY``."""
+    """The background launcher: ``python -m hypertf.launch.detach INVENTORY REQUEST.json KEY``
+    (a detached job's, and each trial's of a sweep)."""
     from hypertf.launch.exits import quiet_kazoo, run
     from hypertf.launch.launcher import train
 
     inventory, request_path, key = argv
-    fields = json.loads(Path(request_path).read_text())
-    fields.update(args=tuple(fields["args"]), env=tuple(fields["env"]))
-    request = TrainRequest(**fields)
+    request = TrainRequest.from_json(json.loads(Path(request_path).read_text()))
     quiet_kazoo()
     print(f"hypertf: detached launcher of job {key} (PID {os.getpid()})", flush=True)
 

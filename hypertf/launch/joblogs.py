@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from hypertf.config.inventory import Inventory
 from hypertf.core.errors import HyperTFError, UsageError
+from hypertf.core.jobrecord import JobRecord, task_hosts
 from hypertf.core.rundir import RunDir
 from hypertf.launch.remote import Session, quote
 from hypertf.store import Store
@@ -51,7 +52,7 @@ class _PrefixedLines(io.TextIOBase):
 
 def _tasks(record: Mapping[str, Any], only: str | None) -> list[tuple[str, str]]:
     """(task name "worker:1", host) of the job, or of the one task asked for."""
-    tasks = [(f"{p['role']}:{p['index']}", p["host"]) for p in record.get("placements", [])]
+    tasks = task_hosts(record)
     if only is not None:
         chosen = [t for t in tasks if t[0] == only]
         if not chosen:
@@ -62,11 +63,11 @@ def _tasks(record: Mapping[str, Any], only: str | None) -> list[tuple[str, str]]
     return tasks
 
 
-def _wait_for_placement(store: Store, task_key: str, out: TextIO) -> dict[str, Any]:
+def _wait_for_placement(store: Store, task_key: str, out: TextIO) -> JobRecord:
     """A queued job has no tasks yet: say so and wait until it has started."""
     said = False
     while True:
-        record = read_job(store, task_key) or {}
+        record = read_job(store, task_key) or JobRecord()
         if record.get("state") not in WAITING_STATES:
             return record
         if not said:

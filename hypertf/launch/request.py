@@ -7,6 +7,7 @@ Every default of a training job lives here, once: ``TRAIN_OPTIONS`` declares eac
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,21 @@ class TrainRequest:
     priority: int = 0  # higher first in the queue; FIFO within a priority
     wait: bool = True  # wait in the queue when the GPUs are busy (False: refuse at once)
     timings: bool = False  # print the launch's timeline at the end
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as plain JSON (a detached launcher's request.json, a sweep's trials)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, fields: Mapping[str, Any]) -> TrainRequest:
+        """The request ``to_json`` wrote; a field it does not know is refused by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise UsageError(f"a saved train request has fields this HyperTF does not know: "
+                             f"{', '.join(unknown)} (written by a newer version?)")
+        return cls(**{**fields, "args": tuple(fields.get("args", ())),
+                      "env": tuple(fields.get("env", ()))})
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any], args: Sequence[str] = ()) -> TrainRequest:

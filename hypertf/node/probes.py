@@ -25,6 +25,7 @@ import netifaces
 
 from hypertf.core.errors import HyperTFError, InventoryError
 from hypertf.core.records import GpuInfo, GpuProcess
+from hypertf.node import procs
 
 log = logging.getLogger(__name__)
 
@@ -241,14 +242,7 @@ class NoGpuSource:
 def task_key_of(pid: int) -> str | None:
     """The HyperTF job a process belongs to (its ``HYPERTF_TASK_KEY``); None for any other
     process, also one whose environment this agent may not read."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    for entry in environ.split(b"\0"):
-        if entry.startswith(b"HYPERTF_TASK_KEY="):
-            return entry.partition(b"=")[2].decode(errors="replace") or None
-    return None
+    return procs.environ_value(pid, "HYPERTF_TASK_KEY") or None
 
 
 def _unavailable_because(r: GpuReading, mem_percent: float, util_max: float,

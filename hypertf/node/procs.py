@@ -6,31 +6,50 @@ import contextlib
 import os
 import signal
 import time
-from pathlib import Path
+
+import psutil
 
 
 def alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie waiting to be reaped counts as dead."""
+    """True while ``pid`` runs; a zombie waiting to be reaped counts as dead (the one
+    answer every part of HyperTF uses, also for a process of another user)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
+
+
+def cmdline_args(pid: int) -> list[str]:
+    """The process's arguments ([] if gone or not ours to read)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
 
 
 def cmdline(pid: int) -> str:
     """The process's command line ('' if gone): used to check a pidfile still names ours."""
+    return " ".join(cmdline_args(pid))
+
+
+def environ_value(pid: int, name: str) -> str | None:
+    """One variable of a process's environment; None when unset, gone or not ours to read."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return raw.replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+        return psutil.Process(pid).environ().get(name)
+    except psutil.Error:
+        return None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):  # gone meanwhile
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                members.append(proc.pid)
+    return members
 
 
 def reap(pid: int) -> None:

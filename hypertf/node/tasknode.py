@@ -29,6 +29,7 @@ from typing import Any
 
 from hypertf.core import diagnose
 from hypertf.core.rundir import RunDir
+from hypertf.node import procs
 from hypertf.node.procs import alive
 
 WRAPPER = "task.sh"
@@ -44,32 +45,14 @@ def _ours(pid: int, task_key: str = "") -> bool:
     a file of this job's run directory, or (the wrapper already gone) a member still carries
     the job's HYPERTF_TASK_KEY. A process group id is not reused while any member lives, so
     a live group found this way is ours; a reused PID of another job's wrapper is not."""
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        if any(arg.endswith(WRAPPER) for arg in args) and (
-                not task_key or any(Path(arg).parent.name == task_key for arg in args)):
-            return True
-    except OSError:
-        pass
+    args = procs.cmdline_args(pid)
+    if any(arg.endswith(WRAPPER) for arg in args) and (
+            not task_key or any(Path(arg).parent.name == task_key for arg in args)):
+        return True
     if not task_key:
         return False
-    marker = f"HYPERTF_TASK_KEY={task_key}".encode()
-    for member in _group_members(pid):
-        with contextlib.suppress(OSError):
-            if marker in Path(f"/proc/{member}/environ").read_bytes().split(b"\0"):
-                return True
-    return False
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(stat.parent.name))
-    return members
+    return any(procs.environ_value(member, "HYPERTF_TASK_KEY") == task_key
+               for member in procs.group_members(pid))
 
 
 def _pid(run: RunDir, name: str) -> int | None:
@@ -257,7 +240,7 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return bool(_group_members(pgid))
+    return bool(procs.group_members(pgid))
 
 
 def unstopped_runs(workdir: str | Path) -> list[RunDir]:

@@ -1,69 +1,15 @@
-"""Start and stop agents on nodes that have no service manager (these machines, the lab).
-
-On the node, ``hypertf agent-ctl start`` runs the agent as a supervised background process
-in its own session with a pidfile in the work dir; ``stop`` ends it by that PID (after
-checking the PID is still an agent). From the operator's machine, ``start_agents`` and
-``stop_agents`` run those commands on many nodes at once over SSH. Real servers use the
-systemd unit that the Ansible role installs instead.
+"""Start and stop agents on many nodes at once over SSH, from the operator's machine, where
+the nodes have no service manager (these machines, the lab): each node runs ``hypertf
+agent-ctl`` (hypertf.node.service). Real servers use the Ansible role's systemd unit.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from hypertf.config.inventory import Inventory, Node
-from hypertf.core.errors import HyperTFError
 from hypertf.launch.remote import Cluster, Result, Session, command_line
-from hypertf.node import procs
-
-
-def pidfile(workdir: str) -> Path:
-    return Path(workdir) / "agent.pid"
-
-
-def running_pid(workdir: str) -> int | None:
-    """The agent's PID if the pidfile names a live agent (not a reused PID)."""
-    try:
-        pid = int(pidfile(workdir).read_text())
-    except (OSError, ValueError):
-        return None
-    if procs.alive(pid) and "hypertf" in procs.cmdline(pid) and " agent" in procs.cmdline(pid):
-        return pid
-    return None
-
-
-def local_start(inventory_path: str, host: str, workdir: str) -> tuple[int, bool]:
-    """Start this node's agent in the background; (pid, True if it was started now)."""
-    pid = running_pid(workdir)
-    if pid:
-        return pid, False
-    Path(workdir).mkdir(parents=True, exist_ok=True)
-    log = open(Path(workdir) / "agent.log", "ab")  # noqa: SIM115 - handed to the child
-    with log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hypertf.cli", "agent", "--inventory",
-             str(Path(inventory_path).resolve()), "--host", host],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=workdir,
-        )
-    pidfile(workdir).write_text(str(proc.pid))
-    time.sleep(0.3)
-    if proc.poll() is not None:
-        tail = (Path(workdir) / "agent.log").read_text(errors="replace").splitlines()[-3:]
-        raise HyperTFError(f"agent for {host} exited at start: " + " | ".join(tail))
-    return proc.pid, True
-
-
-def local_stop(workdir: str, grace_s: float = 10.0) -> bool:
-    """Stop this node's agent by its pidfile; True if one was running."""
-    pid = running_pid(workdir)
-    stopped = procs.stop(pid, grace_s) if pid else False
-    pidfile(workdir).unlink(missing_ok=True)
-    return stopped
 
 
 def _ctl(node: Node, action: str, inventory_path: Path) -> str:

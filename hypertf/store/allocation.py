@@ -29,6 +29,7 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.retry import ForceRetryError
 
 from hypertf.core.errors import InsufficientResources, NotAllowed, StoreError, UsageError
+from hypertf.core.jobrecord import ENDED_BY_OTHERS, LIVE_STATES, JobState
 from hypertf.core.matrix import Held, Matrix, restored, same, synced
 from hypertf.core.placement import Request, cannot_place
 from hypertf.core.scheduler import Placement, schedule
@@ -40,7 +41,7 @@ from hypertf.store import (
     owner_of,
     until_committed,
 )
-from hypertf.store.jobs import ENDED_BY_OTHERS, LIVE_STATES, JobState, mark_lost, read_job
+from hypertf.store.jobs import mark_lost, read_job
 
 log = logging.getLogger(__name__)
 

@@ -9,39 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
-from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.retry import ForceRetryError
 
 from hypertf.core.errors import StoreError
+from hypertf.core.jobrecord import ENDED_BY_OTHERS, LIVE_STATES, JobRecord, JobState
 from hypertf.store import Store, decode, encode, until_committed
-
-
-class JobState(StrEnum):
-    """Every state a job record holds (docs/zookeeper-layout.md); each equals its text, so
-    records stay plain JSON and older readers keep working."""
-
-    QUEUED = "queued"  # waiting for the keeper
-    ALLOCATED = "allocated"  # admitted: placements and ports granted
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    RETRIED = "retried"  # a port clash or a restart: a new attempt has another key
-    RELEASED = "released"
-    KILLED = "killed"  # hypertf kill of a running job
-    CANCELLED = "cancelled"  # hypertf cancel of a waiting one
-    LOST = "lost"  # its launcher died without releasing it
-    REFUSED = "refused"  # --no-wait and it could not start at once
-
-
-LIVE_STATES = (JobState.QUEUED, JobState.ALLOCATED, JobState.STARTING, JobState.RUNNING)
-# states a launcher's own release does not overwrite
-ENDED_BY_OTHERS = (JobState.KILLED, JobState.CANCELLED, JobState.LOST, JobState.REFUSED)
 
 
 def mark_lost(store: Store, task_key: str) -> None:
@@ -54,12 +29,12 @@ def mark_lost(store: Store, task_key: str) -> None:
             store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
 
 
-def read_job(store: Store, task_key: str) -> dict[str, Any] | None:
+def read_job(store: Store, task_key: str) -> JobRecord | None:
     try:
         data, _ = store.client.get(store.layout.job(task_key))
     except NoNodeError:
         return None
-    return decode(data, "job record")
+    return cast(JobRecord, decode(data, "job record"))
 
 
 def update_job(store: Store, task_key: str, **changes: Any) -> None:
@@ -79,7 +54,7 @@ def update_job(store: Store, task_key: str, **changes: Any) -> None:
     until_committed(attempt, f"updating job {task_key}")
 
 
-def list_jobs(store: Store) -> list[dict[str, Any]]:
+def list_jobs(store: Store) -> list[JobRecord]:
     """Every job record, newest first, with ``alive`` telling whether its lease exists."""
     leases = store.leases()
     jobs = []
@@ -91,7 +66,7 @@ def list_jobs(store: Store) -> list[dict[str, Any]]:
     return jobs
 
 
-def _ended_at(job: Mapping[str, Any]) -> float:
+def _ended_at(job: JobRecord) -> float:
     times = [job.get(k) for k in ("created", "released", "killed", "lost")]
     return max((float(t) for t in times if isinstance(t, (int, float))), default=0.0)
 
@@ -127,10 +102,10 @@ def prune_jobs(store: Store, max_age_s: float, max_records: int,
     return len(doomed)
 
 
-def job_state(job: dict[str, Any]) -> str:
+def job_state(job: JobRecord) -> str:
     """queued / running while the lease lives; the recorded end state after (``lost`` for a
     live state whose launcher is gone). ``job`` is a list_jobs entry (it has ``alive``)."""
     state = job.get("state", "?")
-    if job["alive"]:
-        return "queued" if state == "queued" else "running"
+    if job.get("alive"):
+        return JobState.QUEUED if state == JobState.QUEUED else JobState.RUNNING
     return "lost" if state in LIVE_STATES else state

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,13 +44,21 @@ from hypertf.core.admission import (
     clamped,
 )
 from hypertf.core.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
+from hypertf.core.jobrecord import (
+    JobRecord,
+    JobState,
+    held_of,
+    placements_json,
+    placements_of,
+    ports_of,
+)
 from hypertf.core.limits import Limits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import Grant, Request, cannot_place
-from hypertf.core.scheduler import Placement, TaskSlot
+from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store, decode, encode, owner_of, until_committed
 from hypertf.store.allocation import check_registered, owner_info, read_matrix, sync_matrix
-from hypertf.store.jobs import JobState, mark_lost, read_job
+from hypertf.store.jobs import mark_lost, read_job
 
 QUEUED = JobState.QUEUED
 DEFAULT_PORT_RANGE = (20000, 20999)
@@ -129,21 +137,7 @@ def submit(store: Store, request: Request, task_key: str,
 
 def grant_of(record: Mapping[str, Any]) -> Grant:
     """The placements and ports an admitted job record holds."""
-    placements = tuple(Placement(p["role"], int(p["index"]), p["host"], tuple(p["gpus"]))
-                       for p in record["placements"])
-    return Grant(str(record["task_key"]), placements,
-                 {f"{p['role']}:{p['index']}": int(p["port"]) for p in record["placements"]})
-
-
-def held_of(placements: Iterable[Mapping[str, Any]]) -> Held:
-    """What a grant holds, per host (for the keeper's repairs)."""
-    gpus: dict[str, list[int]] = {}
-    ports: dict[str, list[int]] = {}
-    for p in placements:
-        gpus.setdefault(p["host"], []).extend(int(g) for g in p["gpus"])
-        ports.setdefault(p["host"], []).append(int(p["port"]))
-    return Held({h: tuple(g) for h, g in gpus.items() if g},
-                {h: tuple(n) for h, n in ports.items()})
+    return Grant(str(record["task_key"]), placements_of(record), ports_of(record))
 
 
 def set_held(store: Store, task_key: str, held: bool) -> None:
@@ -340,12 +334,6 @@ class Admitter:
         self.published = data
 
 
-def placements_json(placements: tuple[Placement, ...], ports: Mapping[str, int]
-                    ) -> list[dict[str, Any]]:
-    return [{"role": p.role, "index": p.index, "host": p.host, "gpus": list(p.gpus),
-             "port": ports[p.name]} for p in placements]
-
-
 def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting]) -> dict[str, Any]:
     """What waiters and ``hypertf queue`` show: every job still waiting, in order."""
     entries: list[dict[str, Any]] = []
@@ -377,7 +365,7 @@ REASONS = {
 
 
 def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
-                       lost_session: threading.Event) -> dict[str, Any]:
+                       lost_session: threading.Event) -> JobRecord:
     """Block until the keeper admits ``task_key``; say its position and reason whenever
     they change. Returns the admitted record; raises Cancelled when the lease goes."""
     wake = threading.Event()
@@ -399,7 +387,7 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
                 raise StoreError(f"lost the ZooKeeper session while job {task_key} waited: its "
                                 f"place in the queue is gone and it will never start; submit "
                                 f"it again")
-            record = read_job(store, task_key) or {}
+            record = read_job(store, task_key) or JobRecord()
             state = record.get("state")
             if state == JobState.ALLOCATED:
                 return record

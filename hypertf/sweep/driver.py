@@ -1,13 +1,15 @@
 """``hypertf sweep``: a series of trials of one script, each an ordinary job through the queue.
 
 A sweep lives in ``runs/sweeps/<id>/`` on the machine that started it: ``sweep.json`` (the
-trials, their states and task keys: the driver's only state), ``results.csv`` and
-``results.json`` (the table, best first), one launcher log per trial (``trial-<n>.log``).
+train request every trial runs, as JSON; the trials, their states and task keys: the
+driver's only state), ``results.csv`` and ``results.json`` (the table, best first), and per
+trial its request (``trial-<n>.request.json``) and its launcher's log (``trial-<n>.log``).
 
 **Exactly once.** A trial's task key is chosen and saved in ``sweep.json`` *before* its
-launcher starts (``hypertf train --job-key``): a driver that dies between the two leaves a
-key without a job, which ``resume`` sees as ``lost`` and runs again under a new key; a key
-is never started twice. ``resume`` re-runs only failed, lost and cancelled trials.
+launcher starts (``python -m hypertf.launch.detach INVENTORY REQUEST KEY``): a driver that
+dies between the two leaves a key without a job, which ``resume`` sees as ``lost`` and runs
+again under a new key; a key is never started twice. ``resume`` re-runs only failed, lost and
+cancelled trials.
 
 Trials are ordinary queued jobs (priorities, per-user limits, owner-only cancel, draining
 all apply); the driver keeps at most ``max_concurrent`` launchers alive and stops starting
@@ -26,13 +28,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hypertf.core.errors import Cancelled, UsageError
 from hypertf.core.placement import new_task_key
 from hypertf.core.rundir import RunDir
+from hypertf.launch.request import TrainRequest
 from hypertf.node import procs
 from hypertf.store import auth
 from hypertf.sweep import board as sweepboard
@@ -70,7 +73,7 @@ class Sweep:
 
     sweep_id: str
     inventory: str
-    train_argv: list[str]  # hypertf train options and the script's own arguments
+    request: dict[str, Any]  # the TrainRequest every trial runs (JSON), the trial's args added
     trials: list[dict[str, Any]]
     metric: str | None = None
     mode: str = "max"
@@ -95,7 +98,11 @@ class Sweep:
         if not path.is_file():
             raise UsageError(f"no sweep {sweep_id!r} under {SWEEPS}/ (list them with 'hypertf "
                              f"sweep list', from the directory the sweep was started in)")
-        return cls(**json.loads(path.read_text()))
+        fields = json.loads(path.read_text())
+        if "train_argv" in fields:
+            raise UsageError(f"sweep {sweep_id} was saved by an older HyperTF (a command line, "
+                             f"not a request): start it again with 'hypertf sweep'")
+        return cls(**fields)
 
     @property
     def cancel_marker(self) -> Path:
@@ -127,12 +134,12 @@ class Sweep:
                 + render_table(self.results(), self.mode, self.metric or "metric"))
 
 
-def create(inventory: str, train_argv: Sequence[str], trials: Sequence[Any],
+def create(inventory: str, request: TrainRequest, trials: Sequence[Any],
            metric: str | None, mode: str, max_concurrent: int,
            max_failed: int | None) -> Sweep:
     """A new sweep with every trial ``pending`` (expanded once, saved before anything runs)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    sweep = Sweep(f"sweep-{stamp}-{secrets.token_hex(3)}", str(inventory), list(train_argv),
+    sweep = Sweep(f"sweep-{stamp}-{secrets.token_hex(3)}", str(inventory), request.to_json(),
                   [{"index": t.index, "params": dict(t.params), "args": t.args(),
                     "label": t.label(), "state": "pending", "tries": 0} for t in trials],
                   metric, mode, max_concurrent, max_failed)
@@ -149,11 +156,17 @@ class Driver:
         self.say = say
         self.running: dict[int, subprocess.Popen[bytes]] = {}
 
+    def trial_request(self, trial: dict[str, Any]) -> TrainRequest:
+        """The sweep's request with the trial's hyperparameters after the script's arguments."""
+        request = TrainRequest.from_json(self.sweep.request)
+        return replace(request, args=(*request.args, *trial["args"]))
+
     def trial_argv(self, trial: dict[str, Any], key: str) -> list[str]:
-        argv = ["train", "-i", self.sweep.inventory, "--job-key", key, *self.sweep.train_argv]
-        if "--" not in argv:
-            argv.append("--")
-        return [sys.executable, "-m", "hypertf.cli", *argv, *trial["args"]]
+        """A launcher of its own for the trial, from its request file (as a detached job's)."""
+        path = self.sweep.dir / f"trial-{trial['index']}.request.json"
+        path.write_text(json.dumps(self.trial_request(trial).to_json()))
+        return [sys.executable, "-m", "hypertf.launch.detach", self.sweep.inventory, str(path),
+                key]
 
     def start(self, trial: dict[str, Any]) -> None:
         key = new_task_key(auth.job_owner())

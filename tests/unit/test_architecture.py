@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hypertf"
@@ -84,3 +86,27 @@ def test_every_module_lives_in_a_subpackage_by_role() -> None:
     """Nothing is left at the top of the package: each module says where it runs by its folder."""
     flat = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert not flat, f"modules outside a subpackage: {flat}"
+
+
+BLOCK_CONTROLLER = ("import sys\n"
+                    "for name in ('fabric', 'invoke', 'rich', 'paramiko'):\n"
+                    "    sys.modules[name] = None  # an import of them now fails, as on a node\n")
+
+
+def test_a_node_runs_without_the_controllers_libraries(tmp_path: Path) -> None:
+    """hypertf[node] has no Fabric, Invoke or rich: the agent, agent-ctl and tasknode (all a
+    node runs) must neither import them nor need them (the python_env role checks the venv)."""
+    code = BLOCK_CONTROLLER + (
+        "import hypertf.node.agent, hypertf.node.tasknode, hypertf.node.service\n"
+        "from hypertf.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    workdir = tmp_path / "work"
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text("all:\n  vars:\n    hypertf_zookeeper_hosts: 127.0.0.1:2181\n"
+                         "  children:\n    gpu_nodes:\n      hosts:\n        n1:\n"
+                         "          ansible_connection: local\n"
+                         f"          hypertf_workdir: {workdir}\n")
+    done = subprocess.run([sys.executable, "-c", code, "agent-ctl", "status", "-i",
+                           str(inventory), "--host", "n1"], capture_output=True, text=True,
+                          timeout=60, cwd=PACKAGE.parent)
+    assert done.returncode == 1 and "agent n1 not running" in done.stdout, done.stderr

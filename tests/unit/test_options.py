@@ -206,9 +206,10 @@ def test_a_long_listing_into_head_ends_quietly(tmp_path: Path) -> None:
     """``hypertf sweep status ID | head -1`` on 10000 trials: more than a pipe holds, so the
     writer is still writing when head leaves (a traceback and exit 1 before)."""
     make = ("from hypertf.sweep import driver as sweep; "
-            "from hypertf.sweep.spec import SweepSpec, expand, "
-            "parse_grid_option; grid = parse_grid_option(['lr=' + ','.join(map(str, "
-            "range(10000)))]); print(sweep.create('inv.yml', ['--script', 't.py'], "
+            "from hypertf.sweep.spec import SweepSpec, expand, parse_grid_option; "
+            "from hypertf.launch.request import TrainRequest; "
+            "grid = parse_grid_option(['lr=' + ','.join(map(str, "
+            "range(10000)))]); print(sweep.create('inv.yml', TrainRequest(script='t.py'), "
             "expand(SweepSpec(script='t.py', train={}, grid=grid)), 'acc', 'max', 2, "
             "None).sweep_id)")
     sweep_id = subprocess.run([sys.executable, "-c", make], cwd=tmp_path, check=True,

@@ -208,12 +208,14 @@ def test_nan_and_infinite_metrics_are_recorded_and_ranked_last(tmp_path):
 
 def test_the_driver_records_a_nan_metric_and_says_it_is_ranked_last(tmp_path, monkeypatch):
     from hypertf.core.rundir import RunDir
+    from hypertf.launch.request import TrainRequest
     from hypertf.sweep import driver as sweeps
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweeps.sweepboard, "record_trial", lambda *a: None)  # imports TF: 20 s
     spec = SweepSpec("s.py", grid={"lr": [0.1, 0.2]})
-    sweep = sweeps.create("inv.yml", ["--script", "s.py"], expand(spec), "acc", "max", 2, None)
+    sweep = sweeps.create("inv.yml", TrainRequest(script="s.py"), expand(spec), "acc", "max", 2,
+                          None)
     said: list[str] = []
     driver = sweeps.Driver(sweep, say=said.append)
     for trial, reported in zip(sweep.trials, ("NaN", "0.25"), strict=True):
@@ -230,3 +232,36 @@ def test_the_driver_records_a_nan_metric_and_says_it_is_ranked_last(tmp_path, mo
     assert (saved.trials[0]["metric"], saved.trials[0]["unranked_metric"]) == (None, "nan")
     assert best(saved.results(), "max").index == 1
     assert "unranked: trial(s) 0 (nan)" in saved.table()
+
+
+def test_a_sweep_stores_its_train_request_and_each_trial_adds_its_arguments(tmp_path,
+                                                                             monkeypatch):
+    """sweep.json holds the TrainRequest as JSON (not a command line); a trial runs that
+    request with its hyperparameters after the script's own arguments, from a request file."""
+    import json
+
+    from hypertf.launch.request import TrainRequest
+    from hypertf.sweep import driver as sweeps
+
+    monkeypatch.chdir(tmp_path)
+    asked = TrainRequest(script="s.py", workers=2, priority=3, env=("A=1",), args=("--x", "1"))
+    spec = SweepSpec("s.py", grid={"lr": [0.1, 0.2]})
+    sweep = sweeps.create("inv.yml", asked, expand(spec), "acc", "max", 2, None)
+    saved = json.loads((sweep.dir / "sweep.json").read_text())
+    assert saved["request"]["workers"] == 2 and "train_argv" not in saved
+    loaded = sweeps.Sweep.load(sweep.sweep_id)
+    driver = sweeps.Driver(loaded)
+    trial = loaded.trials[1]
+    argv = driver.trial_argv(trial, "k.me")
+    assert argv[1:3] == ["-m", "hypertf.launch.detach"] and argv[-1] == "k.me"
+    ran = TrainRequest.from_json(json.loads(Path(argv[-2]).read_text()))
+    assert ran == TrainRequest(script="s.py", workers=2, priority=3, env=("A=1",),
+                               args=("--x", "1", *trial["args"]))
+    assert ran.args[-2:] == ("--lr", "0.2")
+
+
+def test_a_request_with_a_field_this_version_does_not_know_is_refused_by_name():
+    from hypertf.launch.request import TrainRequest
+
+    with pytest.raises(UsageError, match="does not know: gpus_per_chief"):
+        TrainRequest.from_json({"script": "s.py", "gpus_per_chief": 2})

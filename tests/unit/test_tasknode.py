@@ -28,7 +28,7 @@ import pytest
 
 from hypertf.core.rundir import RunDir
 from hypertf.node import tasknode
-from hypertf.node.procs import alive
+from hypertf.node.procs import alive, group_members
 from tests.conftest import wait_for as shared_wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,11 +89,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    return tasknode._group_members(pgid)
 
 
 @dataclass

@@ -119,6 +119,8 @@ def main() -> None:
     parser.add_argument("--no-build-isolation", action="store_true")
     parser.add_argument("--hypertf", default="hypertf",
                         help="HyperTF requirement when there is no --source")
+    parser.add_argument("--extras", default="",
+                        help="HyperTF's extras for a built wheel, comma-separated (node)")
     parser.add_argument("--require", nargs="*", default=[],
                         help="other requirements the directory must hold")
     parser.add_argument("--require-no-deps", nargs="*", default=[],
@@ -138,7 +140,8 @@ def main() -> None:
     if args.source:
         result["wheel"], result["changed"] = build(args.source, args.wheel_dir,
                                                    not args.no_build_isolation, args.check)
-        requirement = "hypertf==" + result["wheel"].split("-")[1]
+        extras = f"[{args.extras}]" if args.extras else ""
+        requirement = f"hypertf{extras}==" + result["wheel"].split("-")[1]
     result["requirement"] = requirement
     if args.offline and args.wheel_dir.is_dir():
         requirements = [requirement, *args.require]

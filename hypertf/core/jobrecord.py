@@ -1,0 +1,126 @@
+"""A job record (``jobs/<user>/<task key>``, docs/zookeeper-layout.md): its states, its
+fields and the one codec of its placements. Pure: the store reads and writes records
+(hypertf.store.jobs), the keeper admits them, the CLI and the dashboard show them.
+
+A record is plain JSON, written by several parties (its launcher, the keeper, ``kill``);
+``JobRecord`` names every field any of them writes, so a reader's typo is a type error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
+from typing import Any, TypedDict
+
+from hypertf.core.matrix import Held
+from hypertf.core.scheduler import Placement
+
+
+class JobState(StrEnum):
+    """Every state a job record holds; each equals its text, so records stay plain JSON and
+    older readers keep working."""
+
+    QUEUED = "queued"  # waiting for the keeper
+    ALLOCATED = "allocated"  # admitted: placements and ports granted
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    RETRIED = "retried"  # a port clash or a restart: a new attempt has another key
+    RELEASED = "released"
+    KILLED = "killed"  # hypertf kill of a running job
+    CANCELLED = "cancelled"  # hypertf cancel of a waiting one
+    LOST = "lost"  # its launcher died without releasing it
+    REFUSED = "refused"  # --no-wait and it could not start at once
+
+
+LIVE_STATES = (JobState.QUEUED, JobState.ALLOCATED, JobState.STARTING, JobState.RUNNING)
+# states a launcher's own release does not overwrite
+ENDED_BY_OTHERS = (JobState.KILLED, JobState.CANCELLED, JobState.LOST, JobState.REFUSED)
+
+
+class Owner(TypedDict):
+    """Who holds the lease (also the lease's own payload)."""
+
+    user: str
+    host: str
+    pid: int
+    since: float
+
+
+class TaskPlacement(TypedDict):
+    """One task of an admitted job: where it runs, its GPUs, its port."""
+
+    role: str
+    index: int
+    host: str
+    gpus: list[int]
+    port: int
+
+
+class JobRecord(TypedDict, total=False):
+    """Every field of a job record, by who writes it."""
+
+    # the launcher, when it queues the job (waitqueue.enqueue)
+    task_key: str
+    state: str  # a JobState's text
+    created: float
+    owner: Owner
+    policy: str
+    queue: dict[str, Any]  # the request as the keeper reads it (waitqueue.request_to_json)
+    script: str
+    args: list[str]
+    inventory: str
+    job_id: str
+    attempt: int
+    # the keeper, when it admits or refuses it
+    placements: list[TaskPlacement]
+    admitted: float
+    waited_s: float
+    refused: float
+    refused_reason: str
+    # its end: the launcher's release, ``kill``/``cancel``, or the sync that finds it lost
+    released: float
+    summary: dict[str, Any]  # what summary.json says (the launcher's release)
+    stopped_on: list[str] | str  # hosts where its tasks were seen dead, or "all"
+    killed: float
+    killed_by: dict[str, Any]
+    cancelled: float
+    cancelled_by: dict[str, Any]
+    lost: float
+    # added by list_jobs (not stored): whether its lease still exists
+    alive: bool
+
+
+def placements_json(placements: Sequence[Placement], ports: Mapping[str, int],
+                    ) -> list[TaskPlacement]:
+    """The record's ``placements``: each task with its port."""
+    return [TaskPlacement(role=p.role, index=p.index, host=p.host, gpus=list(p.gpus),
+                          port=ports[p.name]) for p in placements]
+
+
+def placements_of(record: Mapping[str, Any]) -> tuple[Placement, ...]:
+    return tuple(Placement(p["role"], int(p["index"]), p["host"], tuple(p["gpus"]))
+                 for p in record.get("placements") or ())
+
+
+def ports_of(record: Mapping[str, Any]) -> dict[str, int]:
+    """Task name ("worker:0") -> port."""
+    return {f"{p['role']}:{p['index']}": int(p["port"]) for p in record.get("placements") or ()}
+
+
+def task_hosts(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(task name, host) of every placed task, in the record's order."""
+    return [(f"{p['role']}:{p['index']}", p["host"]) for p in record.get("placements") or ()]
+
+
+def held_of(placements: Iterable[Mapping[str, Any]]) -> Held:
+    """What a grant holds, per host (for the keeper's repairs)."""
+    gpus: dict[str, list[int]] = {}
+    ports: dict[str, list[int]] = {}
+    for p in placements:
+        gpus.setdefault(p["host"], []).extend(int(g) for g in p["gpus"])
+        ports.setdefault(p["host"], []).append(int(p["port"]))
+    return Held({h: tuple(g) for h, g in gpus.items() if g},
+                {h: tuple(n) for h, n in ports.items()})
