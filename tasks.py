@@ -283,7 +283,7 @@ def test(c: Context, args: str = "") -> None:
 
 
 BENCHMARKS = ("launch_fanout", "e2e_overhead", "allocation", "scale", "queueing", "sweep",
-              "agent_footprint", "failure_detection")
+              "agent_footprint", "failure_detection", "offload")
 
 
 @task(help={"quick": "small sizes: a smoke run of 10-30 s per benchmark",
