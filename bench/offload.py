@@ -31,7 +31,7 @@ import numpy as np
 
 from hypertf.offload.channel import PING, ClientChannel, Header, layout
 from hypertf.offload.plan import CostModel
-from hypertf.offload.world import loopback_env, world
+from hypertf.offload.world import loopback_env, private_network, world
 
 
 def best(fn, repeat: int) -> float:
@@ -101,8 +101,9 @@ def pingpong(size: int, repeat: int) -> int:
 def mpi_vs_socket(size: int, repeat: int) -> dict[str, float]:
     env = {**os.environ, **loopback_env()}
     out = subprocess.run(
-        ["mpiexec", "-launcher", "fork", "-hosts", "localhost", "-iface", "lo", "-n", "2",
-         sys.executable, __file__, "--pingpong", str(size), "--repeat", str(repeat)],
+        [*private_network(), "mpiexec", "-launcher", "fork", "-hosts", "localhost", "-iface",
+         "lo", "-n", "2", sys.executable, __file__, "--pingpong", str(size),
+         "--repeat", str(repeat)],
         env=env, capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

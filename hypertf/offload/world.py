@@ -9,8 +9,10 @@ address is loopback unless hosts are given: nothing listens wider than needed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +54,24 @@ def mpiexec_argv(channel: str, processors: int, python: str = sys.executable,
     return [*argv, "-n", "1", *agent, ":", "-n", str(processors), *processor]
 
 
+@functools.cache
+def private_network() -> list[str]:
+    """A prefix that runs a command in a network namespace of its own, loopback only, or
+    nothing where namespaces are not allowed (not root).
+
+    Hydra's mpiexec listens for its proxies on 0.0.0.0 whatever -iface says; a world on one
+    machine needs no network at all (the ranks talk through shared memory and loopback), so
+    in its own namespace that socket is reachable from nowhere else."""
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return []
+    prefix = ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+    try:
+        done = subprocess.run([*prefix, "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return prefix if done.returncode == 0 else []
+
+
 def loopback_env() -> dict[str, str]:
     """MPICH and libfabric kept on loopback (the network rule: nothing listens wider)."""
     return {"MPIR_CVAR_CH3_INTERFACE_HOSTNAME": "127.0.0.1", "MPIR_CVAR_CH4_NETMOD": "ofi",
@@ -79,8 +99,9 @@ class World:
         return self.workdir / f"agent-{self.channel.strip('/')}.json"
 
     def start(self, timeout: float = 30.0, python: str = sys.executable) -> World:
-        argv = mpiexec_argv(self.channel, self.processors, python, ready=str(self.ready_file),
-                            stats=str(self.stats_file))
+        argv = private_network() + mpiexec_argv(
+            self.channel, self.processors, python, ready=str(self.ready_file),
+            stats=str(self.stats_file))
         env = {**os.environ, **loopback_env()}
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO), *filter(None, [env.get("PYTHONPATH")])])

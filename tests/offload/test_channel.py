@@ -59,3 +59,17 @@ def test_the_world_leaves_no_shared_memory_behind(tmp_path):
 def test_no_channel_is_a_channel_error():
     with pytest.raises(ChannelError, match="no offload channel"):
         ClientChannel.attach(new_name())
+
+
+def test_the_world_listens_on_no_address_of_this_machine(offload_world):
+    """Hydra's mpiexec listens on 0.0.0.0: as root the world runs in a namespace of its own."""
+    import shutil
+    import subprocess
+
+    from hypertf.offload.world import private_network
+
+    if not private_network() or not shutil.which("ss"):
+        pytest.skip("no network namespaces here (not root) or no ss")
+    listening = subprocess.run(["ss", "-Hltnup"], capture_output=True, text=True).stdout
+    assert f"pid={offload_world.proc.pid}," not in listening
+    assert "mpiexec" not in listening and "hydra_pmi_proxy" not in listening
