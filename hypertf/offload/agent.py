@@ -92,13 +92,15 @@ class Agent:
 
                 status = MPI.Status()
                 for _ in range(len(shards)):
-                    comm.Recv(head, source=MPI.ANY_SOURCE, tag=wire.RESULT, status=status)
+                    wire.poll(comm, MPI.ANY_SOURCE, wire.RESULT, status, idle_max_s=0.0005)
+                    source = status.Get_source()
+                    comm.Recv(head, source=source, tag=wire.RESULT)
                     shard = shards[int(head[1])]
                     part = np.empty((shard.row1 - shard.row0, c.shape[2]), c.dtype)
-                    comm.Recv(part, source=status.Get_source(), tag=wire.RESULT)
+                    comm.Recv(part, source=source, tag=wire.RESULT)
                     results.put((shard.index, part))
                     with cond:
-                        in_flight[status.Get_source()] -= 1
+                        in_flight[source] -= 1
                         cond.notify()
             except BaseException as exc:
                 errors.append(exc)
@@ -142,7 +144,7 @@ class Agent:
             pending.append(block_a)
         from mpi4py import MPI
 
-        MPI.Request.Waitall([r for r in pending if isinstance(r, MPI.Request)])
+        wire.wait_all([r for r in pending if isinstance(r, MPI.Request)])
         receiver.join()
         adder.join()
         if errors:

@@ -30,8 +30,9 @@ def serve() -> int:
     cached_b: np.ndarray | None = None
     head = np.empty(wire.TASK_FIELDS, np.int64)
     while True:
-        comm.Recv(head, source=0, tag=MPI.ANY_TAG, status=status)
+        wire.poll(comm, 0, MPI.ANY_TAG, status)
         tag = status.Get_tag()
+        comm.Recv(head, source=0, tag=tag)
         if tag == wire.STOP:
             return 0
         if tag == wire.CALIBRATE:
