@@ -59,6 +59,7 @@ def one_gpu() -> Request:
 
 
 def publish_agents(client, layout: Layout) -> None:
+    common.register_hosts(client, layout.root, HOSTS)
     for i, host in enumerate(HOSTS):
         record = AgentRecord(host=host, mgmt_addr=f"127.0.1.{i + 1}",
                              data_addr=f"127.0.1.{i + 1}", port=20000, gpu=GPUS_PER_HOST,

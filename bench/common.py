@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from hypertf import procs  # noqa: E402
+from hypertf import store  # noqa: E402
+from hypertf.node import procs  # noqa: E402
 from hypertf.ops import lab as lab_module  # noqa: E402
 from hypertf.ops.zkserver import ZooKeeperServer, free_port  # noqa: E402
 from hypertf.store.fourletter import four_letter  # noqa: E402
@@ -272,6 +273,19 @@ def job_cells(client: Any, root: str, task_key: str, draining_only: bool = False
 
 
 # -- statistics -------------------------------------------------------------------------------
+def register_hosts(admin: Any, root: str, hosts: Sequence[str]) -> None:
+    """Stand-in hosts' folders, as 'hypertf auth init' makes them for real hosts (with the
+    admin's ACL here: the admin's sessions stand in for their agents). Pipelined."""
+    from kazoo.exceptions import NodeExistsError
+
+    layout = store.Layout(root)
+    acl = store.acls(admin).hosts()
+    pending = [admin.create_async(layout.host(host), b"", acl=acl) for host in hosts]
+    for result in pending:
+        with contextlib.suppress(NodeExistsError):
+            result.get(timeout=60)
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

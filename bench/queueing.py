@@ -69,6 +69,7 @@ def part_one(zk_hosts: str, hosts: int, waiters: int, report: common.Report) -> 
     zk = Store(client, layout)
     names = tuple(host_name(i) for i in range(hosts))
     try:
+        common.register_hosts(admin, root, names)
         pending = [admin.create_async(layout.resource(h), record(i).to_json(), ephemeral=True)
                    for i, h in enumerate(names)]
         for result in pending:

@@ -87,7 +87,7 @@ def timed(action: Callable[[], object], repeat: int = 3) -> float:
 
 def read_records_pipelined(client, layout: Layout) -> dict[str, AgentRecord]:
     """What Store.records could do: every get sent at once, answers collected after."""
-    hosts = client.get_children(layout.resources)
+    hosts = client.get_children(layout.hosts)
     pending = [(host, client.get_async(layout.resource(host))) for host in hosts]
     return {host: AgentRecord.from_json(result.get(timeout=30)[0]) for host, result in pending}
 
@@ -115,6 +115,7 @@ def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
     client = store.connect(cluster)
     rows = report_rows.setdefault(size, {})
     try:
+        common.register_hosts(agents[0], root, [host_name(i) for i in range(size)])
         t0 = time.monotonic()
         pending = [agents[i % SESSIONS].create_async(layout.resource(host_name(i)),
                                                      record(i).to_json(), ephemeral=True)
@@ -202,6 +203,7 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
         # A stored matrix a few hundred bytes under the limit (rows of hosts that left keep
         # their cells, so they stay in the matrix), one live agent, then a 1-GPU allocate.
         agent = record(0)
+        common.register_hosts(agents, root, [agent.host])
         agents.create(layout.resource(agent.host), agent.to_json(), ephemeral=True)
         matrix = Matrix(gpus={agent.host: [1] * GPUS})
         target = store.MAX_ZNODE_BYTES - 400  # what HyperTF itself still writes
@@ -210,6 +212,8 @@ def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: commo
             matrix.gpus[f"gone{filler:06d}"] = [0] * GPUS
         remaining = target - len(matrix.to_json()) - len(b',"tune":[]')
         matrix.gpus["tune"] = [0] * max(0, remaining // 2)  # ",0" per cell
+        # registered hosts whose agents are gone: the keeper keeps their rows
+        common.register_hosts(agents, root, list(matrix.gpus))
         agents.set(layout.matrix, matrix.to_json())
         stored = len(client.get(layout.matrix)[0])
         request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=(agent.host,))

@@ -129,6 +129,7 @@ def fake_agents(secured: ClusterSettings, layout: Layout,
     clients: list[KazooClient] = []
 
     def publish(gpus_per_host: dict[str, int]) -> KazooClient:
+        store.secure_cluster(secured, list(gpus_per_host))  # registers the hosts
         client = store.connect(secured, identity="admin")
         clients.append(client)
         for i, (host, gpus) in enumerate(gpus_per_host.items()):

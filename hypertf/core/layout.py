@@ -16,8 +16,9 @@ class Layout:
     root: str = "/hypertf"
 
     @property
-    def resources(self) -> str:
-        return f"{self.root}/resources"
+    def hosts(self) -> str:
+        """One persistent child per registered host, made by the admin (``auth init``)."""
+        return f"{self.root}/hosts"
 
     @property
     def matrix(self) -> str:
@@ -50,8 +51,14 @@ class Layout:
         """Ephemeral, of the keeper's session: the waiting jobs' positions and reasons."""
         return f"{self.keeper}/queue"
 
+    def host(self, host: str) -> str:
+        """A registered host's parent: only that host's agent (and the admin) may create in
+        it, so no agent can make a record for another host."""
+        return f"{self.hosts}/{host}"
+
     def resource(self, host: str) -> str:
-        return f"{self.resources}/{host}"
+        """The host's agent record: ephemeral, of the agent's session."""
+        return f"{self.host(host)}/agent"
 
     def user_jobs(self, user: str) -> str:
         return f"{self.jobs}/{user}"

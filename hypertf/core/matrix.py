@@ -11,7 +11,7 @@ writing ZooKeeper is the allocation module's job.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hypertf.core.layout import owner_of
@@ -185,13 +185,15 @@ class Matrix:
         return result
 
 
-def synced(matrix: Matrix, records: Mapping[str, AgentRecord], leases: set[str]) -> Matrix:
+def synced(matrix: Matrix, records: Mapping[str, AgentRecord], leases: set[str],
+           registered: Collection[str] | None = None) -> Matrix:
     """The matrix as the agents' records and the live leases say it should be.
 
     Rows of hosts whose agent is gone turn unavailable (their cells held by live jobs, and
     draining cells, stay as they are); cells and ports of jobs without a lease (their
     launcher died, or the job was killed) turn draining: only the node's agent frees them,
-    once it has seen the job's processes dead there.
+    once it has seen the job's processes dead there. With ``registered`` (the hosts the
+    admin registered), the row of a host that is not, and holds nothing, is removed.
     """
     dead = matrix.task_keys() - leases
     result = matrix.drain(dead) if dead else matrix.copy()
@@ -208,6 +210,12 @@ def synced(matrix: Matrix, records: Mapping[str, AgentRecord], leases: set[str])
             cell = old[i] if i < len(old) else UNAVAILABLE
             row.append(cell if isinstance(cell, str) else (FREE if i in avail else UNAVAILABLE))
         result.gpus[host] = row
+    if registered is not None:
+        for host in [h for h in result.gpus if h not in registered and h not in records]:
+            if not any(isinstance(cell, str) for cell in result.gpus[host]) \
+                    and not result.ports.get(host):
+                del result.gpus[host]
+                result.ports.pop(host, None)
     return result
 
 

@@ -42,7 +42,7 @@ from hypertf.node.probes import (
     judge,
     select_address,
 )
-from hypertf.store import AgentRecord, Layout, Store
+from hypertf.store import AgentRecord, HostWatch, Layout, Store
 from hypertf.store.allocation import confirm_drained, read_matrix
 from hypertf.store.jobs import prune_jobs
 from hypertf.store.waitqueue import Admitter
@@ -311,7 +311,7 @@ class Agent:
                 continue
             try:
                 if not watching:
-                    client.ChildrenWatch(self.layout.resources, self._wake_up)
+                    HostWatch(client, self.layout, self._wake_up)
                     client.ChildrenWatch(self.layout.leases, self._on_users)
                     watching = True
                 for user in self._users - watched_users:  # new users' lease folders

@@ -2,7 +2,8 @@
 
 ::
 
-    <root>/resources/<host>    ephemeral  AgentRecord: one node's addresses, port and GPUs
+    <root>/hosts/<host>        persistent a registered host (the admin's): its agent's folder
+    <root>/hosts/<host>/agent  ephemeral  AgentRecord: one node's addresses, port and GPUs
     <root>/matrix              persistent Matrix: servers x GPUs (free / unavailable / task key)
     <root>/jobs/<user>/<task_key>    persistent JobRecord: request, placement, ports, state
     <root>/leases/<user>/<task_key>  ephemeral  held by the launcher's session while the job lives
@@ -172,9 +173,20 @@ class Store:
     def credential(self) -> auth.Credential:
         return credential_of(self.client)
 
+    def hosts(self) -> list[str]:
+        """Every registered host (live or not)."""
+        return _children(self.client, self.layout.hosts)
+
+    def live_hosts(self) -> list[str]:
+        """Hosts whose agent record exists: one listing and one pipelined existence check
+        per host, no record read."""
+        pending = [(host, self.client.exists_async(self.layout.resource(host)))
+                   for host in self.hosts()]
+        return [host for host, result in pending if result.get(timeout=30) is not None]
+
     def records(self, only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
         """Every live agent's record (or those of the ``only`` hosts), keyed by host name."""
-        hosts = _children(self.client, self.layout.resources)
+        hosts = self.hosts()
         if only is not None:
             hosts = sorted(set(hosts) & set(only))
         pending = [(host, self.client.get_async(self.layout.resource(host))) for host in hosts]
@@ -237,9 +249,28 @@ class Store:
         except NodeExistsError:
             return "other"  # another agent took it first
         except NoNodeError:
-            live = _children(self.client, self.layout.resources)
+            live = self.live_hosts()
             return "held" if live and min(live) == host else "other"
         return "taken"
+
+
+class HostWatch:
+    """Calls ``wake`` whenever a host is registered or its agent record comes or goes: a
+    watch on ``hosts`` and one on each host's folder (the record is a grandchild of
+    ``hosts``, so one watch there cannot see it)."""
+
+    def __init__(self, client: KazooClient, layout: Layout, wake: Callable[..., Any]) -> None:
+        self.client = client
+        self.layout = layout
+        self.wake = wake
+        self.watched: set[str] = set()
+        client.ChildrenWatch(layout.hosts, self._on_hosts)
+
+    def _on_hosts(self, hosts: list[str]) -> Any:
+        for host in sorted(set(hosts) - self.watched):
+            self.watched.add(host)
+            self.client.ChildrenWatch(self.layout.host(host), self.wake)
+        return self.wake()
 
 
 @contextlib.contextmanager

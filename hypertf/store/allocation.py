@@ -187,7 +187,7 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
         matrix, version = read_matrix(store)
         records = store.records()
         leases = store.leases()
-        current = synced(matrix, records, leases)
+        current = synced(matrix, records, leases, registered=store.hosts())
         dead = matrix.task_keys() - leases
         lost = set()
         for key in dead:

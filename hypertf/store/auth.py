@@ -168,10 +168,15 @@ class Acls:
         """Users' ceilings: the admin's alone to write."""
         return self._with()
 
-    def resources(self, agent_ids: list[str]) -> list[ACL]:
-        # W only so that an agent can prove its credential (auth.check_access); the
-        # parent's data is never read.
-        return self._with(*(_acl(i, self.R | self.W | self.C) for i in agent_ids))
+    def hosts(self) -> list[ACL]:
+        """The admin registers hosts; nobody else creates or deletes a host here."""
+        return self._with()
+
+    def host(self, agent_id: str) -> list[ACL]:
+        """A host's parent: only its own agent may create its record there. W only so that
+        the agent can prove its credential and its registration (check_access); the
+        parent's data is never read."""
+        return self._with(_acl(agent_id, self.R | self.W | self.C))
 
     def agent_record(self) -> list[ACL]:
         """Made by the agent itself: only it (and the admin) may change it."""
@@ -185,7 +190,7 @@ class Acls:
         return self._with(_acl(self.credential.digest_id, self.R | self.W))
 
     def user_leases(self, user_id: str) -> list[ACL]:
-        # W: see resources()
+        # W: see host()
         return self._with(_acl(user_id, self.R | self.W | self.C | self.D))
 
     def user_jobs(self, user_id: str) -> list[ACL]:
@@ -303,11 +308,13 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
     parent = root.rpartition("/")[0]
     if parent:
         client.ensure_path(parent)
-    agents = [c.digest_id for c in known(directory, "agent").values()]
+    agents = known(directory, "agent")
     users = known(directory, "user")
-    nodes = [(root, acls.root()), (layout.resources, acls.resources(agents)),
+    nodes = [(root, acls.root()), (layout.hosts, acls.hosts()),
              (layout.leases, acls.root()), (layout.jobs, acls.root()),
              (layout.keeper, acls.keeper())]
+    for host, agent in agents.items():
+        nodes.append((layout.host(host), acls.host(agent.digest_id)))
     for name, user in users.items():
         nodes.append((layout.user_leases(name), acls.user_leases(user.digest_id)))
         nodes.append((layout.user_jobs(name), acls.user_jobs(user.digest_id)))
@@ -331,11 +338,18 @@ def open_root_message(root: str) -> str:
 
 
 def previous_layout_message(root: str) -> str:
-    """A root secured by a HyperTF from before the keeper admitted every job: users could
-    still write its matrix, and it has no limits. ``auth init`` brings it up to date."""
-    return (f"ZooKeeper root {root} is in the previous layout (users may write its matrix; "
-            f"it has no user limits): the cluster admin runs 'hypertf auth init -i INVENTORY' "
-            f"to migrate it (running jobs and queued ones are kept)")
+    """A root secured by an older HyperTF: without ``limits`` users could still write its
+    matrix; without ``hosts`` any agent could create another host's record. ``auth init``
+    brings it up to date (agents of the older HyperTF keep writing the old place)."""
+    return (f"ZooKeeper root {root} is in a previous layout (no per-host folders or no user "
+            f"limits): the cluster admin runs 'hypertf auth init -i INVENTORY' to migrate it "
+            f"(running jobs and queued ones are kept), then upgrades the agents")
+
+
+def current_layout(client: KazooClient, root: str) -> bool:
+    layout = Layout(root)
+    return (client.exists(layout.limits) is not None
+            and client.exists(layout.hosts) is not None)
 
 
 def check_access(client: KazooClient, root: str, credential: Credential) -> None:
@@ -344,7 +358,7 @@ def check_access(client: KazooClient, root: str, credential: Credential) -> None
     and only refuses operations later, so a stale file is caught here, not mid-job)."""
     layout = Layout(root)
     registered_at = {"user": layout.user_leases(credential.name),
-                     "agent": layout.resources}.get(credential.kind, root)
+                     "agent": layout.host(credential.name)}.get(credential.kind, root)
     try:
         if root_is_open(client, root):
             raise StoreError(open_root_message(root))
@@ -354,14 +368,18 @@ def check_access(client: KazooClient, root: str, credential: Credential) -> None
         # hidden from readers without ADMIN, so they cannot be compared instead.)
         client.set(registered_at, b"", version=2**31 - 1)
     except BadVersionError:
-        if client.exists(layout.limits) is None:
+        if not current_layout(client, root):
             raise StoreError(previous_layout_message(root)) from None
         return
     except NoNodeError:
         if registered_at != root and client.exists(root) is not None:
+            if not current_layout(client, root):
+                raise StoreError(previous_layout_message(root)) from None
+            register = ("'hypertf auth init -i INVENTORY' with this host in the inventory"
+                        if credential.kind == "agent" else
+                        f"'hypertf auth add-user {credential.name}'")
             raise StoreError(f"{credential.identity} is not registered in ZooKeeper root "
-                             f"{root}: the cluster admin runs 'hypertf auth add-user "
-                             f"{credential.name}'") from None
+                             f"{root}: the cluster admin runs {register}") from None
         raise StoreError(f"ZooKeeper has no HyperTF root {root} yet: run 'hypertf auth init "
                          f"-i INVENTORY' as the admin ('invoke zk.start' does it for the "
                          f"local cluster)") from None

@@ -15,7 +15,7 @@ import threading
 
 from hypertf import store
 from hypertf.config.settings import ClusterSettings
-from hypertf.store import Layout, Store
+from hypertf.store import HostWatch, Layout, Store
 from hypertf.store.waitqueue import Admitter
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class KeeperThread:
 
     def start(self) -> KeeperThread:
         self.client.ChildrenWatch(self.layout.leases, self._on_users)
-        self.client.ChildrenWatch(self.layout.resources, self._poke)
+        HostWatch(self.client, self.layout, self._poke)
         self.client.DataWatch(self.layout.matrix, self._poke)
         self._thread.start()
         return self

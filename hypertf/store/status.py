@@ -12,16 +12,17 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
-from rich.console import Console
-from rich.table import Table
 
 from hypertf.config.inventory import Inventory
 from hypertf.core.matrix import job_of, state_of, synced
 from hypertf.store import Layout, Store, fourletter
 from hypertf.store.allocation import read_matrix
+
+if TYPE_CHECKING:  # rich is the operator's (hypertf[controller]): `status --json` needs none
+    from rich.console import Console
 
 GIB = 1024**3
 
@@ -157,6 +158,9 @@ def render_compact(status: dict[str, Any], console: Console) -> None:
 
 
 def render(status: dict[str, Any], console: Console | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = console or Console()
     if len(status["hosts"]) > COMPACT_FROM_HOSTS:
         render_compact(status, console)

@@ -206,10 +206,8 @@ class QueueReader:
 
 
 def live_hosts(store: Store) -> list[str]:
-    """Hosts with an agent record: one child listing, no record read."""
-    with contextlib.suppress(NoNodeError):
-        return sorted(store.client.get_children(store.layout.resources))
-    return []
+    """Hosts with an agent record (no record read)."""
+    return store.live_hosts()
 
 
 def read_limits(store: Store) -> Limits:

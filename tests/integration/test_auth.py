@@ -96,7 +96,7 @@ def job(launcher) -> str:
 
 def every_path(layout: Layout, key: str) -> list[str]:
     user = store.owner_of(key)
-    return [layout.root, layout.matrix, layout.resources, layout.resource("n1"),
+    return [layout.root, layout.matrix, layout.hosts, layout.host("n1"), layout.resource("n1"),
             layout.leases, layout.user_leases(user), layout.lease(key),
             layout.jobs, layout.user_jobs(user), layout.job(key)]
 
@@ -120,9 +120,9 @@ def test_a_client_without_the_credentials_can_read_change_create_and_delete_noth
                 refusal = (NoAuthError, NotEmptyError) if path == layout.root else NoAuthError
                 with pytest.raises(refusal):
                     attempt(path)
-        # forging a host record (64 GPUs) is refused too
+        # forging a host (its folder, then a record of 64 GPUs) is refused too
         with pytest.raises(NoAuthError):
-            stranger.create(layout.resource("n9"), b"{}", ephemeral=True)
+            stranger.create(layout.host("n9"), b"")
     finally:
         stranger.stop()
         stranger.close()
@@ -166,6 +166,8 @@ def test_another_user_cannot_end_a_job_and_the_admin_can(cluster, job):
 
 
 def test_an_agent_can_neither_take_gpus_nor_end_a_job_nor_touch_another_host(cluster, job):
+    """Agent n2's own credential: no lease, no job, no other host's record (not even a new
+    one: a host's folder is the admin's, and only its own agent may create in it)."""
     _, inventory, layout = cluster
     agent = store.connect(inventory.cluster, identity="agent.n2")
     try:
@@ -177,6 +179,10 @@ def test_an_agent_can_neither_take_gpus_nor_end_a_job_nor_touch_another_host(clu
                 lambda: agent.delete(layout.lease(job)),
                 lambda: agent.set(layout.resource("n1"), b"{}"),
                 lambda: agent.delete(layout.resource("n1")),
+                lambda: agent.create(layout.resource("n1"), b"{}", ephemeral=True),
+                lambda: agent.create(layout.host("h9"), b""),  # a forged host
+                lambda: agent.create(f"{layout.host('n1')}/other", b"{}", ephemeral=True),
+                lambda: agent.delete(layout.host("n2")),
                 lambda: agent.create(layout.user_leases("mallory"), b""),
                 lambda: agent.create(f"{layout.root}/x", b""),
                 lambda: agent.set(layout.keeper, b"n2")):
@@ -330,8 +336,9 @@ def test_a_registered_user_writes_nothing_outside_his_own_folders_and_waits_his_
     _, inventory, layout = cluster
     owner = auth.login_user()
     bob = store.connect(inventory.cluster, identity="user.bob")
-    outside = [layout.root, layout.matrix, layout.limits, layout.resources, layout.resource("n1"),
-               layout.leases, layout.user_leases(owner), layout.lease(job), layout.jobs,
+    outside = [layout.root, layout.matrix, layout.limits, layout.hosts, layout.host("n1"),
+               layout.resource("n1"), layout.leases, layout.user_leases(owner),
+               layout.lease(job), layout.jobs,
                layout.user_jobs(owner), layout.job(job), layout.keeper]
     try:
         for path in outside:
@@ -425,24 +432,31 @@ def test_the_keeper_restores_a_running_jobs_cells_whoever_wrote_the_matrix(
 
 
 def test_a_root_in_the_previous_layout_is_refused_until_auth_init_migrates_it(cluster):
-    """A root secured before the keeper admitted every job (no limits, a matrix users may
-    write): every command says which command migrates it; after it, the matrix is closed
-    to users."""
+    """A root secured by an older HyperTF (no limits, a matrix users may write, every
+    agent's record in one folder any agent may create in): every command says which command
+    migrates it; after it, the matrix is closed to users and each host has its folder."""
     path, inventory, layout = cluster
     admin = store.connect(inventory.cluster, identity="admin")
     try:
         admin.delete(layout.limits)
+        admin.delete(layout.hosts, recursive=True)
+        admin.create(f"{layout.root}/resources", b"", acl=store.acls(admin).root())
         admin.set_acls(layout.matrix, [*store.acls(admin).root(), make_acl(
             "digest", store.credential_of(admin).member_id, read=True, write=True)])
     finally:
         store.close(admin)
     old = hypertf("status", "-i", str(path))
     assert old.returncode == 3, old.stdout + old.stderr
-    assert "in the previous layout" in old.stderr and "'hypertf auth init -i INVENTORY'" \
+    assert "in a previous layout" in old.stderr and "'hypertf auth init -i INVENTORY'" \
         in old.stderr and old.stderr.count("\n") == 1, old.stderr
     migrated = hypertf("auth", "init", "-i", str(path), identity="admin")
     assert migrated.returncode == 0, migrated.stderr
     assert hypertf("status", "-i", str(path)).returncode == 0
+    admin = store.connect(inventory.cluster, identity="admin")
+    try:
+        assert sorted(admin.get_children(layout.hosts)) == ["n1", "n2"]
+    finally:
+        store.close(admin)
     user = store.connect(inventory.cluster)
     try:
         with pytest.raises(NoAuthError):

@@ -94,10 +94,12 @@ BLOCK_CONTROLLER = ("import sys\n"
 
 
 def test_a_node_runs_without_the_controllers_libraries(tmp_path: Path) -> None:
-    """hypertf[node] has no Fabric, Invoke or rich: the agent, agent-ctl and tasknode (all a
-    node runs) must neither import them nor need them (the python_env role checks the venv)."""
+    """hypertf[node] has no Fabric, Invoke or rich: the agent, agent-ctl, tasknode and
+    ``status --json`` (all a node runs) must not need them (the python_env role checks the
+    venv; the provisioning tests run them there)."""
     code = BLOCK_CONTROLLER + (
         "import hypertf.node.agent, hypertf.node.tasknode, hypertf.node.service\n"
+        "import hypertf.store.status  # the role's wait: hypertf status --json on the node\n"
         "from hypertf.cli.main import main\n"
         "sys.exit(main(sys.argv[1:]))\n")
     workdir = tmp_path / "work"

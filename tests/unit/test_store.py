@@ -29,7 +29,7 @@ ROOTS = ["/hypertf", "/team", "/a/b/c", "/test-1a2b3c4d"]
 
 def all_paths(layout: Layout) -> list[str]:
     return [
-        layout.resources, layout.matrix, layout.jobs, layout.leases,
+        layout.hosts, layout.host("node1"), layout.matrix, layout.jobs, layout.leases,
         layout.resource("node1"), layout.job("20240101-abc.u"), layout.lease("20240101-abc.u"),
     ]
 
@@ -37,11 +37,12 @@ def all_paths(layout: Layout) -> list[str]:
 def test_default_root_and_paths_match_the_documented_layout():
     layout = Layout()
     assert layout.root == "/hypertf"
-    assert layout.resources == "/hypertf/resources"
+    assert layout.hosts == "/hypertf/hosts"
     assert layout.matrix == "/hypertf/matrix"
     assert layout.jobs == "/hypertf/jobs"
     assert layout.leases == "/hypertf/leases"
-    assert layout.resource("node1") == "/hypertf/resources/node1"
+    assert layout.host("node1") == "/hypertf/hosts/node1"
+    assert layout.resource("node1") == "/hypertf/hosts/node1/agent"
     key = "20261122-085000-a1b2c3.alice"
     assert layout.job(key) == f"/hypertf/jobs/alice/{key}"
     assert layout.lease(key) == f"/hypertf/leases/alice/{key}"
@@ -66,7 +67,8 @@ def test_every_path_lies_under_the_root_without_double_slashes(root):
 @pytest.mark.parametrize("root", ROOTS)
 def test_children_lie_under_their_parents(root):
     layout = Layout(root)
-    assert layout.resource("h1") == f"{layout.resources}/h1"
+    assert layout.host("h1") == f"{layout.hosts}/h1"
+    assert layout.resource("h1") == f"{layout.host('h1')}/agent"
     assert layout.job("k.u") == f"{layout.jobs}/u/k.u"
     assert layout.lease("k.u") == f"{layout.leases}/u/k.u"
     assert layout.matrix == f"{root}/matrix"
@@ -74,7 +76,7 @@ def test_children_lie_under_their_parents(root):
 
 def test_the_four_top_level_paths_are_distinct():
     layout = Layout("/x")
-    tops = [layout.resources, layout.matrix, layout.jobs, layout.leases]
+    tops = [layout.hosts, layout.matrix, layout.jobs, layout.leases]
     assert len(set(tops)) == 4
 
 
