@@ -273,3 +273,15 @@ def test_a_draining_cell_of_a_job_whose_lease_lives_is_not_ended():
     stop a live job (only the owner or the admin can end one, by dropping its lease)."""
     matrix = Matrix(gpus={"h1": [DRAINING + "live", DRAINING + "old"]})
     assert matrix.ended_on("h1", leases={"live"}) == {"old"}
+
+
+def test_synced_removes_the_row_of_a_host_not_registered_once_it_holds_nothing():
+    """A forged host's row (its record deleted by the admin) leaves the matrix; a host that
+    is registered keeps its row while its agent is down, and so does an unregistered row
+    that a live job still holds (its job ends first)."""
+    matrix = Matrix(gpus={"h1": [FREE, FREE], "h9": [FREE] * 64, "h8": ["live", FREE]},
+                    ports={"h8": {"20000": "live"}})
+    result = synced(matrix, records={}, leases={"live"}, registered=["h1"])
+    assert result.gpus == {"h1": [UNAVAILABLE, UNAVAILABLE], "h8": ["live", UNAVAILABLE]}
+    assert result.ports == {"h8": {"20000": "live"}}
+    assert "h9" in synced(matrix, records={}, leases={"live"}).gpus  # without the list: kept
