@@ -138,3 +138,27 @@ def alive(pid: int) -> bool:
 @pytest.fixture(autouse=True)
 def _quiet_tf() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def test_the_digits_example_trains_to_the_same_accuracy_offloaded(tmp_path):
+    """examples/keras_fit.py (tf-keras model.fit under MultiWorkerMirroredStrategy),
+    unmodified: every product offloaded, the same test accuracy (+-0.01) as without."""
+    pytest.importorskip("tf_keras")
+    pytest.importorskip("sklearn")
+    example = Path(__file__).resolve().parents[2] / "examples" / "keras_fit.py"
+    argv = [sys.executable, str(example), "--epochs", "3"]
+    base = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with world(2, tmp_path) as w:
+        offloaded = subprocess.Popen(argv, env={**base, **w.task_env(1000, tmp_path / "s.json")},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        local = subprocess.Popen(argv, env=base, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        accuracy = {}
+        for name, proc in (("local", local), ("offloaded", offloaded)):
+            output = finish(proc, timeout=120)
+            lines = [line for line in output.splitlines() if line.startswith("test_accuracy=")]
+            assert lines, output[-2000:]
+            accuracy[name] = float(lines[-1].split("=", 1)[1])
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["ops"] > 100 and stats["fallbacks"] == 0, stats
+    assert abs(accuracy["local"] - accuracy["offloaded"]) <= 0.01, accuracy
