@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
-SYSTEM_PACKAGES=(zookeeper openssh-server openssh-client iproute2 pdsh openssl chromium chromium-driver)
+SYSTEM_PACKAGES=(zookeeper openssh-server openssh-client iproute2 pdsh openssl chromium chromium-driver
+                 mpich libmpich-dev)
 
 install_system() {
     local missing=()
@@ -26,9 +27,12 @@ install_python() {
         echo "== creating .venv with $($PYTHON --version)"
         "$PYTHON" -m venv .venv
     fi
-    echo "== pip install -e .[controller,tf,dev]"
+    echo "== pip install -e .[controller,tf,offload,dev]"
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[controller,tf,dev]'
+    # mpi4py from source against Debian's MPICH: its binary wheel loads libmpi.so.12, which
+    # Debian names libmpich.so.12 (pip keeps the built wheel in its cache: built once).
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-binary mpi4py \
+        -e '.[controller,tf,offload,dev]'
     # Keras 2 for examples/keras_fit.py: tf-keras of TensorFlow's minor version, without its
     # dependencies (it requires "tensorflow", which would pull the full wheel over -cpu).
     local tf
