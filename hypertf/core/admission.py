@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from hypertf.core.layout import owner_of
 from hypertf.core.limits import Limits
-from hypertf.core.matrix import Matrix
+from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import PortsExhausted, Request, pick_ports
 from hypertf.core.scheduler import NoFit, Placement, schedule
 
@@ -130,13 +130,9 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
         except PortsExhausted:
             decisions.append(Decision(job.task_key, position, RESOURCES, refused=job.no_wait))
             continue
-        gpus: dict[str, list[int]] = {}
-        host_ports: dict[str, list[int]] = {}
-        for p in placements:
-            gpus.setdefault(p.host, []).extend(p.gpus)
-            host_ports.setdefault(p.host, []).append(ports[p.name])
-        taken = taken.take(job.task_key, gpus, host_ports)
-        for host, indices in gpus.items():
+        held = Held.of(placements, ports)
+        taken = taken.take(job.task_key, held.gpus, held.ports)
+        for host, indices in held.gpus.items():
             free[host] = [i for i in free[host] if i not in indices]
         used[job.user] = used.get(job.user, 0) + job.request.gpus
         decisions.append(Decision(job.task_key, position, "", tuple(placements), ports))

@@ -8,7 +8,7 @@ A record is plain JSON, written by several parties (its launcher, the keeper, ``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypedDict
 
@@ -115,12 +115,6 @@ def task_hosts(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(f"{p['role']}:{p['index']}", p["host"]) for p in record.get("placements") or ()]
 
 
-def held_of(placements: Iterable[Mapping[str, Any]]) -> Held:
-    """What a grant holds, per host (for the keeper's repairs)."""
-    gpus: dict[str, list[int]] = {}
-    ports: dict[str, list[int]] = {}
-    for p in placements:
-        gpus.setdefault(p["host"], []).extend(int(g) for g in p["gpus"])
-        ports.setdefault(p["host"], []).append(int(p["port"]))
-    return Held({h: tuple(g) for h, g in gpus.items() if g},
-                {h: tuple(n) for h, n in ports.items()})
+def held_of(record: Mapping[str, Any]) -> Held:
+    """What an admitted job's record says it holds, per host (for a new keeper's repairs)."""
+    return Held.of(placements_of(record), ports_of(record))

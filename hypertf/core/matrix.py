@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from hypertf.core.layout import owner_of
 from hypertf.core.records import AgentRecord, decode, encode
+from hypertf.core.scheduler import Placement
 
 FREE = 1
 UNAVAILABLE = 0
@@ -232,6 +233,18 @@ class Held:
 
     gpus: Mapping[str, tuple[int, ...]]
     ports: Mapping[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, placements: Iterable[Placement], ports: Mapping[str, int]) -> Held:
+        """Placements and their ports (task name -> port) grouped per host: the one place
+        a grant becomes what it holds in the matrix."""
+        gpus: dict[str, list[int]] = {}
+        host_ports: dict[str, list[int]] = {}
+        for p in placements:
+            gpus.setdefault(p.host, []).extend(int(g) for g in p.gpus)
+            host_ports.setdefault(p.host, []).append(int(ports[p.name]))
+        return cls({h: tuple(g) for h, g in gpus.items() if g},
+                   {h: tuple(n) for h, n in host_ports.items()})
 
 
 def restored(matrix: Matrix, grants: Mapping[str, Held], leases: set[str],

@@ -198,7 +198,7 @@ class QueueReader:
                 self.settled.add(key)
                 if record.get("placements") and key not in self.grants:
                     with contextlib.suppress(KeyError, TypeError, ValueError):
-                        self.grants[key] = held_of(record["placements"])  # a new keeper
+                        self.grants[key] = held_of(record)  # a new keeper
                 continue
             self.records[key] = (record, stat.version)
             found.append(waiting_from_record(record, stat.czxid))
@@ -273,12 +273,8 @@ class Admitter:
                     "refused_reason": self.refusal(decision, record, taken, live, limits)}),
                     version=record_version)
                 continue
-            gpus: dict[str, list[int]] = {}
-            ports: dict[str, list[int]] = {}
-            for p in decision.placements:
-                gpus.setdefault(p.host, []).extend(p.gpus)
-                ports.setdefault(p.host, []).append(decision.ports[p.name])
-            taken = taken.take(decision.task_key, gpus, ports)
+            held = Held.of(decision.placements, decision.ports)
+            taken = taken.take(decision.task_key, held.gpus, held.ports)
             tx.check(self.store.layout.lease(decision.task_key), -1)
             tx.set_data(self.store.layout.job(decision.task_key), encode({
                 **record, "state": JobState.ALLOCATED, "admitted": now,
@@ -295,8 +291,8 @@ class Admitter:
         for decision in settled:
             self.reader.settled.add(decision.task_key)
             if decision.admitted:
-                self.reader.grants[decision.task_key] = held_of(
-                    placements_json(decision.placements, decision.ports))
+                self.reader.grants[decision.task_key] = Held.of(decision.placements,
+                                                                decision.ports)
         return True
 
     def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
