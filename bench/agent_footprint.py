@@ -6,7 +6,7 @@ its own (so the server's counters belong to one client):
 * ``hypertf agent`` with ``hypertf_agent_interval: 1`` (the lab's setting), 8 static GPUs;
 * ``hypertf agent`` with the default interval, 5 s;
 * the same 5 s agent while a job starts or ends every second (a lease znode appears or
-  goes): every agent watches ``leases/`` and ``resources/``;
+  goes): every agent watches ``leases/`` and ``hosts/``;
 * a bare kazoo client (no HyperTF imported) that ``set``s a record of the same size every
   1 s: the floor any ZooKeeper heartbeat costs in Python.
 
@@ -111,7 +111,7 @@ def main() -> int:
             from hypertf.config.inventory import load_inventory
             from hypertf.store import AgentRecord, auth
 
-            record_path = "/hypertf/resources/localhost"
+            record_path = store.Layout("/hypertf").resource("localhost")
             pids = {}
             clusters = {}
             for name, interval in subjects.items():
