@@ -45,7 +45,7 @@ from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Layout, Store, auth, queueview
 from hypertf.store.allocation import read_matrix
 from hypertf.store.keeper import KeeperThread
-from hypertf.store.waitqueue import Admitter, QueueReader, enqueue, live_hosts, submit
+from hypertf.store.waitqueue import Admitter, QueueReader, enqueue, submit
 
 GPUS = 8
 
@@ -85,7 +85,7 @@ def part_one(zk_hosts: str, hosts: int, waiters: int, report: common.Report) -> 
         admitter = Admitter(Store(admin, layout))  # as the keeper agent would
         waiting = QueueReader(zk).waiting()
         matrix, _ = read_matrix(zk)
-        live = live_hosts(zk)
+        live = zk.live_hosts()
         report.add(f"pure admission pass: {waiters} waiting x {hosts} hosts",
                    1000 * timed(lambda: admission_pass(matrix, live, waiting)), "ms")
         report.add("keeper pass, nothing to admit (reads + pass + view)",

@@ -185,10 +185,9 @@ class Store:
         return [host for host, result in pending if result.get(timeout=30) is not None]
 
     def records(self, only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
-        """Every live agent's record (or those of the ``only`` hosts), keyed by host name."""
-        hosts = self.hosts()
-        if only is not None:
-            hosts = sorted(set(hosts) & set(only))
+        """Every live agent's record (or those of the ``only`` hosts: no listing then; a host
+        without a record, registered or not, is left out), keyed by host name."""
+        hosts = self.hosts() if only is None else sorted(set(only))
         pending = [(host, self.client.get_async(self.layout.resource(host))) for host in hosts]
         records: dict[str, AgentRecord] = {}
         for host, result in pending:  # pipelined: one round trip's latency, not one per host

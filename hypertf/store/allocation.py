@@ -185,9 +185,10 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
     another write took."""
     def attempt(_retries: int) -> tuple[Matrix, dict[str, AgentRecord], set[str]]:
         matrix, version = read_matrix(store)
-        records = store.records()
+        registered = store.hosts()
+        records = store.records(only=registered)
         leases = store.leases()
-        current = synced(matrix, records, leases, registered=store.hosts())
+        current = synced(matrix, records, leases, registered=registered)
         dead = matrix.task_keys() - leases
         lost = set()
         for key in dead:

@@ -347,9 +347,10 @@ def previous_layout_message(root: str) -> str:
 
 
 def current_layout(client: KazooClient, root: str) -> bool:
+    """The root has what this HyperTF's layout adds (``limits``, ``hosts``): one round trip."""
     layout = Layout(root)
-    return (client.exists(layout.limits) is not None
-            and client.exists(layout.hosts) is not None)
+    pending = [client.exists_async(path) for path in (layout.limits, layout.hosts)]
+    return all(result.get(timeout=30) is not None for result in pending)
 
 
 def check_access(client: KazooClient, root: str, credential: Credential) -> None:

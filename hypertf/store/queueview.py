@@ -13,7 +13,7 @@ from typing import Any
 from hypertf.core.admission import admission_pass
 from hypertf.store import Store
 from hypertf.store.allocation import read_matrix
-from hypertf.store.waitqueue import QueueReader, live_hosts
+from hypertf.store.waitqueue import QueueReader
 
 STARTING = "Starting"  # fits now: the keeper admits it at its next pass
 
@@ -22,7 +22,7 @@ def collect(store: Store, user_gpu_limit: int = 0) -> list[dict[str, Any]]:
     matrix, _ = read_matrix(store)
     reader = QueueReader(store)
     waiting = reader.waiting()
-    decisions = admission_pass(matrix, live_hosts(store), waiting, user_gpu_limit)
+    decisions = admission_pass(matrix, store.live_hosts(), waiting, user_gpu_limit)
     by_key = {w.task_key: w for w in waiting}
     now = time.time()
     rows = []

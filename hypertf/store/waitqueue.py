@@ -205,11 +205,6 @@ class QueueReader:
         return found
 
 
-def live_hosts(store: Store) -> list[str]:
-    """Hosts with an agent record (no record read)."""
-    return store.live_hosts()
-
-
 def read_limits(store: Store) -> Limits:
     """The admin's per-user ceilings (defaults when the root has none yet)."""
     try:
@@ -247,7 +242,7 @@ class Admitter:
         def attempt(_retries: int) -> list[Decision]:
             matrix, version = read_matrix(self.store)
             waiting = self.reader.waiting()
-            live = live_hosts(self.store)
+            live = self.store.live_hosts()
             limits = read_limits(self.store)
             decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
             settled = [d for d in decisions if d.admitted or d.refused]
