@@ -98,6 +98,14 @@ class RunDir:
         """HYPERTF_METRICS_FILE: the JSON the reporting task writes (copied back at the end)."""
         return self.path / "metrics.json"
 
+    def offload(self, task: str) -> PurePath:
+        """What the task's offload did (hypertf.offload.runner writes it at the task's end)."""
+        return self.path / f"{task}.offload.json"
+
+    def offload_dir(self, task: str) -> PurePath:
+        """The task's offload world's private files: its SSH config, logs, the hook's counts."""
+        return self.path / f"{task}.offload"
+
     @property
     def stopped(self) -> PurePath:
         return self.path / "stopped"

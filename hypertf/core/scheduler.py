@@ -3,6 +3,8 @@
 ``round_robin`` is the original design's policy: one GPU from each server per round, then
 another round. ``pack`` fills a server before the next, to keep a job's traffic local.
 Tasks that need no GPU (parameter servers by default) are spread over the live hosts.
+Offload slots (``--offload-hosts``: CPU servers that compute the tasks' matrix products) each
+take a host of their own, one the job runs no task on, GPU-less hosts first.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 POLICIES = ("round_robin", "pack")
+OFFLOAD = "offload"  # the role of a host lent to the job's matrix products (hypertf.offload)
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,17 @@ def schedule(
         placements[slot] = Placement(slot.role, slot.index, host, tuple(taken))
         if policy == "round_robin":
             cursor = (hosts.index(host) + 1) % len(hosts)
-    for turn, slot in enumerate(s for s in slots if s.gpus <= 0):
+    for turn, slot in enumerate(s for s in slots if s.gpus <= 0 and s.role != OFFLOAD):
         if not cpu_hosts:
             raise NoFit(slot)
         host = cpu_hosts[0] if policy == "pack" else cpu_hosts[turn % len(cpu_hosts)]
         placements[slot] = Placement(slot.role, slot.index, host, ())
+    # Offload hosts: each its own, none running a task of the job (its CPUs are the point);
+    # hosts with the fewest free GPUs first, so GPU servers stay for GPU jobs.
+    used = {p.host for p in placements.values()}
+    spare = sorted((h for h in cpu_hosts if h not in used), key=lambda h: len(left.get(h, ())))
+    for slot in (s for s in slots if s.role == OFFLOAD):
+        if not spare:
+            raise NoFit(slot)
+        placements[slot] = Placement(slot.role, slot.index, spare.pop(0), ())
     return [placements[slot] for slot in slots]

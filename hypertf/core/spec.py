@@ -13,18 +13,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hypertf.core.records import GpuInfo
-from hypertf.core.scheduler import Placement, TaskSlot
+from hypertf.core.scheduler import OFFLOAD, Placement, TaskSlot
 
 ROLE_ORDER = ("chief", "worker", "ps")
 
 
 def slots_for(ps: int, workers: int, chief: bool, worker_gpus: int, ps_gpus: int,
-              ) -> tuple[TaskSlot, ...]:
-    """The job's tasks, chief first, in the order TF_CONFIG lists them."""
+              offload_hosts: int = 0) -> tuple[TaskSlot, ...]:
+    """The job's tasks, chief first, in the order TF_CONFIG lists them, then the offload
+    hosts (no task of TF_CONFIG: they compute the tasks' matrix products)."""
     slots = [TaskSlot("chief", 0, worker_gpus)] if chief else []
     slots += [TaskSlot("worker", i, worker_gpus) for i in range(workers)]
     slots += [TaskSlot("ps", i, ps_gpus) for i in range(ps)]
+    slots += [TaskSlot(OFFLOAD, i, 0) for i in range(offload_hosts)]
     return tuple(slots)
+
+
+def tasks_of(placements: Sequence[Placement]) -> list[Placement]:
+    """The placements that run a TensorFlow task (the offload hosts run none)."""
+    return [p for p in placements if p.role != OFFLOAD]
+
+
+def offload_hosts(placements: Sequence[Placement]) -> list[str]:
+    """The hosts lent to the job's matrix products, in slot order."""
+    return [p.host for p in sorted(placements, key=lambda p: p.index) if p.role == OFFLOAD]
 
 
 def mode(placements: Sequence[Placement]) -> str:

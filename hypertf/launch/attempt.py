@@ -35,6 +35,10 @@ from hypertf.core.timeline import Timeline
 from hypertf.launch.nodeclient import NodeClient, PortsBusy
 from hypertf.launch.remote import Cluster, GroupResult, Session
 from hypertf.launch.request import TrainRequest
+from hypertf.offload.taskspec import OffloadHost, summarize
+from hypertf.offload.taskspec import Spec as OffloadSpec
+from hypertf.offload.taskspec import command as offload_command
+from hypertf.offload.taskspec import line as offload_line
 from hypertf.store.allocation import release
 from hypertf.store.jobs import update_job
 
@@ -161,6 +165,8 @@ class Attempt:
         self.events: queue.Queue[Event] = queue.Queue()
         self.lease_dropped = threading.Event()
         self.lost_hosts: set[str] = set()
+        self.offload_hosts: list[str] = []  # --offload-hosts: lent to the tasks' products
+        self.offload: dict[str, dict[str, Any]] = {}  # what each task's runner offloaded
         self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
         self.result = "failed"
         self.message = ""
@@ -190,7 +196,8 @@ class Attempt:
         try:
             self.grant = self.job.place(self.task_key, live, exclude, avoid)
             self.tasks = {p.name: TaskState(p, self.grant.ports[p.name])
-                          for p in self.grant.placements}
+                          for p in specs.tasks_of(self.grant.placements)}
+            self.offload_hosts = specs.offload_hosts(self.grant.placements)
             self._watch_lease()
             busy = self.start()
             verdict = Verdict.PORT_CLASH if busy else self.watch()
@@ -227,10 +234,11 @@ class Attempt:
         ports found already in use, per host (nothing is started on such a host)."""
         job, grant, cluster = self.job, self.grant, self.job.cluster
         assert grant and cluster
+        placements = specs.tasks_of(grant.placements)
         addresses = {p.name: f"{job.records[p.host].data_addr}:{grant.ports[p.name]}"
-                     for p in grant.placements}
+                     for p in placements}
         by_host: dict[str, list[specs.TaskSpec]] = {}
-        for task_spec in specs.build(grant.placements, addresses):
+        for task_spec in specs.build(placements, addresses):
             by_host.setdefault(task_spec.placement.host, []).append(task_spec)
         if job.request.sync_dir:
             sync_dir = job.request.sync_dir
@@ -260,7 +268,9 @@ class Attempt:
         job.say(f"hypertf: job {self.task_key}: started {len(self.tasks)} tasks: " + ", ".join(
             f"{t.name}@{t.placement.host}:{t.port}"
             + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
-            for t in self.tasks.values()))
+            for t in self.tasks.values())
+            + (f"; their matrix products offloaded to {', '.join(self.offload_hosts)}"
+               if self.offload_hosts else ""))
         for host in by_host:
             ports = {t.file_name: t.port for t in self.tasks.values() if t.placement.host == host}
             NodeClient(cluster.sessions[host]).follow(self.run_dir(host), ports, self.events)
@@ -396,6 +406,12 @@ class Attempt:
               for host in {t.placement.host for t in self.tasks.values()} - self.lost_hosts}
         cluster.each(lambda s: NodeClient(s).fetch_logs(
             self.run_dir(s.node.name), on[s.node.name], self.local), sorted(on))
+        if self.offload_hosts:
+            found = cluster.each(lambda s: NodeClient(s).fetch_offload(
+                self.run_dir(s.node.name), on[s.node.name]), sorted(on))
+            for host, per_task in found.succeeded.items():
+                self.offload |= {f"{t.name}": per_task[t.file_name] for t in self.tasks.values()
+                                 if t.placement.host == host and t.file_name in per_task}
         reporter = self.tasks.get(self.reporter)
         if reporter and reporter.placement.host in on:
             host = reporter.placement.host
@@ -422,6 +438,8 @@ class Attempt:
             if self.tasks:
                 self.local_dir.mkdir(parents=True, exist_ok=True)
                 Path(self.local.summary).write_text(json.dumps(summary_of(self), indent=2))
+            if self.offload_hosts and self.offload:
+                self.job.say(offload_line(summarize(self.offload, self.offload_hosts)))
 
 
 def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskSpec],
@@ -443,20 +461,42 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
         if task.name == attempt.reporter:
             env["HYPERTF_METRICS_FILE"] = str(run.metrics)
         argv = ["python", script, *(task_spec.flags if legacy_flags else ()), *job.request.args]
+        if attempt.offload_hosts:
+            argv = offload_command(
+                offload_spec(attempt, node, task.file_name), str(run.offload_dir(task.file_name)),
+                str(run.offload(task.file_name)), argv)
         requests.append({"name": task.file_name, "port": task.port, "cwd": cwd, "env": env,
                          "argv": argv})
     return requests
 
 
+def offload_spec(attempt: Attempt, node: Node, file_name: str) -> OffloadSpec:
+    """What the task's runner on ``node`` needs to start its world: the offload hosts as
+    this node reaches them over SSH (the cluster's pinned known_hosts and key), and a
+    channel name of the task's own (the node's agent can find it by the task key)."""
+    job = attempt.job
+    hosts = tuple(OffloadHost(address=n.address, port=n.port, user=n.user,
+                              python=f"{n.settings.venv}/bin/python")
+                  for n in map(job.inventory.node, attempt.offload_hosts))
+    return OffloadSpec(hosts=hosts, channel=f"/hypertf-offload-{attempt.task_key}-{file_name}",
+                       local_address=node.address, known_hosts=job.inventory.cluster.known_hosts,
+                       key_file=node.key_file, min_flops=job.request.offload_min_flops,
+                       start_timeout=min(60.0, job.request.start_timeout))
+
+
 def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, str]],
                    grant: Grant | None) -> list[str]:
     """Hosts where the stop saw every task of the job dead: only their GPUs go back now;
-    the others drain until their agent has confirmed."""
+    the others drain until their agent has confirmed. An offload host runs no task: its
+    processors end with the worlds of the tasks, so it goes back with the last task host."""
     hosts = {t.placement.host for t in tasks}
     if not hosts:
         return sorted({p.host for p in grant.placements}) if grant else []
-    return sorted(host for host in hosts if host in stopped.succeeded
-                  and "survived SIGKILL" not in stopped.succeeded[host].values())
+    dead = {host for host in hosts if host in stopped.succeeded
+            and "survived SIGKILL" not in stopped.succeeded[host].values()}
+    if grant and dead == hosts:
+        dead |= set(specs.offload_hosts(grant.placements))
+    return sorted(dead)
 
 
 def summary_of(attempt: Attempt) -> dict[str, Any]:
@@ -484,4 +524,6 @@ def summary_of(attempt: Attempt) -> dict[str, Any]:
         ],
         "attempts": job.attempts_summary(),
         "timeline": job.timeline.to_json(),
+        **({"offload": summarize(attempt.offload, attempt.offload_hosts)}
+           if attempt.offload_hosts else {}),
     }

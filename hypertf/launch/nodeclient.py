@@ -154,6 +154,16 @@ class NodeClient:
         if result.ok and result.stdout.strip():
             Path(local.metrics).write_text(result.stdout)
 
+    def fetch_offload(self, run: RunDir, tasks: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """What each task's offload runner wrote at its end (a task killed first wrote none)."""
+        found = {}
+        for task in tasks:
+            result = self.session.run(f"cat {quote(run.offload(task))} 2>/dev/null", timeout=60)
+            with contextlib.suppress(ValueError):
+                if result.ok and result.stdout.strip():
+                    found[task] = json.loads(result.stdout)
+        return found
+
     def fetch_logs(self, run: RunDir, tasks: Sequence[str], local: RunDir) -> None:
         """Copy the tasks' logs into ``local`` (the same layout on this machine)."""
         for task in tasks:

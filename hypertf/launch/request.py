@@ -20,12 +20,14 @@ from hypertf.core import diagnose
 from hypertf.core.errors import UsageError
 from hypertf.core.scheduler import POLICIES, TaskSlot
 from hypertf.core.spec import slots_for
+from hypertf.offload import DEFAULT_MIN_FLOPS
 
 LEGACY_FLAG_MODES = ("auto", "on", "off")
 MAX_PATH_BYTES = 4096  # PATH_MAX
 MAX_ARG_BYTES = 131072 - 1  # MAX_ARG_STRLEN: one argument the kernel passes to a program
 MAX_ARGS_BYTES = 1024 * 1024  # all of them, well under ARG_MAX with TF_CONFIG beside
 MAX_SYNC_SOURCES = 2000  # Python files of --sync DIR scanned for the legacy flags
+MAX_OFFLOAD_HOSTS = 256  # one MPI world per task reaches each of them
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class TrainRequest:
     priority: int = 0  # higher first in the queue; FIFO within a priority
     wait: bool = True  # wait in the queue when the GPUs are busy (False: refuse at once)
     timings: bool = False  # print the launch's timeline at the end
+    offload_hosts: int = 0  # hosts lent to the tasks' matrix products (hypertf.offload)
+    offload_min_flops: int = DEFAULT_MIN_FLOPS  # smaller products stay in the task
 
     def to_json(self) -> dict[str, Any]:
         """The request as plain JSON (a detached launcher's request.json, a sweep's trials)."""
@@ -87,7 +91,9 @@ class TrainRequest:
             idle_fail=values["idle_fail"], max_restarts=values["max_restarts"],
             restart_on_failure=values["restart_on_failure"],
             checkpoint_dir=values["checkpoint_dir"], priority=values["priority"],
-            wait=not values["no_wait"], timings=values["timings"], args=tuple(args))
+            wait=not values["no_wait"], timings=values["timings"],
+            offload_hosts=values["offload_hosts"], offload_min_flops=values["offload_min_flops"],
+            args=tuple(args))
 
     def env_vars(self) -> dict[str, str]:
         """--env NAME=VALUE as a mapping; a bad name or a reserved one is a usage error."""
@@ -111,7 +117,7 @@ class TrainRequest:
         """The tasks to place (no GPUs asked on a cluster without any)."""
         return slots_for(self.ps, self.workers, self.chief,
                          0 if cpu_only else self.gpus_per_worker,
-                         0 if cpu_only else self.gpus_per_ps)
+                         0 if cpu_only else self.gpus_per_ps, self.offload_hosts)
 
     def passes_legacy_flags(self, script_reads_flags: bool) -> bool:
         """Pass --ps_hosts/--worker_hosts/--job_name/--task_index? In ``auto`` only when the
@@ -169,6 +175,12 @@ class TrainRequest:
             raise UsageError("--idle-timeout must be positive seconds")
         if not -1000 <= self.priority <= 1000:
             raise UsageError(f"--priority must lie within -1000..1000, not {self.priority}")
+        if not 0 <= self.offload_hosts <= MAX_OFFLOAD_HOSTS:
+            raise UsageError(f"--offload-hosts must lie within 0..{MAX_OFFLOAD_HOSTS}, not "
+                             f"{self.offload_hosts}")
+        if self.offload_min_flops < 0:
+            raise UsageError(f"--offload-min-flops must be 0 or more, not "
+                             f"{self.offload_min_flops}")
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts must be 0 or more, not {self.max_restarts}")
         if self.checkpoint_dir is not None and (
@@ -256,6 +268,11 @@ TRAIN_OPTIONS: tuple[Option, ...] = (
            "waiting in the queue"),
     Option("timings", bool, False, "print where the job's time went at the end (each phase, "
            "per host; summary.json keeps the timeline whatever this says)"),
+    Option("offload_hosts", int, R.offload_hosts, "also take N hosts that run no task and "
+           "compute the tasks' large matrix products on their CPUs (MPI; docs/offload.md); "
+           "default 0", "N"),
+    Option("offload_min_flops", int, R.offload_min_flops, "with --offload-hosts: products "
+           f"of fewer flops stay in the task (default {R.offload_min_flops})", "F"),
     Option("detach", bool, False, "print the job's key and return: a background launcher "
            "waits, runs and cleans up (its output: runs/<key>/launcher.log)"),
 )

@@ -203,9 +203,22 @@ def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0) ->
     survivors = [name for name, pid in groups.items() if _group_alive(pid)]
     for name in survivors:  # e.g. stuck in uninterruptible sleep: not dead, not confirmed
         result[name] = "survived SIGKILL"
-    if not survivors and run.local.is_dir():
-        Path(run.stopped).touch()
+    if not survivors:
+        unlink_offload_channels(run.task_key)
+        if run.local.is_dir():
+            Path(run.stopped).touch()
     return result
+
+
+def unlink_offload_channels(task_key: str, shm: Path = Path("/dev/shm")) -> None:
+    """The shared memory and semaphores of the job's offload channels (named after its task
+    key by the launcher): the agent beside a SIGKILLed task could not unlink them itself."""
+    if not task_key:
+        return
+    for pattern in (f"hypertf-offload-{task_key}-*", f"sem.hypertf-offload-{task_key}-*"):
+        for path in shm.glob(pattern):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def drain(run: RunDir, grace: float) -> bool:

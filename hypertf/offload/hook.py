@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
+from hypertf.offload import DEFAULT_MIN_FLOPS
 from hypertf.offload.channel import ChannelError, ClientChannel
 
 ENV_CHANNEL = "HYPERTF_OFFLOAD_CHANNEL"
 ENV_MIN_FLOPS = "HYPERTF_OFFLOAD_MIN_FLOPS"
 ENV_TIMEOUT = "HYPERTF_OFFLOAD_TIMEOUT"
 ENV_STATS = "HYPERTF_OFFLOAD_STATS"
-DEFAULT_MIN_FLOPS = 1 << 24  # ~16 Mflop: a 256 x 256 x 256 product
 TARGET = "tensorflow.python.ops.gen_math_ops"
 PATCHED = ("mat_mul", "batch_mat_mul_v2", "batch_mat_mul_v3")
 

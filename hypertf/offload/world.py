@@ -32,26 +32,35 @@ REPO = Path(__file__).resolve().parents[2]
 def mpiexec_argv(channel: str, processors: int, python: str = sys.executable,
                  hosts: Sequence[str] = (), launcher_exec: str | None = None,
                  ready: str | None = None, stats: str | None = None,
-                 data_mb: int = 64) -> list[str]:
-    """mpiexec's command line: the agent here (rank 0), the processors on ``hosts``."""
+                 data_mb: int = 64, iface: str | None = None,
+                 remote_python: Sequence[str] = ()) -> list[str]:
+    """mpiexec's command line: the agent here (rank 0), the processors on ``hosts`` (one
+    each, started with ``remote_python``: their venv) or, without hosts, forked here."""
     if processors < 1:
         raise ValueError("an offload world needs at least one processor")
-    argv = ["mpiexec"]
-    if hosts:
-        argv += ["-launcher", "ssh"]
-        if launcher_exec:
-            argv += ["-launcher-exec", launcher_exec]
-        argv += ["-hosts", ",".join(hosts)]
-    else:
-        argv += ["-launcher", "fork", "-hosts", "localhost", "-iface", "lo"]
     agent = [python, "-m", "hypertf.offload.agent", "--channel", channel,
              "--data-mb", str(data_mb)]
     if ready:
         agent += ["--ready", ready]
     if stats:
         agent += ["--stats", stats]
-    processor = [python, "-m", "hypertf.offload.processor"]
-    return [*argv, "-n", "1", *agent, ":", "-n", str(processors), *processor]
+    if not hosts:
+        return ["mpiexec", "-launcher", "fork", "-hosts", "localhost", "-iface", "lo",
+                "-n", "1", *agent, ":", "-n", str(processors), python, "-m",
+                "hypertf.offload.processor"]
+    argv = ["mpiexec", "-launcher", "ssh"]
+    if launcher_exec:
+        argv += ["-launcher-exec", launcher_exec]
+    if iface:
+        argv += ["-iface", iface]
+    # One slot per host, in order: rank 0 (the agent) here, rank i on host i. Hydra takes
+    # no host per MPMD section, so the processors share one python (the first host's venv:
+    # offload hosts are provisioned alike).
+    argv += ["-hosts", ",".join(f"{h}:1" for h in ("localhost", *hosts)),
+             "-n", "1", *agent, ":", "-n", str(len(hosts)),
+             (remote_python[0] if remote_python else python), "-m",
+             "hypertf.offload.processor"]
+    return argv
 
 
 @functools.cache
@@ -79,6 +88,13 @@ def loopback_env() -> dict[str, str]:
             "HYDRA_IFACE": "lo"}
 
 
+def network_env(iface: str | None) -> dict[str, str]:
+    """MPICH (UCX underneath) on the job's data network: the interface the task's host
+    reaches the offload hosts through, the same name on every host."""
+    # UCX's "sm" transport failed the address exchange between hosts (MPICH 4.0.2, ch4:ucx)
+    return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": iface} if iface else {}
+
+
 @dataclass
 class World:
     """A running offload world: its mpiexec process and its channel's name."""
@@ -89,6 +105,11 @@ class World:
     proc: subprocess.Popen[Any] | None = None
     model: dict[str, float] = field(default_factory=dict)
     log: IO[bytes] | None = None
+    hosts: tuple[str, ...] = ()  # processors there, one each (none: forked on this machine)
+    launcher_exec: str | None = None  # the ssh hydra runs (pinned host keys)
+    iface: str | None = None  # the network interface the ranks and proxies use
+    remote_python: tuple[str, ...] = ()  # each host's python (its venv)
+    own_session: bool = True  # False: in the caller's process group (a task's: stopped with it)
 
     @property
     def ready_file(self) -> Path:
@@ -99,16 +120,22 @@ class World:
         return self.workdir / f"agent-{self.channel.strip('/')}.json"
 
     def start(self, timeout: float = 30.0, python: str = sys.executable) -> World:
-        argv = private_network() + mpiexec_argv(
-            self.channel, self.processors, python, ready=str(self.ready_file),
-            stats=str(self.stats_file))
-        env = {**os.environ, **loopback_env()}
+        argv = mpiexec_argv(
+            self.channel, self.processors, python, hosts=self.hosts,
+            launcher_exec=self.launcher_exec, ready=str(self.ready_file),
+            stats=str(self.stats_file), iface=self.iface, remote_python=self.remote_python)
+        if self.hosts:
+            env = {**os.environ, **network_env(self.iface)}
+        else:
+            argv = private_network() + argv
+            env = {**os.environ, **loopback_env()}
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         log_path = self.workdir / f"world-{self.channel.strip('/')}.log"
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed by stop()
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     stdin=subprocess.DEVNULL,
+                                     start_new_session=self.own_session)
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():
             if self.proc.poll() is not None:
@@ -145,9 +172,12 @@ class World:
                 proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the group mpiexec leads: its ranks
+                    if self.own_session:
+                        os.killpg(proc.pid, signal.SIGKILL)  # the group mpiexec leads: its ranks
+                    else:
+                        proc.kill()
                 proc.wait(5)
-        if proc is not None and proc.poll() is not None:
+        if proc is not None and proc.poll() is not None and self.own_session:
             # Ranks outlive a SIGKILLed mpiexec only in its group, which we started.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -76,6 +76,10 @@ def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
             "gpu_driver": record.gpu_driver if record else {},
             "gpus": gpus,
             "ports_reserved": len(matrix.ports.get(name, {})),
+            # jobs here without a GPU of this host: parameter servers, offload hosts
+            "cpu_jobs": sorted({key for cell in matrix.ports.get(name, {}).values()
+                                if (key := job_of(str(cell)))}
+                               - {g["task_key"] for g in gpus}),
         })
     return {
         "inventory": str(inventory.path),
@@ -152,8 +156,9 @@ def render_compact(status: dict[str, Any], console: Console) -> None:
     for host in hosts:
         agent = f"up {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == "up" else "down"
         address = host["data_addr"] or host["address"] or ""
+        cpu = "; CPU only " + ",".join(host["cpu_jobs"]) if host.get("cpu_jobs") else ""
         lines.append(f"{host['name']:<{name_w}}  {agent:<11}  {address:<{addr_w}}  "
-                     f"{_compact_gpus(host)}")
+                     f"{_compact_gpus(host)}{cpu}")
     console.out("\n".join(lines), highlight=False)
 
 
@@ -175,6 +180,9 @@ def render(status: dict[str, Any], console: Console | None = None) -> None:
     table.add_column("GPU driver")
     for index in range(width):
         table.add_column(f"GPU {index}" if most else "GPUs")
+    cpu_jobs = any(h.get("cpu_jobs") for h in status["hosts"])
+    if cpu_jobs:
+        table.add_column("CPU only (ps, offload)")
     for host in status["hosts"]:
         agent = (f"[green]up[/] {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == "up"
                  else "[red]down[/]")
@@ -182,6 +190,8 @@ def render(status: dict[str, Any], console: Console | None = None) -> None:
         if host["agent"] == "up" and not host["gpus"]:
             cells = ["no GPU: CPU tasks only"]
         cells += [""] * (width - len(cells))
+        if cpu_jobs:
+            cells.append(", ".join(f"[yellow]{key}[/]" for key in host.get("cpu_jobs", ())))
         table.add_row(host["name"], agent, host["data_addr"] or host["address"], _driver(host),
                       *cells)
     console.print(table)

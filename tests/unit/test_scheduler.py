@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypertf.core.scheduler import POLICIES, NoFit, Placement, TaskSlot, schedule
+from hypertf.core.scheduler import OFFLOAD, POLICIES, NoFit, Placement, TaskSlot, schedule
 
 
 def workers(n: int, gpus: int = 1, role: str = "worker") -> list[TaskSlot]:
@@ -192,3 +192,29 @@ def test_slot_and_placement_names():
     assert TaskSlot("worker", 2).name == "worker:2"
     assert TaskSlot("worker", 2).gpus == 1
     assert Placement("ps", 0, "h1", ()).name == "ps:0"
+
+
+# --- offload hosts (--offload-hosts) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_offload_hosts_are_hosts_of_their_own_without_the_jobs_tasks(policy):
+    slots = [*workers(2), TaskSlot("ps", 0, 0), *workers(2, 0, OFFLOAD)]
+    free = {"h1": [0, 1], "h2": [0, 1], "h3": [0, 1], "h4": [0, 1]}
+    placed = schedule(free, slots, policy)
+    tasks = {p.host for p in placed if p.role != OFFLOAD}
+    offload = [p.host for p in placed if p.role == OFFLOAD]
+    assert len(set(offload)) == 2 and not tasks & set(offload)
+    assert all(p.gpus == () for p in placed if p.role == OFFLOAD)
+
+
+def test_offload_hosts_take_gpu_less_hosts_first():
+    placed = schedule({"h1": [0], "h2": [0, 1, 2], "h3": []},
+                      [*workers(1), *workers(2, 0, OFFLOAD)], cpu_hosts=["h1", "h2", "h3"])
+    assert where(placed) == [("h1", (0,)), ("h3", ()), ("h2", ())]
+
+
+def test_too_few_spare_hosts_for_the_offload_is_nofit():
+    with pytest.raises(NoFit) as caught:
+        schedule(FOUR_EACH, [*workers(2), *workers(2, 0, OFFLOAD)])
+    assert caught.value.slot == TaskSlot(OFFLOAD, 1, 0)

@@ -39,6 +39,9 @@ INVALID = {
     "negative start timeout": ({"start_timeout": -5}, ["--start-timeout"]),
     "zero timeout": ({"timeout": 0}, ["--timeout"]),
     "negative timeout": ({"timeout": -1.5}, ["--timeout"]),
+    "negative offload hosts": ({"offload_hosts": -1}, ["--offload-hosts", "0..256"]),
+    "too many offload hosts": ({"offload_hosts": 257}, ["--offload-hosts", "257"]),
+    "negative offload flops": ({"offload_min_flops": -1}, ["--offload-min-flops"]),
 }
 
 

@@ -1,0 +1,144 @@
+"""One task with its offload world (node side): start the world, run the task with the
+hook's environment, stop the world, write what was offloaded.
+
+With ``--offload-hosts`` the launcher starts each task as
+``python -m hypertf.offload.runner --spec JSON -- python script.py ...`` under task.sh, so
+the runner, mpiexec and the local ranks are all in the task's process group: a stop, a drain
+or a SIGKILL of the group ends the world with the task, and the processors on the offload
+hosts end when their SSH connections close. Hydra reaches the offload hosts over SSH with the
+cluster's pinned known_hosts (``StrictHostKeyChecking yes``), never accepting a new key.
+
+Right or local, never wrong: if the world does not start, one warning line is printed and
+the task runs with local products; the task's exit code is the runner's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from hypertf.offload.hook import ENV_CHANNEL, ENV_MIN_FLOPS, ENV_STATS
+from hypertf.offload.taskspec import Spec
+from hypertf.offload.world import BOOT, World
+
+
+def ssh_config(spec: Spec) -> str:
+    """An ssh_config for hydra: per-host port and user first (ssh keeps the first value it
+    reads), then the pinned, non-interactive defaults for every host."""
+    lines = []
+    for host in spec.hosts:
+        lines += [f"Host {host.address}", f"  Port {host.port}"]
+        if host.user:
+            lines.append(f"  User {host.user}")
+    lines += ["Host *", "  BatchMode yes", "  StrictHostKeyChecking yes",
+              f"  UserKnownHostsFile {spec.known_hosts}", "  ConnectTimeout 10",
+              "  ServerAliveInterval 5", "  ServerAliveCountMax 3", "  LogLevel ERROR"]
+    if spec.key_file:
+        lines += ["  IdentitiesOnly yes", f"  IdentityFile {spec.key_file}"]
+    return "\n".join(lines) + "\n"
+
+
+def iface_of(address: str) -> str | None:
+    """The network interface that holds ``address`` on this node."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    return None
+
+
+def prepare(spec: Spec, private: Path) -> World:
+    """The world for ``spec``, its SSH files written into ``private`` (mode 0700)."""
+    private.mkdir(mode=0o700, parents=True, exist_ok=True)
+    config = private / "ssh_config"
+    config.write_text(ssh_config(spec))
+    config.chmod(0o600)
+    launcher = private / "ssh"
+    launcher.write_text(f"#!/bin/sh\nexec ssh -F {shlex.quote(str(config))} \"$@\"\n")
+    launcher.chmod(0o700)
+    return World(spec.channel, len(spec.hosts), private,
+                 hosts=tuple(h.address for h in spec.hosts), launcher_exec=str(launcher),
+                 iface=iface_of(spec.local_address),
+                 remote_python=tuple(h.python for h in spec.hosts), own_session=False)
+
+
+def task_env(spec: Spec, world: World | None, hook_stats: Path) -> dict[str, str]:
+    """The task's environment: the hook's (when the world runs) and the boot folder."""
+    env = dict(os.environ)
+    if world is None:
+        return env
+    env |= {ENV_CHANNEL: spec.channel, ENV_MIN_FLOPS: str(spec.min_flops),
+            ENV_STATS: str(hook_stats)}
+    env["PYTHONPATH"] = os.pathsep.join([str(BOOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def counts(spec: Spec, hook_stats: Path, failed: str, seconds: float) -> dict[str, Any]:
+    """What summary.json's ``offload`` gets from this task."""
+    result: dict[str, Any] = {"hosts": [h.address for h in spec.hosts], "ops": 0, "bytes": 0,
+                              "seconds": 0.0, "fallbacks": 0, "local": 0,
+                              "min_flops": spec.min_flops, "failed": failed,
+                              "wall_s": round(seconds, 2)}
+    with contextlib.suppress(OSError, ValueError):
+        hook = json.loads(hook_stats.read_text())
+        result |= {k: hook[k] for k in ("ops", "bytes", "seconds", "fallbacks", "local")
+                   if k in hook}
+        result["failed"] = failed or hook.get("failed", "")
+    return result
+
+
+def run(spec: Spec, argv: Sequence[str], private: Path, out: Path) -> int:
+    """Start the world, run ``argv`` beside it, stop it; write ``out``; the task's code."""
+    started = time.monotonic()
+    hook_stats = private / "hook.json"
+    world: World | None = prepare(spec, private)
+    failed = ""
+    try:
+        assert world is not None
+        world.start(spec.start_timeout)
+    except (RuntimeError, OSError) as exc:
+        failed = f"the offload world did not start ({exc})"
+        print(f"hypertf offload: {failed}; matrix products stay local", file=sys.stderr,
+              flush=True)
+        world = None
+    child = subprocess.Popen(list(argv), env=task_env(spec, world, hook_stats))
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = child.wait()
+    if world is not None:
+        world.stop()
+    out.write_text(json.dumps(counts(spec, hook_stats, failed, time.monotonic() - started)))
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hypertf.offload.runner")
+    parser.add_argument("--spec", required=True, help="the launcher's Spec as JSON")
+    parser.add_argument("--private", required=True, help="a folder for the world's files")
+    parser.add_argument("--out", required=True, help="where to write what was offloaded")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    task = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not task:
+        parser.error("no task command after --")
+    return run(Spec.from_json(args.spec), task, Path(args.private), Path(args.out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

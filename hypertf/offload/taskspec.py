@@ -1,0 +1,71 @@
+"""What the launcher tells a task's offload runner, and what it makes of the counts: pure,
+with no MPI, numpy or shared memory, so a controller without hypertf[offload] can launch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hypertf.offload import DEFAULT_MIN_FLOPS
+
+
+@dataclass(frozen=True)
+class OffloadHost:
+    """An offload host as the task's node reaches it over SSH."""
+
+    address: str
+    port: int = 22
+    user: str | None = None
+    python: str = "python3"  # its venv's python
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the launcher tells a task's runner (JSON on its command line)."""
+
+    hosts: tuple[OffloadHost, ...]
+    channel: str  # POSIX name of the task's channel (shared memory, semaphores)
+    local_address: str  # this node's address on the data network: the interface to use
+    known_hosts: str
+    key_file: str | None = None
+    min_flops: int = DEFAULT_MIN_FLOPS
+    start_timeout: float = 60.0
+
+    def to_json(self) -> str:
+        return json.dumps({**self.__dict__, "hosts": [h.__dict__ for h in self.hosts]},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Spec:
+        fields = json.loads(text)
+        return cls(**{**fields, "hosts": tuple(OffloadHost(**h) for h in fields["hosts"])})
+
+
+def command(spec: Spec, private: str, out: str, argv: Sequence[str]) -> list[str]:
+    """The task's command line with its runner (the launcher builds it)."""
+    return ["python", "-m", "hypertf.offload.runner", "--spec", spec.to_json(),
+            "--private", private, "--out", out, "--", *argv]
+
+
+def summarize(per_task: Mapping[str, Mapping[str, Any]], hosts: Sequence[str]) -> dict[str, Any]:
+    """The job's offload over its ``hosts``, summed over its tasks (summary.json, the
+    launcher's last line)."""
+    total = {key: sum(t.get(key, 0) for t in per_task.values())
+             for key in ("ops", "bytes", "fallbacks", "local")}
+    seconds = round(sum(float(t.get("seconds", 0.0)) for t in per_task.values()), 3)
+    failed = {name: t["failed"] for name, t in per_task.items() if t.get("failed")}
+    return {**total, "seconds": seconds, "hosts": list(hosts), "failed": failed,
+            "tasks": dict(per_task)}
+
+
+def line(summary: Mapping[str, Any]) -> str:
+    """``offloaded N matmuls (X GB, Y s) over K hosts``, and the fallbacks if any."""
+    text = (f"hypertf: offloaded {summary['ops']} matmuls ({summary['bytes'] / 1e9:.3g} GB, "
+            f"{summary['seconds']:.1f} s) over {len(summary['hosts'])} hosts")
+    if summary["fallbacks"] or summary["failed"]:
+        text += (f"; {summary['fallbacks']} computed locally after a failure "
+                 f"({'; '.join(f'{k}: {v}' for k, v in sorted(summary['failed'].items()))})")
+    return text
