@@ -161,6 +161,10 @@ def plan(request: TrainRequest, options: ExportOptions, setup: NodeSetup,
     """The job's tasks with the environment and command ``hypertf train`` would give them;
     ``address(role, index)`` is the name the target resolves for a task."""
     request.validate()
+    if request.offload_hosts:
+        raise UsageError("--offload-hosts is not exported: its MPI world runs over the static "
+                         "cluster's SSH, which a cluster manager's pods and containers do not "
+                         "have; export the job without it")
     if options.target not in TARGETS:
         raise UsageError(f"unknown export target {options.target!r}; choose one of "
                          f"{', '.join(TARGETS)}")

@@ -305,6 +305,14 @@ def test_bad_input_is_a_usage_error(case):
     assert all(word in str(err.value) for word in words), str(err.value)
 
 
+def test_offload_hosts_are_not_exported():
+    """The offload's MPI world runs over the static cluster's SSH: a manifest cannot hold it,
+    and silently dropping it would run a different job."""
+    with pytest.raises(UsageError) as err:
+        job_for(request(offload_hosts=2), ExportOptions("k8s", image=IMAGE))
+    assert err.value.exit_code == 2 and "--offload-hosts is not exported" in str(err.value)
+
+
 # -- the command lines ---------------------------------------------------------------------
 
 
