@@ -97,10 +97,11 @@ class AgentRecord:
                              f"{err}; restart that host's agent to rewrite it") from None
 
 
-def encode(payload: dict[str, Any]) -> bytes:
-    """JSON bytes with the format number first; refuses what ZooKeeper would refuse."""
+def encode(payload: dict[str, Any], fmt: int = FORMAT) -> bytes:
+    """JSON bytes with the format number first (``fmt``: a record whose layout changed
+    has its own); refuses what ZooKeeper would refuse."""
     fields = {key: value for key, value in payload.items() if key != "format"}
-    data = json.dumps({"format": FORMAT, **fields}, separators=(",", ":")).encode()
+    data = json.dumps({"format": fmt, **fields}, separators=(",", ":")).encode()
     if len(data) > MAX_ZNODE_BYTES:
         raise StoreError(
             f"a record of {len(data)} bytes is over ZooKeeper's 1 MiB znode limit "
@@ -110,8 +111,8 @@ def encode(payload: dict[str, Any]) -> bytes:
     return data
 
 
-def decode(data: bytes, what: str) -> dict[str, Any]:
-    """Parse a record, refusing formats this version does not know."""
+def decode(data: bytes, what: str, fmt: int = FORMAT) -> dict[str, Any]:
+    """Parse a record, refusing formats this version does not know (``fmt``: the one)."""
     try:
         payload = json.loads(data.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -122,10 +123,10 @@ def decode(data: bytes, what: str) -> dict[str, Any]:
             f"got {type(payload).__name__}"
         )
     version = payload.pop("format", None)
-    if type(version) is not int or version != FORMAT:
+    if type(version) is not int or version != fmt:
         raise StoreError(
             f"ZooKeeper holds a {what} in format {version!r}; this HyperTF reads format "
-            f"{FORMAT}: upgrade HyperTF on every node, or use another hypertf_zk_root"
+            f"{fmt}: upgrade HyperTF on every node, or use another hypertf_zk_root"
         )
     return payload
 

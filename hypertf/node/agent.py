@@ -43,7 +43,7 @@ from hypertf.node.probes import (
     select_address,
 )
 from hypertf.store import AgentRecord, HostWatch, Layout, Store
-from hypertf.store.allocation import confirm_drained, read_matrix
+from hypertf.store.allocation import confirm_drained, read_matrix, watch_matrix
 from hypertf.store.jobs import prune_jobs
 from hypertf.store.waitqueue import Admitter
 
@@ -190,9 +190,9 @@ class Agent:
         process of the job is left here: stop what is left first (TERM, KILL after the
         grace). Nothing is freed while a process lives: a GPU is free only when this node
         says so."""
-        matrix, _ = read_matrix(zk)
-        leases = zk.leases()  # after the matrix: see allocation
         host = self.node.name
+        matrix, _ = read_matrix(zk, hosts=[host])  # its own row's shard only
+        leases = zk.leases()  # after the matrix: see allocation
         self.metrics.update(row=matrix.gpus.get(host, []))
         ended = matrix.ended_on(host, leases)
         if not ended:
@@ -322,7 +322,7 @@ class Agent:
                     next_beat = time.monotonic() + self.node.settings.agent_interval
                 if self.is_keeper(zk):
                     if not matrix_watched:  # the keeper also wakes when GPUs are freed
-                        client.DataWatch(self.layout.matrix, self._wake_up)
+                        watch_matrix(zk, self._wake_up)
                         matrix_watched = True
                     admitter = admitter or Admitter(zk, self.inventory.cluster.user_gpu_limit)
                     self.keep(zk, admitter)

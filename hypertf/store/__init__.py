@@ -4,7 +4,9 @@
 
     <root>/hosts/<host>        persistent a registered host (the admin's): its agent's folder
     <root>/hosts/<host>/agent  ephemeral  AgentRecord: one node's addresses, port and GPUs
-    <root>/matrix              persistent Matrix: servers x GPUs (free / unavailable / task key)
+    <root>/matrix              persistent MatrixIndex: how many shards hold the matrix
+    <root>/matrix/<i>          persistent Matrix: the rows (free / unavailable / task key) of
+                                          the hosts whose name hashes to shard i
     <root>/jobs/<user>/<task_key>    persistent JobRecord: request, placement, ports, state
     <root>/leases/<user>/<task_key>  ephemeral  held by the launcher's session while the job lives
     <root>/keeper/lease        ephemeral  held by the session of the agent that keeps the matrix
@@ -118,14 +120,17 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
 
 
 def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] | None = None,
-                   reset: bool = False) -> Path:
+                   reset: bool = False, matrix_hosts: int = 0) -> Path:
     """``hypertf auth init``: credentials for the admin, every host's agent, the running
-    user and ``users``, then the secured root. Idempotent; returns the directory."""
+    user and ``users``, then the secured root. Idempotent; returns the directory.
+    ``matrix_hosts``: shard the matrix for at least that many hosts (benches whose hosts
+    have no credential)."""
     directory = credentials_dir(cluster)
     auth.ensure_credentials(directory, hosts, [auth.job_owner(), *(users or [])])
     client = connect(cluster, identity="admin", check=False)
     try:
-        auth.secure_root(client, cluster.zk_root, directory, reset=reset)
+        auth.secure_root(client, cluster.zk_root, directory, reset=reset,
+                         hosts=matrix_hosts)
     finally:
         close(client)
     return directory

@@ -57,7 +57,14 @@ from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import Grant, Request, cannot_place
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store, decode, encode, owner_of, until_committed
-from hypertf.store.allocation import check_registered, owner_info, read_matrix, sync_matrix
+from hypertf.store.allocation import (
+    MatrixVersion,
+    check_registered,
+    matrix_writes,
+    owner_info,
+    read_matrix,
+    sync_matrix,
+)
 from hypertf.store.jobs import mark_lost, read_job
 
 QUEUED = JobState.QUEUED
@@ -253,7 +260,7 @@ class Admitter:
 
         return until_committed(attempt, "admitting waiting jobs")
 
-    def _commit(self, matrix: Matrix, version: int, settled: list[Decision],
+    def _commit(self, matrix: Matrix, version: MatrixVersion, settled: list[Decision],
                 live: list[str], limits: Limits) -> bool:
         taken = matrix
         tx = self.store.client.transaction()
@@ -276,10 +283,10 @@ class Admitter:
                 "waited_s": round(now - float(record.get("created", now)), 3),
                 "placements": placements_json(decision.placements, decision.ports)}),
                 version=record_version)
-        if taken is not matrix:
-            tx.set_data(self.store.layout.matrix, taken.to_json(), version=version)
-        else:
-            tx.check(self.store.layout.matrix, version)
+        # The shards the admissions changed, each version-checked; a refusal names what is
+        # free everywhere, so then every shard is checked too.
+        matrix_writes(tx, self.store.layout, matrix, taken, version,
+                      check_rest=any(d.refused for d in settled))
         errors = [r for r in tx.commit() if isinstance(r, Exception)]
         if errors:
             return False  # a cancel, a lost waiter or another writer: read and decide again
