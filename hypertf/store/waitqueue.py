@@ -54,7 +54,14 @@ from hypertf.core.jobrecord import (
 )
 from hypertf.core.limits import Limits
 from hypertf.core.matrix import Held, Matrix
-from hypertf.core.placement import Grant, Request, cannot_place
+from hypertf.core.placement import (
+    Grant,
+    PortRanges,
+    Request,
+    cannot_place,
+    compact_hosts,
+    expand_hosts,
+)
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store, decode, encode, owner_of, until_committed
 from hypertf.store.allocation import (
@@ -78,7 +85,7 @@ def request_to_json(request: Request, priority: int,
     """Compact: 1000 hosts share one port range, so only the differing ones are listed."""
     ranges = list(request.port_ranges.values())
     common = max(ranges, key=ranges.count) if ranges else DEFAULT_PORT_RANGE
-    return {"priority": priority, "hosts": list(request.hosts), "policy": request.policy,
+    return {"priority": priority, "hosts": compact_hosts(request.hosts), "policy": request.policy,
             "slots": [[s.role, s.index, s.gpus] for s in request.slots],
             "port_range": list(common),
             "port_ranges": {h: list(r) for h, r in request.port_ranges.items()
@@ -89,10 +96,12 @@ def request_to_json(request: Request, priority: int,
 
 def waiting_from_record(record: Mapping[str, Any], order: int) -> Waiting:
     queue = record["queue"]
-    common = tuple(queue.get("port_range", DEFAULT_PORT_RANGE))
-    ranges = {h: tuple(queue.get("port_ranges", {}).get(h, common)) for h in queue["hosts"]}
+    hosts = expand_hosts(tuple(queue["hosts"]))
+    low, high = queue.get("port_range", DEFAULT_PORT_RANGE)
+    ranges = PortRanges(hosts, (int(low), int(high)), {
+        h: (int(r[0]), int(r[1])) for h, r in queue.get("port_ranges", {}).items()})
     request = Request(slots=tuple(TaskSlot(r, i, g) for r, i, g in queue["slots"]),
-                      hosts=tuple(queue["hosts"]), policy=queue.get("policy", "round_robin"),
+                      hosts=hosts, policy=queue.get("policy", "round_robin"),
                       port_ranges=ranges)
     return Waiting(record["task_key"], request, priority=int(queue.get("priority", 0)),
                    order=order, held=bool(queue.get("held")),
@@ -207,8 +216,12 @@ class QueueReader:
                     with contextlib.suppress(KeyError, TypeError, ValueError):
                         self.grants[key] = held_of(record)  # a new keeper
                 continue
+            try:
+                job = waiting_from_record(record, stat.czxid)
+            except (KeyError, TypeError, ValueError):
+                continue  # its owner wrote a request no keeper can read: it waits unread
             self.records[key] = (record, stat.version)
-            found.append(waiting_from_record(record, stat.czxid))
+            found.append(job)
         return found
 
 
