@@ -172,6 +172,14 @@ def cli(inventory: str, *argv: str) -> float:
 
 
 # -- one size ----------------------------------------------------------------------------
+class Rows(dict[str, float]):
+    """The figures of one size, printed as they come (a 10,000-host run takes minutes)."""
+
+    def __setitem__(self, figure: str, value: float) -> None:
+        super().__setitem__(figure, value)
+        print(f"  {figure}: {common.fmt(value)}", flush=True)
+
+
 def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
             rows: dict[str, float], kids: common.Children, idle_window: float) -> None:
     root = f"/scale-{size}"
@@ -330,7 +338,7 @@ def main() -> int:
         for size in sizes:
             print(f"# {size:,} hosts x {GPUS} GPUs ({shard_count(size)} shards), "
                   f"{waiters} waiting", flush=True)
-            rows[size] = {}
+            rows[size] = Rows()
             measure(size, waiters, zk, home, rows[size], kids,
                     window if size == max(sizes) else 0.0)
     top, low = max(sizes), min(sizes)

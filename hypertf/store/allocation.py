@@ -49,6 +49,7 @@ from hypertf.core.scheduler import Placement, schedule
 from hypertf.store import (
     AgentRecord,
     Layout,
+    RecordCache,
     Store,
     auth,
     decode,
@@ -292,16 +293,16 @@ def ended_job_hosts(job: Mapping[str, Any] | None) -> tuple[bool, list[str] | No
 
 
 def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
-                ) -> tuple[Matrix, dict[str, AgentRecord]]:
+                cache: RecordCache | None = None) -> tuple[Matrix, dict[str, AgentRecord]]:
     """Bring the stored matrix in line with the records, the leases and the ended jobs'
     releases; write only on change (the keeper, or the admin). Jobs found without a lease
     and without a release are recorded as ``lost`` (unless killed) as their cells turn
     draining. ``grants`` (the keeper's admissions): running jobs get back granted cells that
-    another write took."""
+    another write took. ``cache``: the keeper's records, read again only where changed."""
     def attempt(_retries: int) -> tuple[Matrix, dict[str, AgentRecord], set[str]]:
         matrix, version = read_matrix(store)
         registered = store.hosts()
-        records = store.records(only=registered)
+        records = cache.records(registered) if cache else store.records(only=registered)
         leases = store.leases()
         current = synced(matrix, records, leases, registered=registered)
         dead = matrix.task_keys() - leases

@@ -63,7 +63,7 @@ from hypertf.core.placement import (
     expand_hosts,
 )
 from hypertf.core.scheduler import TaskSlot
-from hypertf.store import Store, decode, encode, owner_of, until_committed
+from hypertf.store import RecordCache, Store, decode, encode, owner_of, until_committed
 from hypertf.store.allocation import (
     MatrixVersion,
     check_registered,
@@ -246,23 +246,29 @@ class Admitter:
     store: Store
     user_gpu_limit: int = 0
     reader: QueueReader = field(init=False)
+    cache: RecordCache = field(init=False)
     published: bytes | None = None
 
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
+        self.cache = RecordCache(self.store)
 
     def keep(self) -> list[Decision]:
         """Sync (free ended jobs, repair running ones), then admit."""
         self.reader.waiting()  # fresh grants before the repair (a new keeper reads them)
-        sync_matrix(self.store, self.reader.grants)
+        sync_matrix(self.store, self.reader.grants, self.cache)
         return self.admit()
+
+    def live_hosts(self) -> list[str]:
+        """Registered hosts with an agent record, from the keeper's records."""
+        return sorted(self.cache.records(self.store.hosts()))
 
     def admit(self) -> list[Decision]:
         """One pass; returns the decisions (admitted and refused ones committed)."""
         def attempt(_retries: int) -> list[Decision]:
             matrix, version = read_matrix(self.store)
             waiting = self.reader.waiting()
-            live = self.store.live_hosts()
+            live = self.live_hosts()
             limits = read_limits(self.store)
             decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
             settled = [d for d in decisions if d.admitted or d.refused]
