@@ -53,7 +53,7 @@ from hypertf.core.records import GpuProcess as GpuProcess
 from hypertf.core.records import decode as decode
 from hypertf.core.records import encode as encode
 from hypertf.store import auth
-from hypertf.store.zkclient import PatientClient
+from hypertf.store.zkclient import PatientClient, pipelined
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -187,15 +187,18 @@ class Store:
     def live_hosts(self) -> list[str]:
         """Hosts whose agent record exists: one listing and one pipelined existence check
         per host, no record read."""
-        pending = [(host, self.client.exists_async(self.layout.resource(host)))
-                   for host in self.hosts()]
+        with pipelined(self.client):
+            pending = [(host, self.client.exists_async(self.layout.resource(host)))
+                       for host in self.hosts()]
         return [host for host, result in pending if result.get(timeout=30) is not None]
 
     def records(self, only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
         """Every live agent's record (or those of the ``only`` hosts: no listing then; a host
         without a record, registered or not, is left out), keyed by host name."""
         hosts = self.hosts() if only is None else sorted(set(only))
-        pending = [(host, self.client.get_async(self.layout.resource(host))) for host in hosts]
+        with pipelined(self.client):
+            pending = [(host, self.client.get_async(self.layout.resource(host)))
+                       for host in hosts]
         records: dict[str, AgentRecord] = {}
         for host, result in pending:  # pipelined: one round trip's latency, not one per host
             try:
@@ -294,8 +297,9 @@ class RecordCache:
                 self.known.pop(host, None)
             todo = [host for host in hosts if host not in self.known]
         client, layout = self.store.client, self.store.layout
-        pending = [(host, client.get_async(layout.resource(host), watch=self._changed))
-                   for host in todo]
+        with pipelined(client):
+            pending = [(host, client.get_async(layout.resource(host), watch=self._changed))
+                       for host in todo]
         for host, result in pending:
             try:
                 data, _ = result.get(timeout=30)

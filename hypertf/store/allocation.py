@@ -58,6 +58,7 @@ from hypertf.store import (
     until_committed,
 )
 from hypertf.store.jobs import mark_lost, read_job
+from hypertf.store.zkclient import pipelined
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +103,12 @@ def read_matrix(store: Store, hosts: Iterable[str] | None = None,
     client, layout = store.client, store.layout
     count = _shard_counts.get(client)
     for _ in range(5):
-        index_read = client.get_async(layout.matrix)
         wanted = [] if count is None else (
             range(count) if hosts is None else sorted({shard_of(h, count) for h in hosts}))
-        pending = [(i, client.get_async(layout.matrix_shard(i), watch=watch)) for i in wanted]
+        with pipelined(client):
+            index_read = client.get_async(layout.matrix)
+            pending = [(i, client.get_async(layout.matrix_shard(i), watch=watch))
+                       for i in wanted]
         try:
             data, stat = index_read.get(timeout=30)
         except NoNodeError:

@@ -73,6 +73,7 @@ from hypertf.store.allocation import (
     sync_matrix,
 )
 from hypertf.store.jobs import mark_lost, read_job
+from hypertf.store.zkclient import pipelined
 
 QUEUED = JobState.QUEUED
 DEFAULT_PORT_RANGE = (20000, 20999)
@@ -201,7 +202,9 @@ class QueueReader:
         for key in gone:  # a waiter whose lease went without a cancel: its launcher is gone
             mark_lost(self.store, key)
         keys = sorted(leases - self.settled)
-        asyncs = [(key, self.store.client.get_async(self.store.layout.job(key))) for key in keys]
+        with pipelined(self.store.client):
+            asyncs = [(key, self.store.client.get_async(self.store.layout.job(key)))
+                      for key in keys]
         self.records = {}
         found = []
         for key, result in asyncs:

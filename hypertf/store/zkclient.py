@@ -18,13 +18,15 @@ none), so the retry reports the conflict instead of doing it twice.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState, TransactionRequest
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
+from kazoo.protocol.states import KeeperState
 
 RIDDEN_OUT = (ConnectionLoss, OperationTimeoutError)
 
@@ -39,7 +41,37 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
         self.on_pause = on_pause
         self._connected = threading.Event()
         self._paused = False
+        self._batch = threading.local()
         self.add_listener(self._note_state)
+
+    @contextlib.contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """Asynchronous requests made in this block (by this thread) wake kazoo's connection
+        thread once at its end, not once each: kazoo writes one byte to a socket pair per
+        request, and that hand-over costs about 200 us on a busy machine, 2 s for the
+        10,000 reads of ``hypertf status`` at 10,000 hosts. The connection thread still
+        sends one request per byte, in order."""
+        if getattr(self._batch, "queued", None) is not None:
+            yield  # nested: the outer block wakes it
+            return
+        self._batch.queued = 0
+        try:
+            yield
+        finally:
+            queued, self._batch.queued = self._batch.queued, None
+            write_sock = self._connection._write_sock
+            if queued and write_sock is not None:
+                with contextlib.suppress(OSError):  # closed meanwhile: the gets time out
+                    write_sock.sendall(b"\0" * queued)
+
+    def _call(self, request: Any, async_object: Any) -> Any:
+        queued = getattr(self._batch, "queued", None)
+        if queued is None or self._state in (KeeperState.AUTH_FAILED, KeeperState.CLOSED,
+                                             KeeperState.EXPIRED_SESSION):
+            return super()._call(request, async_object)
+        self._queue.append((request, async_object))
+        self._batch.queued = queued + 1
+        return None
 
     def _note_state(self, state: str) -> None:
         """Listeners must not block: note the state, say an outage once and its end."""
@@ -127,3 +159,9 @@ class PatientTransaction(TransactionRequest):  # type: ignore[misc]
             return self.commit_async()
 
         return self.client.patiently(send)  # type: ignore[no-any-return]
+
+
+def pipelined(client: KazooClient) -> contextlib.AbstractContextManager[None]:
+    """``PatientClient.pipelined`` for any client (a plain KazooClient: no batching)."""
+    batch = getattr(client, "pipelined", None)
+    return batch() if batch is not None else contextlib.nullcontext()
