@@ -24,17 +24,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kazoo.client import KazooClient, KazooState
+from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.states import WatchedEvent
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from hypertf.config.settings import ClusterSettings
@@ -53,7 +51,7 @@ from hypertf.core.records import GpuProcess as GpuProcess
 from hypertf.core.records import decode as decode
 from hypertf.core.records import encode as encode
 from hypertf.store import auth
-from hypertf.store.zkclient import PatientClient, pipelined
+from hypertf.store.zkclient import PatientClient, get_many
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -185,28 +183,29 @@ class Store:
         return _children(self.client, self.layout.hosts)
 
     def live_hosts(self) -> list[str]:
-        """Hosts whose agent record exists: one listing and one pipelined existence check
-        per host, no record read."""
-        with pipelined(self.client):
-            pending = [(host, self.client.exists_async(self.layout.resource(host)))
-                       for host in self.hosts()]
-        return [host for host, result in pending if result.get(timeout=30) is not None]
+        """Hosts whose agent record exists: one listing and multi-reads (no parse)."""
+        return sorted(self.raw_records(self.hosts()))
+
+    def raw_records(self, hosts: Iterable[str]) -> dict[str, bytes]:
+        """The record bytes of the ``hosts`` that have one, in multi-reads (zkclient.get_many:
+        10,000 hosts in 0.1 s instead of 2-3 s of single gets)."""
+        hosts = list(hosts)
+        found: dict[str, bytes] = {}
+        results = get_many(self.client, [self.layout.resource(host) for host in hosts])
+        for host, result in zip(hosts, results, strict=True):
+            if isinstance(result, NoNodeError):
+                continue  # no agent (or it went between the listing and the read)
+            if isinstance(result, Exception):
+                raise result
+            found[host] = result[0]
+        return found
 
     def records(self, only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
         """Every live agent's record (or those of the ``only`` hosts: no listing then; a host
         without a record, registered or not, is left out), keyed by host name."""
         hosts = self.hosts() if only is None else sorted(set(only))
-        with pipelined(self.client):
-            pending = [(host, self.client.get_async(self.layout.resource(host)))
-                       for host in hosts]
-        records: dict[str, AgentRecord] = {}
-        for host, result in pending:  # pipelined: one round trip's latency, not one per host
-            try:
-                data, _ = result.get(timeout=30)
-            except NoNodeError:
-                continue  # the agent went away between the two reads
-            records[host] = AgentRecord.from_json(data)
-        return records
+        return {host: AgentRecord.from_json(data)
+                for host, data in self.raw_records(hosts).items()}
 
     def _keys_of_every_user(self, parent: str) -> list[str]:
         keys: list[str] = []
@@ -264,51 +263,24 @@ class Store:
 
 
 class RecordCache:
-    """The keeper's copy of the agents' records, kept by watches: each record read sets a
-    data watch, and a pass reads again only the records whose watch fired and the hosts
-    that had none (an agent may have come back), not every record: at 10,000 hosts that is
-    16 MB per pass, and idle agents change nothing. A lost session forgets it all (its
-    watches went with it)."""
+    """The keeper's parsed copy of the agents' records: every pass reads them all (one
+    multi-read per 256 hosts: 0.1 s for 10,000) and parses again only those whose bytes
+    changed; an idle agent's record does not (parsing 10,000 records is ~0.7 s)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.known: dict[str, AgentRecord] = {}
-        self._stale: set[str] = set()
-        self._lock = threading.Lock()
-        store.client.add_listener(self._on_state)
-
-    def _on_state(self, state: str) -> None:
-        if state == KazooState.LOST:
-            with self._lock:
-                self.known.clear()
-
-    def _changed(self, event: WatchedEvent) -> None:
-        """hosts/<host>/agent changed or went: read it again next time."""
-        host = event.path.rsplit("/", 2)[-2]
-        with self._lock:
-            self._stale.add(host)
+        self._parsed: dict[str, tuple[bytes, AgentRecord]] = {}
 
     def records(self, hosts: Iterable[str]) -> dict[str, AgentRecord]:
         """The records of ``hosts`` that exist (as ``Store.records(only=hosts)``)."""
-        hosts = list(hosts)
-        with self._lock:
-            stale, self._stale = self._stale, set()
-            for host in stale:
-                self.known.pop(host, None)
-            todo = [host for host in hosts if host not in self.known]
-        client, layout = self.store.client, self.store.layout
-        with pipelined(client):
-            pending = [(host, client.get_async(layout.resource(host), watch=self._changed))
-                       for host in todo]
-        for host, result in pending:
-            try:
-                data, _ = result.get(timeout=30)
-            except NoNodeError:
-                continue  # no agent now: looked for again next time
-            record = AgentRecord.from_json(data)
-            with self._lock:
-                self.known[host] = record
-        return {host: self.known[host] for host in hosts if host in self.known}
+        parsed = {}
+        for host, data in self.store.raw_records(hosts).items():
+            known = self._parsed.get(host)
+            if known is None or known[0] != data:
+                known = (data, AgentRecord.from_json(data))
+            parsed[host] = known
+        self._parsed = parsed  # hosts gone are forgotten
+        return {host: record for host, (_, record) in parsed.items()}
 
 
 class HostWatch:

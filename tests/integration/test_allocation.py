@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from kazoo.exceptions import NoNodeError
 
 from hypertf import store
 from hypertf.core.errors import InsufficientResources
@@ -22,6 +23,7 @@ from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
 from hypertf.store.allocation import confirm_drained, release, sync_matrix
 from hypertf.store.waitqueue import submit
+from hypertf.store.zkclient import get_many
 from tests.conftest import wait_for
 
 WORKER = Path(__file__).resolve().parent.parent / "allocator_worker.py"
@@ -257,3 +259,22 @@ def test_two_no_wait_requests_for_the_last_gpu_one_runs_the_other_hears_it_is_ta
     assert len(results) == 2 and len(refusals) == 1, results
     assert refusals[0].startswith("cannot place worker:0 (1 GPU on one host)"), refusals
     assert "n1: 0 of 1 free" in refusals[0]
+
+
+def test_multi_read_answers_every_path_in_order_across_chunks(zk, layout):
+    """get_many (ZooKeeper's multi-read, 256 paths a request): the data of each path, and
+    NoNodeError where one is missing, in the order asked, past a chunk's boundary."""
+    parent = f"{layout.root}/many"
+    zk.create(parent, b"", acl=store.acls(zk).root())
+    names = [f"z{i:04d}" for i in range(600)]
+    pending = [zk.create_async(f"{parent}/{n}", n.encode(), acl=store.acls(zk).root())
+               for n in names]
+    for result in pending:
+        result.get(timeout=30)
+    paths = [f"{parent}/{n}" for n in names]
+    paths.insert(300, f"{parent}/missing")
+    results = get_many(zk, paths)
+    assert isinstance(results[300], NoNodeError)
+    del results[300]
+    assert [data for data, _ in results] == [n.encode() for n in names]
+    assert store.Store(zk, layout).records(only=["nowhere"]) == {}
