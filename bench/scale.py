@@ -255,12 +255,13 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
                             for i, h in enumerate(names)})
         for key in running:
             enqueue(user, key, Request((TaskSlot("worker", 0, 0),), names[:1]), {})
-        tx = admin.transaction()
-        for key in running:  # their records as the keeper's admission leaves them
-            data, _ = client.get(layout.job(key))
-            tx.set_data(layout.job(key), store.encode({**store.decode(data, "job"),
-                                                       "state": "allocated"}))
-        tx.commit()
+        for first in range(0, len(running), 100):  # as the keeper's admission leaves them
+            tx = admin.transaction()  # (a transaction stays far below 1 MiB)
+            for key in running[first:first + 100]:
+                data, _ = client.get(layout.job(key))
+                tx.set_data(layout.job(key), store.encode({**store.decode(data, "job"),
+                                                           "state": "allocated"}))
+            tx.commit()
         overwrite_matrix(Store(admin, layout), busy)
         request = Request(slots=tuple(TaskSlot("worker", i, 1) for i in range(8)), hosts=names,
                           port_ranges={h: (20000, 20999) for h in names})

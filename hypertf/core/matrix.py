@@ -222,7 +222,8 @@ def synced(matrix: Matrix, records: Mapping[str, AgentRecord], leases: set[str],
             row.append(cell if isinstance(cell, str) else (FREE if i in avail else UNAVAILABLE))
         result.gpus[host] = row
     if registered is not None:
-        for host in [h for h in result.gpus if h not in registered and h not in records]:
+        known = set(registered)  # a list of 10,000 hosts: a set, or this is quadratic
+        for host in [h for h in result.gpus if h not in known and h not in records]:
             if not any(isinstance(cell, str) for cell in result.gpus[host]) \
                     and not result.ports.get(host):
                 del result.gpus[host]

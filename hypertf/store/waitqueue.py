@@ -251,6 +251,7 @@ class Admitter:
     reader: QueueReader = field(init=False)
     cache: RecordCache = field(init=False)
     published: bytes | None = None
+    _synced_live: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
@@ -259,12 +260,15 @@ class Admitter:
     def keep(self) -> list[Decision]:
         """Sync (free ended jobs, repair running ones), then admit."""
         self.reader.waiting()  # fresh grants before the repair (a new keeper reads them)
-        sync_matrix(self.store, self.reader.grants, self.cache)
+        _, records = sync_matrix(self.store, self.reader.grants, self.cache)
+        self._synced_live = sorted(records)  # the admission's first try needs no new read
         return self.admit()
 
     def live_hosts(self) -> list[str]:
-        """Registered hosts with an agent record, from the keeper's records."""
-        return sorted(self.cache.records(self.store.hosts()))
+        """Registered hosts with an agent record: those the sync just read (once), else
+        from the keeper's records."""
+        live, self._synced_live = self._synced_live, None
+        return live if live is not None else sorted(self.cache.records(self.store.hosts()))
 
     def admit(self) -> list[Decision]:
         """One pass; returns the decisions (admitted and refused ones committed)."""
