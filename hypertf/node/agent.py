@@ -334,7 +334,6 @@ class Agent:
                 continue
             try:
                 if not watching:
-                    HostWatch(client, self.layout, self._wake_up)
                     client.ChildrenWatch(self.layout.leases, self._on_users)
                     watching = True
                 for user in self._users - watched_users:  # new users' lease folders
@@ -344,8 +343,11 @@ class Agent:
                     record = self._publish_probe(zk)
                     next_beat = time.monotonic() + self.node.settings.agent_interval
                 if self.is_keeper(zk):
-                    if not matrix_watched:  # the keeper also wakes when GPUs are freed
+                    if not matrix_watched:  # only the keeper wakes when GPUs are freed
+                        # and when a host comes or goes (10,000 agents x 10,000 host
+                        # watches would be 10^8 watches in ZooKeeper)
                         watch_matrix(zk, self._wake_up)
+                        HostWatch(client, self.layout, self._wake_up)
                         matrix_watched = True
                     admitter = admitter or Admitter(zk, self.inventory.cluster.user_gpu_limit)
                     self.keep(zk, admitter)
