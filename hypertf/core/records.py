@@ -50,8 +50,12 @@ class GpuInfo:
 
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> GpuInfo:
-        processes = [GpuProcess(**p) for p in payload.pop("processes", [])]
-        return cls(**payload, processes=processes)
+        """From the record's JSON (80,000 of them at 10,000 hosts: no work when no GPU
+        has processes, the usual case)."""
+        processes = payload.pop("processes", None)
+        if processes:
+            payload["processes"] = [GpuProcess(**p) for p in processes]
+        return cls(**payload)
 
 
 @dataclass(frozen=True)
