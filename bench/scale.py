@@ -94,11 +94,20 @@ def timed(action: Callable[[], object], repeat: int = 3) -> float:
     return statistics.median(samples)
 
 
+def unique_keys(count: int) -> list[str]:
+    """Task keys of this user, none twice (2,000 keys made in one second share a time stamp,
+    and their 24 random bits collide now and then)."""
+    keys: dict[str, None] = {}
+    while len(keys) < count:
+        keys[new_task_key(auth.login_user())] = None
+    return list(keys)
+
+
 def held_matrix(size: int) -> Matrix:
     """Every GPU held by its own job, one reserved port per job: the largest matrix."""
     matrix = Matrix()
     for i in range(size):
-        keys = [new_task_key(auth.login_user()) for _ in range(GPUS)]
+        keys = [new_task_key(auth.login_user()) for _ in range(GPUS)]  # sizes only
         matrix.gpus[host_name(i)] = keys
         matrix.ports[host_name(i)] = {str(20000 + g): keys[g] for g in range(GPUS)}
     return matrix
@@ -250,7 +259,8 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
             cli(inventory_path, "status") for _ in range(3))
 
         # Every GPU held by running jobs (with their leases and records), then waiters.
-        running = [new_task_key(auth.login_user()) for _ in range(-(-size // HOSTS_PER_JOB))]
+        keys = unique_keys(-(-size // HOSTS_PER_JOB) + waiters)
+        running, waiting_keys = keys[:-waiters], keys[-waiters:]
         busy = Matrix(gpus={h: [running[i // HOSTS_PER_JOB]] * GPUS
                             for i, h in enumerate(names)})
         for key in running:
@@ -266,7 +276,6 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         request = Request(slots=tuple(TaskSlot("worker", i, 1) for i in range(8)), hosts=names,
                           port_ranges={h: (20000, 20999) for h in names})
         t0 = time.monotonic()
-        waiting_keys = [new_task_key(auth.login_user()) for _ in range(waiters)]
         for n, key in enumerate(waiting_keys):
             enqueue(user, key, request, {"script": "train.py"}, priority=n % 3)
         rows[f"queue {waiters} waiting jobs (lease + record each)"] = time.monotonic() - t0
