@@ -312,7 +312,9 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         if idle_window:
             idle_writes(zk, size, idle_window, rows, client)
     finally:
-        kids.stop_all()
+        for proc in kids.procs:  # the simulated agents: their sessions simply expire
+            proc.kill()
+            proc.wait(timeout=30)
         kids.procs.clear()
         store.close(client)
         store.close(admin)

@@ -73,7 +73,7 @@ from hypertf.store.allocation import (
     sync_matrix,
 )
 from hypertf.store.jobs import mark_lost, read_job
-from hypertf.store.zkclient import pipelined
+from hypertf.store.zkclient import get_many
 
 QUEUED = JobState.QUEUED
 DEFAULT_PORT_RANGE = (20000, 20999)
@@ -202,17 +202,19 @@ class QueueReader:
         for key in gone:  # a waiter whose lease went without a cancel: its launcher is gone
             mark_lost(self.store, key)
         keys = sorted(leases - self.settled)
-        with pipelined(self.store.client):
-            asyncs = [(key, self.store.client.get_async(self.store.layout.job(key)))
-                      for key in keys]
+        answers = get_many(self.store.client, [self.store.layout.job(key) for key in keys])
         self.records = {}
         found = []
-        for key, result in asyncs:
+        for key, answer in zip(keys, answers, strict=True):
+            if isinstance(answer, NoNodeError):
+                continue  # not written yet (the launcher's transaction)
+            if isinstance(answer, Exception):
+                raise answer
+            data, stat = answer
             try:
-                data, stat = result.get(timeout=30)
                 record = decode(data, "job record")
-            except (NoNodeError, StoreError):
-                continue  # not written yet (the launcher's transaction), or unreadable
+            except StoreError:
+                continue  # unreadable
             if record.get("state") != QUEUED or "queue" not in record:
                 self.settled.add(key)
                 if record.get("placements") and key not in self.grants:
@@ -252,6 +254,7 @@ class Admitter:
     cache: RecordCache = field(init=False)
     published: bytes | None = None
     _synced_live: list[str] | None = None
+    _read_waiting: list[Waiting] | None = None
 
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
@@ -259,9 +262,11 @@ class Admitter:
 
     def keep(self) -> list[Decision]:
         """Sync (free ended jobs, repair running ones), then admit."""
-        self.reader.waiting()  # fresh grants before the repair (a new keeper reads them)
+        waiting = self.reader.waiting()  # fresh grants before the repair (a new keeper)
         _, records = sync_matrix(self.store, self.reader.grants, self.cache)
-        self._synced_live = sorted(records)  # the admission's first try needs no new read
+        # The admission's first try reads neither again (its commit checks every record's
+        # version, so a stale read only costs a second try).
+        self._synced_live, self._read_waiting = sorted(records), waiting
         return self.admit()
 
     def live_hosts(self) -> list[str]:
@@ -274,7 +279,9 @@ class Admitter:
         """One pass; returns the decisions (admitted and refused ones committed)."""
         def attempt(_retries: int) -> list[Decision]:
             matrix, version = read_matrix(self.store)
-            waiting = self.reader.waiting()
+            waiting, self._read_waiting = self._read_waiting, None
+            if waiting is None:
+                waiting = self.reader.waiting()
             live = self.live_hosts()
             limits = read_limits(self.store)
             decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
