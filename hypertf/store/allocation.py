@@ -151,27 +151,55 @@ def matrix_writes(tx: Any, layout: Layout, old: Matrix, new: Matrix, version: Ma
     check of the parent (a reshard in between fails it) and a set of each shard whose
     content changed, against the version it was read at; ``check_rest``: also a check of
     every other shard read (a decision that depended on all of them). Writers of different
-    shards never conflict. Returns how many shards it sets."""
+    shards never conflict. Returns the bytes of the shards it sets (a transaction must
+    stay below ZooKeeper's 1 MiB request: see ``TRANSACTION_BYTES``)."""
     tx.check(layout.matrix, version.index)
     changed = changed_shards(old, new, version.shards)
+    written = 0
     for i, part in changed.items():
         if i not in version.versions:
             raise ValueError(f"matrix shard {i} changed but was not read")
-        tx.set_data(layout.matrix_shard(i), part.to_json(), version=version.versions[i])
+        data = part.to_json()
+        tx.set_data(layout.matrix_shard(i), data, version=version.versions[i])
+        written += len(data)
     if check_rest:
         for i, shard_version in version.versions.items():
             if i not in changed:
                 tx.check(layout.matrix_shard(i), shard_version)
-    return len(changed)
+    return written
+
+
+TRANSACTION_BYTES = 512 * 1024  # far below ZooKeeper's 1 MiB request (jute.maxbuffer)
 
 
 def write_matrix(store: Store, old: Matrix, new: Matrix, version: MatrixVersion) -> bool:
-    """Store ``new`` over ``old`` (read at ``version``) in one transaction; False when
-    another writer changed a shard it sets (read again and decide again)."""
-    tx = store.client.transaction()
-    if not matrix_writes(tx, store.layout, old, new, version):
-        return True
-    return _commit_or_conflict(tx)
+    """Store ``new`` over ``old`` (read at ``version``): the changed shards, each against
+    the version it was read at, with a check of the index, in transactions of at most
+    512 KB (one, usually; every row of 10,000 busy hosts changing at once is 2.4 MB, and a
+    larger request makes ZooKeeper drop the connection). Not atomic across those: for the
+    sync, the drains and tools, whose writes converge (a later pass finishes what a lost
+    race left). False when another writer changed a shard (read again, decide again)."""
+    batches: list[list[tuple[int, bytes]]] = [[]]
+    size = 0
+    for i, part in changed_shards(old, new, version.shards).items():
+        if i not in version.versions:
+            raise ValueError(f"matrix shard {i} changed but was not read")
+        data = part.to_json()
+        if batches[-1] and size + len(data) > TRANSACTION_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append((i, data))
+        size += len(data)
+    for batch in batches:
+        if not batch:
+            continue
+        tx = store.client.transaction()
+        tx.check(store.layout.matrix, version.index)
+        for i, data in batch:
+            tx.set_data(store.layout.matrix_shard(i), data, version=version.versions[i])
+        if not _commit_or_conflict(tx):
+            return False
+    return True
 
 
 def overwrite_matrix(store: Store, matrix: Matrix) -> None:

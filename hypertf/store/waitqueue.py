@@ -65,6 +65,7 @@ from hypertf.core.placement import (
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import RecordCache, Store, decode, encode, owner_of, until_committed
 from hypertf.store.allocation import (
+    TRANSACTION_BYTES,
     MatrixVersion,
     check_registered,
     matrix_writes,
@@ -286,49 +287,61 @@ class Admitter:
             limits = read_limits(self.store)
             decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
             settled = [d for d in decisions if d.admitted or d.refused]
-            if settled and not self._commit(matrix, version, settled, live, limits):
-                raise ForceRetryError()
+            if settled:
+                outcome = self._commit(matrix, version, settled, live, limits)
+                if outcome != "committed":  # a conflict, or a first part of a large pass
+                    raise ForceRetryError()  # committed: read and decide again
             self.publish(decisions, {w.task_key: w for w in clamped(waiting, limits)})
             return decisions
 
         return until_committed(attempt, "admitting waiting jobs")
 
     def _commit(self, matrix: Matrix, version: MatrixVersion, settled: list[Decision],
-                live: list[str], limits: Limits) -> bool:
+                live: list[str], limits: Limits) -> str:
+        """"committed", "conflict", or "part" (the pass's decisions would make a request
+        past TRANSACTION_BYTES: the first half, or less, was committed; the rest is
+        decided again by the next try)."""
         taken = matrix
         tx = self.store.client.transaction()
         now = time.time()
+        size = 0
         # Admissions first: a refusal names what is free once this pass's admissions took
         # their GPUs (two --no-wait jobs for the last GPU: the loser hears it is taken).
         for decision in sorted(settled, key=lambda d: d.refused):
             record, record_version = self.reader.records[decision.task_key]
             if decision.refused:
-                tx.set_data(self.store.layout.job(decision.task_key), encode({
-                    **record, "state": JobState.REFUSED, "refused": now,
-                    "refused_reason": self.refusal(decision, record, taken, live, limits)}),
-                    version=record_version)
+                data = encode({**record, "state": JobState.REFUSED, "refused": now,
+                               "refused_reason": self.refusal(decision, record, taken, live,
+                                                              limits)})
+                tx.set_data(self.store.layout.job(decision.task_key), data,
+                            version=record_version)
+                size += len(data)
                 continue
             held = Held.of(decision.placements, decision.ports)
             taken = taken.take(decision.task_key, held.gpus, held.ports)
             tx.check(self.store.layout.lease(decision.task_key), -1)
-            tx.set_data(self.store.layout.job(decision.task_key), encode({
+            data = encode({
                 **record, "state": JobState.ALLOCATED, "admitted": now,
                 "waited_s": round(now - float(record.get("created", now)), 3),
-                "placements": placements_json(decision.placements, decision.ports)}),
-                version=record_version)
+                "placements": placements_json(decision.placements, decision.ports)})
+            tx.set_data(self.store.layout.job(decision.task_key), data, version=record_version)
+            size += len(data)
         # The shards the admissions changed, each version-checked; a refusal names what is
         # free everywhere, so then every shard is checked too.
-        matrix_writes(tx, self.store.layout, matrix, taken, version,
-                      check_rest=any(d.refused for d in settled))
+        size += matrix_writes(tx, self.store.layout, matrix, taken, version,
+                              check_rest=any(d.refused for d in settled))
+        if size > TRANSACTION_BYTES and len(settled) > 1:
+            first = self._commit(matrix, version, settled[:len(settled) // 2], live, limits)
+            return "part" if first != "conflict" else first
         errors = [r for r in tx.commit() if isinstance(r, Exception)]
         if errors:
-            return False  # a cancel, a lost waiter or another writer: read and decide again
+            return "conflict"  # a cancel, a lost waiter or another writer: decide again
         for decision in settled:
             self.reader.settled.add(decision.task_key)
             if decision.admitted:
                 self.reader.grants[decision.task_key] = Held.of(decision.placements,
                                                                 decision.ports)
-        return True
+        return "committed"
 
     def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
                 live: list[str], limits: Limits) -> str:

@@ -17,11 +17,17 @@ from kazoo.exceptions import NoNodeError
 
 from hypertf import store
 from hypertf.core.errors import InsufficientResources
-from hypertf.core.matrix import DRAINING, FREE
+from hypertf.core.matrix import DRAINING, FREE, Matrix
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
-from hypertf.store.allocation import confirm_drained, release, sync_matrix
+from hypertf.store.allocation import (
+    confirm_drained,
+    overwrite_matrix,
+    read_matrix,
+    release,
+    sync_matrix,
+)
 from hypertf.store.waitqueue import submit
 from hypertf.store.zkclient import get_many
 from tests.conftest import wait_for
@@ -278,3 +284,18 @@ def test_multi_read_answers_every_path_in_order_across_chunks(zk, layout):
     del results[300]
     assert [data for data, _ in results] == [n.encode() for n in names]
     assert store.Store(zk, layout).records(only=["nowhere"]) == {}
+
+
+def test_a_matrix_change_past_one_mib_is_written_in_several_transactions(zk, layout):
+    """3,000 hosts with every GPU held by its own job and a port each (1.7 MB over 4
+    shards): ZooKeeper refuses a request past 1 MiB, so the shards go in transactions of
+    at most 512 KB, each version-checked; the matrix reads back whole."""
+    big = Matrix()
+    for i in range(3000):
+        keys = [f"20261124-000000-{i:06x}.u{g}" for g in range(8)]
+        big.gpus[f"h{i:04d}"] = list(keys)
+        big.ports[f"h{i:04d}"] = {str(20000 + g): key for g, key in enumerate(keys)}
+    assert sum(len(json.dumps(row)) for row in [*big.gpus.values(), *big.ports.values()]) \
+        > 1024 * 1024
+    overwrite_matrix(Store(zk, layout), big)
+    assert read_matrix(Store(zk, layout))[0] == big
