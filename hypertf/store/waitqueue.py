@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,8 +86,8 @@ def request_to_json(request: Request, priority: int,
                     exclude_ports: Mapping[str, set[int]] | None = None,
                     wait: bool = True) -> dict[str, Any]:
     """Compact: 1000 hosts share one port range, so only the differing ones are listed."""
-    ranges = list(request.port_ranges.values())
-    common = max(ranges, key=ranges.count) if ranges else DEFAULT_PORT_RANGE
+    ranges = Counter(tuple(r) for r in request.port_ranges.values())  # not list.count:
+    common = ranges.most_common(1)[0][0] if ranges else DEFAULT_PORT_RANGE  # quadratic
     return {"priority": priority, "hosts": compact_hosts(request.hosts), "policy": request.policy,
             "slots": [[s.role, s.index, s.gpus] for s in request.slots],
             "port_range": list(common),
