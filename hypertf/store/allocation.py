@@ -57,7 +57,7 @@ from hypertf.store import (
     owner_of,
     until_committed,
 )
-from hypertf.store.jobs import mark_lost, read_job
+from hypertf.store.jobs import mark_lost, read_jobs
 from hypertf.store.zkclient import pipelined
 
 log = logging.getLogger(__name__)
@@ -338,8 +338,9 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
         current = synced(matrix, records, leases, registered=registered)
         dead = matrix.task_keys() - leases
         lost = set()
+        ended = read_jobs(store, dead)  # one round trip for every ended job
         for key in dead:
-            released, hosts = ended_job_hosts(read_job(store, key))
+            released, hosts = ended_job_hosts(ended.get(key))
             if not released:
                 lost.add(key)
             else:
