@@ -27,6 +27,7 @@ from hypertf.store.allocation import (
     read_matrix,
     release,
     sync_matrix,
+    write_matrix,
 )
 from hypertf.store.waitqueue import submit
 from hypertf.store.zkclient import get_many
@@ -299,3 +300,26 @@ def test_a_matrix_change_past_one_mib_is_written_in_several_transactions(zk, lay
         > 1024 * 1024
     overwrite_matrix(Store(zk, layout), big)
     assert read_matrix(Store(zk, layout))[0] == big
+
+
+def test_auth_init_for_a_larger_cluster_reshards_and_keeps_every_cell(secured, zk, layout):
+    """A root laid out for a few hosts (4 shards) gets 8 when auth init runs for 1,000
+    hosts: one transaction, every row where its host now hashes, nothing lost; a writer
+    that read the old layout is refused (the index's version changed) and reads again."""
+    matrix = Matrix(gpus={f"h{i}": [FREE, f"20261124-000000-{i:06x}.u"] for i in range(40)},
+                    ports={"h3": {"20000": "20261124-000000-000003.u"}})
+    overwrite_matrix(Store(zk, layout), matrix)
+    old, stale = read_matrix(Store(zk, layout))
+    assert stale.shards == 4
+    store.secure_cluster(secured, [], matrix_hosts=1000)
+    other = store.connect(secured, identity="admin")  # a client that never saw 4 shards
+    try:
+        now, version = read_matrix(Store(other, layout))
+        assert version.shards == 8 and now == matrix
+        assert sorted(other.get_children(layout.matrix), key=int) == [str(i) for i in range(8)]
+    finally:
+        store.close(other)
+    changed = old.take("20261124-000000-ffffff.u", {"h1": [0]}, {})
+    assert write_matrix(Store(zk, layout), old, changed, stale) is False
+    store.secure_cluster(secured, [], matrix_hosts=10)  # never fewer shards
+    assert read_matrix(Store(zk, layout))[1].shards == 8
