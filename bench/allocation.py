@@ -122,7 +122,8 @@ def worker(args: argparse.Namespace) -> int:
 # -- the driver --------------------------------------------------------------------------------
 def latency(client, layout: Layout, cycles: int) -> dict[str, list[float]]:
     figures: dict[str, list[float]] = defaultdict(list)
-    matrix_size = len(client.get(layout.matrix)[0])
+    matrix_size = max(len(client.get(layout.matrix_shard(i))[0])  # the largest shard
+                      for i in range(read_matrix(Store(client, layout))[1].shards))
     set_path = f"{layout.root}/plain-set"  # made by the driver, with the matrix's ACL
     payload = b"x" * matrix_size
     for _ in range(cycles):

@@ -261,13 +261,13 @@ def job_cells(client: Any, root: str, task_key: str, draining_only: bool = False
     """GPU cells plus ports the matrix still gives to ``task_key``, held or draining (only
     draining with ``draining_only``): a draining cell is not free either."""
     from hypertf.core.matrix import draining, job_of
-    from hypertf.store import Layout
+    from hypertf.store import Layout, Store
+    from hypertf.store.allocation import read_matrix
 
-    data, _ = client.get(Layout(root).matrix)
-    payload = json.loads(data)
+    matrix, _ = read_matrix(Store(client, Layout(root)))  # every shard
     owner = draining if draining_only else job_of
-    cells = sum(owner(cell) == task_key for row in payload["gpus"].values() for cell in row)
-    ports = sum(owner(key) == task_key for row in payload["ports"].values()
+    cells = sum(owner(cell) == task_key for row in matrix.gpus.values() for cell in row)
+    ports = sum(owner(key) == task_key for row in matrix.ports.values()
                 for key in row.values())
     return cells + ports
 

@@ -43,7 +43,7 @@ from hypertf.core.matrix import Matrix
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Layout, Store, auth, queueview
-from hypertf.store.allocation import read_matrix
+from hypertf.store.allocation import overwrite_matrix, read_matrix
 from hypertf.store.keeper import KeeperThread
 from hypertf.store.waitqueue import Admitter, QueueReader, enqueue, submit
 
@@ -76,7 +76,7 @@ def part_one(zk_hosts: str, hosts: int, waiters: int, report: common.Report) -> 
             result.get(timeout=60)
         running = [new_task_key(auth.login_user()) for _ in range(hosts)]
         busy = Matrix(gpus={h: [running[i]] * GPUS for i, h in enumerate(names)})
-        admin.set(layout.matrix, busy.to_json())
+        overwrite_matrix(Store(admin, layout), busy)
         request = Request(slots=tuple(TaskSlot("worker", i, 1) for i in range(8)), hosts=names,
                           port_ranges={h: (20000, 20999) for h in names})
         for n in range(waiters):
@@ -94,7 +94,7 @@ def part_one(zk_hosts: str, hosts: int, waiters: int, report: common.Report) -> 
                    len(client.get(layout.job(waiting[0].task_key))[0]), "bytes")
         freed = busy.copy()
         freed.gpus[names[0]] = [1] * GPUS
-        admin.set(layout.matrix, freed.to_json())
+        overwrite_matrix(Store(admin, layout), freed)
         t0 = time.monotonic()
         decisions = admitter.admit()
         report.add("keeper pass that admits (8 GPUs freed: reads + pass + commit + view)",
@@ -102,7 +102,7 @@ def part_one(zk_hosts: str, hosts: int, waiters: int, report: common.Report) -> 
         report.add("  jobs admitted by that pass", sum(d.admitted for d in decisions))
         report.add(f"hypertf queue: collect + render ({waiters} waiting)",
                    1000 * timed(lambda: queueview.render(queueview.collect(zk))), "ms")
-        admin.set(layout.matrix, busy.to_json())  # all busy again: every retry is refused
+        overwrite_matrix(Store(admin, layout), busy)  # all busy again: every retry is refused
 
         keeper = KeeperThread(cluster).start()  # a --no-wait request is refused by its pass
 

@@ -1,52 +1,61 @@
-"""Scale: the matrix, allocation and status with 1000 hosts x 8 GPUs of agent records.
+"""Scale: 10,000 hosts x 8 GPUs of agent records and matrix rows in a real ZooKeeper.
 
-Real AgentRecord JSON (8 GPUs each, as the agent writes it) is published as ephemeral
-znodes from 4 sessions on a ZooKeeper of our own; an inventory of as many hosts is written
-(loopback addresses: nothing is ever sent to them). The same steps run at 10, 100 and 1000
-hosts, so every figure has its 1000/10 ratio beside it:
+The agents are simulated by writer processes (``--agents``): each creates its share of
+real AgentRecord JSON (8 GPUs, as the agent writes it) as ephemeral znodes and keeps them
+up with the agent's own write rule (``hypertf.node.agent.WritePolicy``: a write when the
+record changes, else a keep-alive), every second, for the whole run. An inventory of as
+many hosts is written (loopback addresses: nothing is ever sent to them). The same steps run
+at 10, 1,000 and 10,000 hosts (``--quick``: 10 and 200), side by side:
 
-read every record; build the matrix (first sync, which writes it) and sync it again (no
-change); allocate and release a 1-GPU job and a 64-GPU job (8 workers x 8 GPUs); load the
-inventory; ``status.collect`` and ``status.render``; a plain ``get`` of the matrix as the
-one-round-trip floor.
-
-The ``matrix`` znode is measured free and fully held (every GPU its own job, one reserved
-port each: the worst case), against ZooKeeper's default ``jute.maxbuffer`` (1 MiB - 1
-byte; the whole request packet counts). The host count where it crosses the limit is
-extrapolated, then checked: a matrix just under it is written, one just over it is
-refused; and an ``allocate`` that would push the stored matrix over the limit is run to see
-what the user gets.
+- the matrix: its first build and a sync with no change (the keeper's), a read of every
+  shard, the shard count, the largest shard free and with every GPU held by its own job;
+- submit -> granted on an idle cluster (the keeper in a thread, as an agent's keeper) for a
+  1-GPU and a 64-GPU job, and their release;
+- a command's start: loading the inventory (the parse, then the cache), and the whole
+  ``hypertf status`` and ``hypertf queue`` commands as a user runs them (a new process);
+  ``status.collect``/``render`` and ``queueview.collect``/``render`` in the process;
+- with every GPU held by running jobs (one per 8 hosts, with their leases) and 1,000 jobs
+  waiting (``--quick``: 20; each asks for 8 workers x 1 GPU over every host, as the launcher
+  asks): the keeper's pass (``Admitter.keep``: sync, read the queue, admit, publish) with
+  nothing to admit, first and again, and once 8 GPUs are freed (it admits one);
+- the largest znode (agent record, shard, waiting job's record, the queue's view);
+- at the largest size: ZooKeeper's writes per second from the idle simulated agents (its
+  zxid over a window of one keep-alive period, with nothing else writing).
 """
 
 from __future__ import annotations
 
+import argparse
 import io
-import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 import common
 import yaml
-from kazoo.exceptions import KazooException
 from rich.console import Console
 
 from hypertf import store
 from hypertf.config.inventory import load_inventory
 from hypertf.config.settings import ClusterSettings
-from hypertf.core.errors import StoreError
-from hypertf.core.matrix import Matrix
+from hypertf.core.matrix import Matrix, joined, shard_count, split
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
-from hypertf.store import AgentRecord, GpuInfo, Layout, Store, auth, status
-from hypertf.store.allocation import release, sync_matrix
-from hypertf.store.jobs import read_job
+from hypertf.node.agent import WritePolicy
+from hypertf.store import AgentRecord, GpuInfo, Layout, Store, auth, queueview, status
+from hypertf.store.allocation import overwrite_matrix, read_matrix, release, sync_matrix
 from hypertf.store.keeper import KeeperThread
 from hypertf.store.waitqueue import Admitter, enqueue, submit
 
 GPUS = 8
-JUTE_MAXBUFFER = 0xFFFFF  # ZooKeeper's default, 1 MiB - 1 byte
-SESSIONS = 4
+SESSIONS = 4  # writer processes standing in for the agents
+HOSTS_PER_JOB = 8  # the running jobs that hold every GPU: one per 8 hosts
+AGENT_INTERVAL = 1.0  # the lab's hypertf_agent_interval
 
 
 def host_name(i: int) -> str:
@@ -65,7 +74,7 @@ def record(i: int) -> AgentRecord:
                        hostname=name)
 
 
-def write_inventory(home, size: int, zk_hosts: str, root: str) -> str:
+def write_inventory(home: Path, size: int, zk_hosts: str, root: str) -> str:
     hosts = {host_name(i): {"ansible_host": record(i).mgmt_addr} for i in range(size)}
     data = {"all": {"vars": {"hypertf_zookeeper_hosts": zk_hosts, "hypertf_zk_root": root,
                              "hypertf_zk_session_timeout": 10, "ansible_user": "root"},
@@ -85,18 +94,20 @@ def timed(action: Callable[[], object], repeat: int = 3) -> float:
     return statistics.median(samples)
 
 
-def read_records_pipelined(client, layout: Layout) -> dict[str, AgentRecord]:
-    """What Store.records could do: every get sent at once, answers collected after."""
-    hosts = client.get_children(layout.hosts)
-    pending = [(host, client.get_async(layout.resource(host))) for host in hosts]
-    return {host: AgentRecord.from_json(result.get(timeout=30)[0]) for host, result in pending}
+def unique_keys(count: int) -> list[str]:
+    """Task keys of this user, none twice (2,000 keys made in one second share a time stamp,
+    and their 24 random bits collide now and then)."""
+    keys: dict[str, None] = {}
+    while len(keys) < count:
+        keys[new_task_key(auth.login_user())] = None
+    return list(keys)
 
 
 def held_matrix(size: int) -> Matrix:
     """Every GPU held by its own job, one reserved port per job: the largest matrix."""
     matrix = Matrix()
     for i in range(size):
-        keys = [new_task_key(auth.login_user()) for _ in range(GPUS)]
+        keys = [new_task_key(auth.login_user()) for _ in range(GPUS)]  # sizes only
         matrix.gpus[host_name(i)] = keys
         matrix.ports[host_name(i)] = {str(20000 + g): keys[g] for g in range(GPUS)}
     return matrix
@@ -106,178 +117,264 @@ def free_matrix(size: int) -> Matrix:
     return Matrix(gpus={host_name(i): [1] * GPUS for i in range(size)})
 
 
-def measure(size: int, zk_hosts: str, home, report_rows: dict) -> None:
+# -- the simulated agents ----------------------------------------------------------------
+def agents_main(argv: list[str]) -> int:
+    """``scale.py --agents ZK ROOT FIRST SIZE STEP``: create the records of hosts FIRST,
+    FIRST+STEP, ... below SIZE (as the admin: it stands in for their agents), print
+    "ready", then keep them up with the agent's write rule every second until SIGTERM."""
+    zk_hosts, root, first, size, step = argv[0], argv[1], *map(int, argv[2:5])
+    cluster = ClusterSettings("gpu_nodes", zk_hosts, root, 30.0, "/nonexistent", 5.0)
+    client = store.connect(cluster, identity="admin", long_lived=True)
+    layout = Layout(root)
+    mine = list(range(first, size, step))
+    records = {i: record(i) for i in mine}
+    contents = {i: replace(r, heartbeat=0.0).to_json() for i, r in records.items()}
+    policies = {i: WritePolicy(AGENT_INTERVAL) for i in mine}
+    pending = [client.create_async(layout.resource(host_name(i)), records[i].to_json(),
+                                   ephemeral=True) for i in mine]
+    for result in pending:
+        result.get(timeout=120)
+    now = time.monotonic()
+    for i in mine:
+        policies[i].wrote(contents[i], now)
+    print("ready", flush=True)
+    try:
+        while True:
+            time.sleep(AGENT_INTERVAL)
+            now = time.monotonic()
+            due = [i for i in mine if policies[i].due(contents[i], now)]
+            sets = [client.set_async(layout.resource(host_name(i)),
+                                     replace(records[i], heartbeat=time.time()).to_json())
+                    for i in due]
+            for i, result in zip(due, sets, strict=True):
+                result.get(timeout=60)
+                policies[i].wrote(contents[i], now)
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        store.close(client)
+    return 0
+
+
+def start_agents(kids: common.Children, zk_hosts: str, root: str, size: int) -> None:
+    procs = [kids.popen([sys.executable, __file__, "--agents", zk_hosts, root, str(k),
+                         str(size), str(SESSIONS)], stdout=subprocess.PIPE, text=True)
+             for k in range(SESSIONS)]
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"a simulated agent process failed (exit {proc.poll()})")
+
+
+def cli(inventory: str, *argv: str) -> float:
+    """Seconds of one whole ``hypertf`` command, as a user runs it (a new process)."""
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "hypertf.cli", *argv, "-i", inventory],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, auth.IDENTITY_ENV: ""})
+    elapsed = time.monotonic() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"hypertf {' '.join(argv)}: exit {done.returncode}: "
+                           f"{done.stderr[-500:]}")
+    return elapsed
+
+
+# -- one size ----------------------------------------------------------------------------
+class Rows(dict[str, float]):
+    """The figures of one size, printed as they come (a 10,000-host run takes minutes)."""
+
+    def __setitem__(self, figure: str, value: float) -> None:
+        super().__setitem__(figure, value)
+        print(f"  {figure}: {common.fmt(value)}", flush=True)
+
+
+def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
+            rows: dict[str, float], kids: common.Children, idle_window: float) -> None:
     root = f"/scale-{size}"
     layout = Layout(root)
-    cluster = ClusterSettings("gpu_nodes", zk_hosts, root, 10.0, "/nonexistent", 5.0)
-    store.secure_cluster(cluster, [])  # a secured root, as in production
-    agents = [store.connect(cluster, identity="admin") for _ in range(SESSIONS)]  # stand-ins
-    client = store.connect(cluster)
-    rows = report_rows.setdefault(size, {})
+    cluster = ClusterSettings("gpu_nodes", zk.hosts, root, 10.0, "/nonexistent", 5.0)
+    store.secure_cluster(cluster, [], matrix_hosts=size)  # as auth init for SIZE hosts
+    admin = store.connect(cluster, identity="admin")  # stands in for the keeper agent
+    client = store.connect(cluster)  # a user's
+    names = tuple(host_name(i) for i in range(size))
+    largest: dict[str, int] = {}
     try:
-        common.register_hosts(agents[0], root, [host_name(i) for i in range(size)])
+        common.register_hosts(admin, root, names)
         t0 = time.monotonic()
-        pending = [agents[i % SESSIONS].create_async(layout.resource(host_name(i)),
-                                                     record(i).to_json(), ephemeral=True)
-                   for i in range(size)]
-        for result in pending:
-            result.get(timeout=60)
-        rows["publish every record (async, 4 sessions)"] = time.monotonic() - t0
-        rows["one agent record"] = len(record(0).to_json())
+        start_agents(kids, zk.hosts, root, size)
+        rows["start the simulated agents (records created)"] = time.monotonic() - t0
+        largest["one agent record"] = len(record(0).to_json())
         t0 = time.monotonic()
-        sync_matrix(Store(agents[0], layout))  # the keeper's first sync
+        sync_matrix(Store(admin, layout))  # the keeper's first sync
         rows["build the matrix (first sync, writes it)"] = time.monotonic() - t0
-        rows["read every agent record"] = timed(lambda: Store(client, layout).records())
-        rows["read every agent record, pipelined (get_async)"] = timed(
-            lambda: read_records_pipelined(client, layout))
-        rows["sync the matrix again (no change)"] = timed(
-            lambda: sync_matrix(Store(agents[0], layout)))
-        rows["plain get of the matrix (1 round trip)"] = timed(
-            lambda: client.get(layout.matrix), 20)
-        rows["matrix znode, all free"] = len(client.get(layout.matrix)[0])
-        hosts = tuple(host_name(i) for i in range(size))
+        rows["sync the matrix again (no change)"] = timed(lambda: sync_matrix(
+            Store(admin, layout)))
+        rows["read every agent record (pipelined)"] = timed(lambda: Store(client, layout)
+                                                             .records())
+        rows["read the matrix (every shard, pipelined)"] = timed(
+            lambda: read_matrix(Store(client, layout)), 5)
+        _, version = read_matrix(Store(client, layout))
+        rows["matrix shards"] = version.shards
+        largest["largest shard, all free"] = max(
+            len(client.get(layout.matrix_shard(i))[0]) for i in range(version.shards))
+        worst = split(held_matrix(size), version.shards)
+        largest["largest shard, every GPU its own job (worst case)"] = max(
+            len(part.to_json()) for part in worst)
 
-        keeper = KeeperThread(cluster).start()  # admits the jobs, as an agent's keeper would
+        keeper = KeeperThread(cluster).start()  # admits, as an agent's keeper would
+        user = Store(client, layout)
 
         def cycle(request: Request) -> tuple[float, float]:
             key = new_task_key(auth.login_user())
             t0 = time.monotonic()
-            submit(Store(client, layout), request, key)
+            submit(user, request, key)
             t1 = time.monotonic()
-            release(Store(client, layout), key)
+            release(user, key)
             return t1 - t0, time.monotonic() - t1
 
-        small = Request(slots=(TaskSlot("worker", 0, 1),), hosts=hosts)
-        big = Request(slots=tuple(TaskSlot("worker", i, 8) for i in range(8)), hosts=hosts)
-        for label, request in (("1-GPU job", small), ("64-GPU job (8 x 8 GPUs)", big)):
-            samples = [cycle(request) for _ in range(3)]
-            rows[f"allocate a {label}"] = statistics.median(s[0] for s in samples)
-            rows[f"release a {label}"] = statistics.median(s[1] for s in samples)
+        small = Request(slots=(TaskSlot("worker", 0, 1),), hosts=names)
+        big = Request(slots=tuple(TaskSlot("worker", i, 8) for i in range(8)), hosts=names)
+        for label, request, repeat in (("1-GPU job", small, 7),
+                                       ("64-GPU job (8 x 8 GPUs)", big, 3)):
+            samples = [cycle(request) for _ in range(repeat)]
+            rows[f"submit -> granted, idle cluster, {label} (p50)"] = statistics.median(
+                s[0] for s in samples)
+            rows[f"release, {label} (p50)"] = statistics.median(s[1] for s in samples)
         keeper.stop()
-        inventory_path = write_inventory(home, size, zk_hosts, root)
-        load_inventory(inventory_path)  # the first load also imports ansible-core
-        rows["load the inventory (ansible-core parser)"] = timed(
-            lambda: load_inventory(inventory_path), 1)
+
+        inventory_path = write_inventory(home, size, zk.hosts, root)
+        t0 = time.monotonic()
+        load_inventory(inventory_path)  # parsed (ansible-core), then cached
+        rows["load the inventory, first time (ansible-core parse)"] = time.monotonic() - t0
+        rows["load the inventory, unchanged (cache): a command's start"] = timed(
+            lambda: load_inventory(inventory_path), 5)
         inventory = load_inventory(inventory_path)
         rows["status: collect"] = timed(lambda: status.collect(client, inventory))
         report = status.collect(client, inventory)
         console = Console(file=io.StringIO(), width=250, color_system=None)
-        rows["status: render the table"] = timed(lambda: status.render(report, console), 1)
-        held = held_matrix(size).to_json()
-        rows["matrix znode, every GPU its own job (worst case)"] = len(held)
+        rows["status: render"] = timed(lambda: status.render(report, console), 1)
+        cli(inventory_path, "status")  # warm the page cache for the imports
+        rows["`hypertf status`, the whole command (new process)"] = statistics.median(
+            cli(inventory_path, "status") for _ in range(3))
+
+        # Every GPU held by running jobs (with their leases and records), then waiters.
+        keys = unique_keys(-(-size // HOSTS_PER_JOB) + waiters)
+        running, waiting_keys = keys[:-waiters], keys[-waiters:]
+        busy = Matrix(gpus={h: [running[i // HOSTS_PER_JOB]] * GPUS
+                            for i, h in enumerate(names)})
+        for key in running:
+            enqueue(user, key, Request((TaskSlot("worker", 0, 0),), names[:1]), {})
+        for first in range(0, len(running), 100):  # as the keeper's admission leaves them
+            tx = admin.transaction()  # (a transaction stays far below 1 MiB)
+            for key in running[first:first + 100]:
+                data, _ = client.get(layout.job(key))
+                tx.set_data(layout.job(key), store.encode({**store.decode(data, "job"),
+                                                           "state": "allocated"}))
+            tx.commit()
+        overwrite_matrix(Store(admin, layout), busy)
+        request = Request(slots=tuple(TaskSlot("worker", i, 1) for i in range(8)), hosts=names,
+                          port_ranges={h: (20000, 20999) for h in names})
         t0 = time.monotonic()
-        agents[0].set(layout.matrix, held)  # only agents and the admin write it
-        rows["write the worst-case matrix"] = time.monotonic() - t0
+        for n, key in enumerate(waiting_keys):
+            enqueue(user, key, request, {"script": "train.py"}, priority=n % 3)
+        rows[f"queue {waiters} waiting jobs (lease + record each)"] = time.monotonic() - t0
+        largest["a waiting job's record (every host named)"] = len(
+            client.get(layout.job(waiting_keys[0]))[0])
+        admitter = Admitter(Store(admin, layout))
+        t0 = time.monotonic()
+        admitter.keep()
+        rows[f"keeper pass, {waiters} waiting, nothing to admit: first"] = (
+            time.monotonic() - t0)
+        rows[f"keeper pass, {waiters} waiting, nothing to admit: again"] = timed(
+            admitter.keep)
+        largest[f"the queue's view ({waiters} waiting)"] = len(
+            client.get(layout.queue_view)[0])
+        freed = busy.copy()
+        freed.gpus[names[0]] = [1] * GPUS
+        overwrite_matrix(Store(admin, layout), freed)
+        t0 = time.monotonic()
+        decisions = admitter.keep()
+        rows[f"keeper pass, {waiters} waiting, 8 GPUs freed: admits"] = time.monotonic() - t0
+        rows["  jobs admitted by that pass"] = sum(d.admitted for d in decisions)
+        rows["queue: collect"] = timed(lambda: queueview.collect(user))
+        rows["queue: render"] = timed(lambda: queueview.render(queueview.collect(user)), 1)
+        rows["`hypertf queue`, the whole command (new process)"] = statistics.median(
+            cli(inventory_path, "queue") for _ in range(3))
+
+        t0 = time.monotonic()
+        overwrite_matrix(Store(admin, layout), joined(worst))  # ZooKeeper takes every shard
+        rows["write the worst-case matrix (transactions of <= 512 KB)"] = (
+            time.monotonic() - t0)
+        for what, size_bytes in largest.items():
+            rows[f"{what} (bytes)"] = size_bytes
+        rows["the largest znode (bytes)"] = max(largest.values())
+        if idle_window:
+            idle_writes(zk, size, idle_window, rows, client)
     finally:
+        for proc in kids.procs:  # the simulated agents: their sessions simply expire
+            proc.kill()
+            proc.wait(timeout=30)
+        kids.procs.clear()
         store.close(client)
-        for agent in agents:
-            store.close(agent)
+        store.close(admin)
 
 
-def limit_checks(zk_hosts: str, per_host_held: float, base: float, report: common.Report,
-                 ) -> None:
-    """Write matrices just under and just over the limit; then an allocate that crosses it."""
-    root = "/scale-limit"
-    layout = Layout(root)
-    cluster = ClusterSettings("gpu_nodes", zk_hosts, root, 10.0, "/nonexistent", 5.0)
-    store.secure_cluster(cluster, [])  # a secured root (with an empty matrix)
-    client = store.connect(cluster)
-    agents = store.connect(cluster, identity="admin")  # stands in for an agent
-    try:
-        crossing = int((JUTE_MAXBUFFER - base) / per_host_held)
-        for hosts, label in ((int(crossing * 0.97), "3% under"), (int(crossing * 1.03),
-                                                                   "3% over")):
-            matrix = held_matrix(hosts)
-            try:
-                data = matrix.to_json()
-                agents.set(layout.matrix, data)
-                outcome = "written"
-            except StoreError as err:  # HyperTF's own check, before ZooKeeper sees it
-                data = json.dumps({"gpus": matrix.gpus, "ports": matrix.ports}).encode()
-                outcome = f"refused by HyperTF before sending: {err!s:.60}..."
-            except KazooException as err:
-                outcome = f"refused: {type(err).__name__} (the server drops the connection)"
-            common.wait_until(lambda: agents.connected, 30, "the client to reconnect", 0.05)
-            report.add(f"worst-case matrix of {hosts:,} hosts ({len(data):,} bytes, {label} "
-                       f"the extrapolated crossing)", outcome)
-        # A stored matrix a few hundred bytes under the limit (rows of hosts that left keep
-        # their cells, so they stay in the matrix), one live agent, then a 1-GPU allocate.
-        agent = record(0)
-        common.register_hosts(agents, root, [agent.host])
-        agents.create(layout.resource(agent.host), agent.to_json(), ephemeral=True)
-        matrix = Matrix(gpus={agent.host: [1] * GPUS})
-        target = store.MAX_ZNODE_BYTES - 400  # what HyperTF itself still writes
-        row = len(b'"gone000000":[0,0,0,0,0,0,0,0],')
-        for filler in range((target - len(matrix.to_json())) // row):
-            matrix.gpus[f"gone{filler:06d}"] = [0] * GPUS
-        remaining = target - len(matrix.to_json()) - len(b',"tune":[]')
-        matrix.gpus["tune"] = [0] * max(0, remaining // 2)  # ",0" per cell
-        # registered hosts whose agents are gone: the keeper keeps their rows
-        common.register_hosts(agents, root, list(matrix.gpus))
-        agents.set(layout.matrix, matrix.to_json())
-        stored = len(client.get(layout.matrix)[0])
-        request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=(agent.host,))
-        t0 = time.monotonic()
-        key = new_task_key(auth.login_user())
-        enqueue(Store(client, layout), key, request, {})
-        try:  # the keeper's pass, as an agent's keeper runs it
-            Admitter(Store(agents, layout)).keep()
-            outcome = (read_job(Store(client, layout), key) or {}).get("state", "?")
-        except Exception as err:
-            outcome = f"{type(err).__module__}.{type(err).__name__}" + (
-                f": {err!s:.80}" if str(err) else " (no message)")
-        report.add(f"admit 1 GPU with the stored matrix at {stored:,} bytes "
-                   f"({time.monotonic() - t0:.2f} s)", outcome)
-    finally:
-        store.close(client)
-        store.close(agents)
+def idle_writes(zk: common.ZooKeeperServer, size: int, window: float,
+                rows: dict[str, float], client: object) -> None:
+    """ZooKeeper's transactions per second while only the simulated agents run (idle:
+    their records do not change, so each writes its keep-alive only)."""
+    before = int(common.zk_stat(zk)["zxid"])
+    t0 = time.monotonic()
+    time.sleep(window)
+    after = int(common.zk_stat(zk)["zxid"])
+    rows[f"ZooKeeper writes/s from {size:,} idle agents ({window:.0f} s window)"] = (
+        (after - before) / (time.monotonic() - t0))
 
 
 def main() -> int:
-    args = common.parser(__doc__.splitlines()[0]).parse_args()
-    sizes = [10, 200] if args.quick else [10, 100, 1000]
+    if len(sys.argv) > 1 and sys.argv[1] == "--agents":
+        return agents_main(sys.argv[2:])
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                   help="host counts (default 10,1000,10000; --quick: 10,200)")
+    args: argparse.Namespace = p.parse_args()
+    sizes = args.sizes or ([10, 200] if args.quick else [10, 1000, 10000])
+    waiters = 20 if args.quick else 1000
+    window = 5.0 if args.quick else 65.0  # the keep-alive: 30 intervals, at most 60 s
     report = common.Report("scale", args)
     report.start()
     rows: dict[int, dict[str, float]] = {}
-    with common.bench_home("scale") as home, common.zookeeper(home, heap="512m") as zk:
+    with common.bench_home("scale") as home, common.zookeeper(home, heap="2g") as zk, \
+            common.children() as kids:
         for size in sizes:
-            print(f"# {size} hosts x {GPUS} GPUs", flush=True)
-            measure(size, zk.hosts, home, rows)
-        top, low = max(sizes), min(sizes)
-        print()
-        sizes_label = " / ".join(str(s) for s in sizes)
-        for figure, value in rows[top].items():
-            is_bytes = "znode" in figure or figure == "one agent record"
-            values = [rows[s][figure] if is_bytes else 1000 * rows[s][figure] for s in sizes]
-            shown = " / ".join(f"{v:,.0f}" if is_bytes else common.fmt(v) for v in values)
-            per_size = {f"at_{s}": v for s, v in zip(sizes, values, strict=True)}
-            report.add(f"{figure} ({sizes_label} hosts)", shown,
-                       "bytes" if is_bytes else "ms", **per_size)
-            if figure != "one agent record":
-                report.add(f"  ratio {top}/{low} hosts", common.ratio(value, rows[low][figure]),
-                           "x")
-        report.add(f"{top} hosts: bytes read per allocate or release (every record)",
-                   int(rows[top]["one agent record"] * top), "bytes")
-        free_small, free_big = (rows[s]["matrix znode, all free"] for s in (low, top))
-        held_small, held_big = (rows[s]["matrix znode, every GPU its own job (worst case)"]
-                                for s in (low, top))
-        per_free = (free_big - free_small) / (top - low)
-        per_held = (held_big - held_small) / (top - low)
-        base_free = free_big - per_free * top
-        base_held = held_big - per_held * top
-        report.add(f"matrix bytes per host ({GPUS} GPUs), all free", per_free, "bytes")
-        report.add(f"matrix bytes per host ({GPUS} GPUs), worst case", per_held, "bytes")
-        report.add(f"{top} hosts: matrix all free / 1 MiB limit",
-                   100 * free_big / JUTE_MAXBUFFER, "%")
-        report.add(f"{top} hosts: matrix worst case / 1 MiB limit",
-                   100 * held_big / JUTE_MAXBUFFER, "%")
-        report.add("hosts where the matrix crosses 1 MiB, all free (extrapolated)",
-                   int((JUTE_MAXBUFFER - base_free) / per_free))
-        report.add("hosts where the matrix crosses 1 MiB, worst case (extrapolated)",
-                   int((JUTE_MAXBUFFER - base_held) / per_held))
-        limit_checks(zk.hosts, per_held, base_held, report)
-    report.note("ZooKeeper on loopback, tickTime 500 ms, 512 MB heap; timings are medians of "
-                "3 (the plain get: 20; inventory load and render: 1)")
+            print(f"# {size:,} hosts x {GPUS} GPUs ({shard_count(size)} shards), "
+                  f"{waiters} waiting", flush=True)
+            rows[size] = Rows()
+            measure(size, waiters, zk, home, rows[size], kids,
+                    window if size == max(sizes) else 0.0)
+    top, low = max(sizes), min(sizes)
+    label = " / ".join(f"{s:,}" for s in sizes)
+    for figure in rows[top]:
+        raw = [rows[s].get(figure, float("nan")) for s in sizes]
+        plain = ("bytes" in figure or "shards" in figure or "admitted" in figure
+                 or "writes/s" in figure)
+        values = raw if plain else [1000 * v for v in raw]
+        unit = "bytes" if "bytes" in figure else "/s" if "writes/s" in figure else \
+            "" if plain else "ms"
+        shown = " / ".join(common.fmt(v if not plain else
+                                      (int(v) if v == v and v == int(v) else v))
+                           for v in values)
+        report.add(f"{figure} ({label} hosts)", shown, unit,
+                   **{f"at_{s}": v for s, v in zip(sizes, values, strict=True)})
+        if not plain and rows[low].get(figure):
+            report.add(f"  ratio {top:,}/{low:,} hosts",
+                       common.ratio(rows[top][figure], rows[low][figure]), "x")
+    report.note(f"ZooKeeper 3.8 on loopback, tickTime 500 ms, 2 GB heap; {SESSIONS} writer "
+                f"processes simulate the agents (1 s interval, the agent's WritePolicy); "
+                f"timings are medians of 3 (matrix read and warm inventory load: 5; "
+                f"1-GPU submit: 7; first inventory load, render and first keeper pass: 1); "
+                f"the whole commands include Python's start and imports")
     report.finish()
     return 0
 

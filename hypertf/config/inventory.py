@@ -254,6 +254,7 @@ def load_inventory(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Inventor
 
 
 def _parse(path: Path, files: list[Path]) -> Inventory:
+    yamlguard.check_files(files)  # limits before anything parses or expands them
     for source, raw in yamlguard.yaml_inventories(path, files):
         for name, group in raw.items():
             _check_group(source, str(name), group)

@@ -104,8 +104,9 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
     live = set(live)
     taken = matrix.copy()
     free = {host: taken.free(host) for host in live}
+    free_total = sum(len(cells) for cells in free.values())
     used = matrix.held_per_user()
-    reserved: set[str] = set()
+    reserved: set[str] = set()  # always live hosts: once it is all of them, it stays so
     decisions = []
     for position, job in enumerate(sorted(clamped(waiting, limits), key=Waiting.sort_key),
                                    start=1):
@@ -116,12 +117,19 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
         if cap and used.get(job.user, 0) + job.request.gpus > cap:
             decisions.append(Decision(job.task_key, position, USER_LIMIT, refused=job.no_wait))
             continue
-        open_free = {host: cells for host, cells in free.items() if host not in reserved}
-        placements = _fits(job, open_free, live)
+        # Shortcuts that decide the same, for 1,000 jobs over 10,000 hosts: fewer free GPUs
+        # than the job needs fit nowhere; nothing open when every live host is reserved.
+        everything_reserved = len(reserved) >= len(live)
+        if job.request.gpus > free_total or (everything_reserved and job.request.gpus > 0):
+            placements = None
+        else:
+            open_free = {host: cells for host, cells in free.items() if host not in reserved}
+            placements = _fits(job, open_free, live)
         if placements is None:
-            reason = PRIORITY if reserved and _fits(job, free, live) else RESOURCES
+            reason = PRIORITY if (reserved and job.request.gpus <= free_total
+                                  and _fits(job, free, live)) else RESOURCES
             decisions.append(Decision(job.task_key, position, reason, refused=job.no_wait))
-            if not job.no_wait:
+            if not job.no_wait and not everything_reserved:
                 reserved |= usable_hosts(job, matrix, live)
             continue
         exclude = {host: set(ports) for host, ports in job.exclude_ports.items()}
@@ -134,6 +142,7 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
         taken = taken.take(job.task_key, held.gpus, held.ports)
         for host, indices in held.gpus.items():
             free[host] = [i for i in free[host] if i not in indices]
+            free_total -= len(indices)
         used[job.user] = used.get(job.user, 0) + job.request.gpus
         decisions.append(Decision(job.task_key, position, "", tuple(placements), ports))
     return decisions

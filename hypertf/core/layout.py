@@ -22,7 +22,12 @@ class Layout:
 
     @property
     def matrix(self) -> str:
+        """The matrix's parent: its data says how many shards hold the rows."""
         return f"{self.root}/matrix"
+
+    def matrix_shard(self, index: int) -> str:
+        """One shard of the matrix: the rows of the hosts that hash to ``index``."""
+        return f"{self.matrix}/{index}"
 
     @property
     def limits(self) -> str:

@@ -6,11 +6,19 @@ without its launcher's confirmed stop: not allocatable until the node's agent ha
 job's processes dead). Ports a job reserved are kept beside the
 cells, so one version-checked write covers both. Everything here is pure: reading and
 writing ZooKeeper is the allocation module's job.
+
+**Shards.** In ZooKeeper the matrix is not one znode (one znode capped the cluster at
+about 2,000 hosts, and serialised every writer on one version): each host's row lives in
+shard ``shard_of(host, count)`` of a fixed number of shards (``MatrixIndex``, the parent's
+data). ``Matrix`` stays the whole, in memory; ``split`` and ``changed_shards`` say which
+shards a change touches, so a writer sets only those.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import zlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -68,7 +76,9 @@ class Matrix:
         return cls(gpus=payload.get("gpus", {}), ports=payload.get("ports", {}))
 
     def copy(self) -> Matrix:
-        return Matrix.from_json(self.to_json())
+        """A copy whose rows can change apart (cells are ints and strings: immutable)."""
+        return Matrix({host: list(row) for host, row in self.gpus.items()},
+                      {host: dict(row) for host, row in self.ports.items()})
 
     def free(self, host: str) -> list[int]:
         """Indices of the free GPUs of ``host``."""
@@ -212,7 +222,8 @@ def synced(matrix: Matrix, records: Mapping[str, AgentRecord], leases: set[str],
             row.append(cell if isinstance(cell, str) else (FREE if i in avail else UNAVAILABLE))
         result.gpus[host] = row
     if registered is not None:
-        for host in [h for h in result.gpus if h not in registered and h not in records]:
+        known = set(registered)  # a list of 10,000 hosts: a set, or this is quadratic
+        for host in [h for h in result.gpus if h not in known and h not in records]:
             if not any(isinstance(cell, str) for cell in result.gpus[host]) \
                     and not result.ports.get(host):
                 del result.gpus[host]
@@ -222,9 +233,7 @@ def synced(matrix: Matrix, records: Mapping[str, AgentRecord], leases: set[str],
 
 def same(a: Matrix, b: Matrix) -> bool:
     """Equal content (cheaper than a write that changes nothing)."""
-    return json.dumps([a.gpus, a.ports], sort_keys=True) == json.dumps(
-        [b.gpus, b.ports], sort_keys=True
-    )
+    return a.gpus == b.gpus and a.ports == b.ports
 
 
 @dataclass(frozen=True)
@@ -288,3 +297,78 @@ def restored(matrix: Matrix, grants: Mapping[str, Held], leases: set[str],
                 row_ports[str(port)] = key
                 repairs.append(f"port {port} of {host}: restored to {key}")
     return result, repairs
+
+
+# -- shards ------------------------------------------------------------------------------
+INDEX_FORMAT = 2  # the parent's format: 1 was the whole matrix in one znode
+HOSTS_PER_SHARD = 128  # fully held (every GPU its own job, a port each): ~90 KB a shard
+MIN_SHARDS = 4
+
+
+def shard_count(hosts: int) -> int:
+    """The shards for a cluster of ``hosts``: about 128 hosts each, so a shard stays far
+    below 256 KiB even with every GPU held by its own job."""
+    return max(MIN_SHARDS, math.ceil(hosts / HOSTS_PER_SHARD))
+
+
+def shard_of(host: str, count: int) -> int:
+    """The shard of a host's row: a stable hash (the same in every process and version,
+    unlike Python's ``hash``)."""
+    return zlib.crc32(host.encode()) % count
+
+
+@dataclass(frozen=True)
+class MatrixIndex:
+    """The matrix parent's data: how many shards hold the rows. Only ``auth init``
+    changes it (a larger cluster, or the migration from the one-znode matrix)."""
+
+    shards: int
+
+    def to_json(self) -> bytes:
+        return encode({"shards": self.shards}, fmt=INDEX_FORMAT)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> MatrixIndex | None:
+        """The index; None for the previous layout (the whole matrix in this znode)."""
+        if not data or _format_of(data) == 1:
+            return None
+        payload = decode(data, "GPU matrix index", fmt=INDEX_FORMAT)
+        shards = payload.get("shards")
+        if type(shards) is not int or shards < 1:
+            raise ValueError(f"a GPU matrix index with {shards!r} shards")
+        return cls(shards)
+
+
+def _format_of(data: bytes) -> object:
+    try:
+        payload = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return payload.get("format") if isinstance(payload, dict) else None
+
+
+def split(matrix: Matrix, count: int) -> list[Matrix]:
+    """The matrix as ``count`` shards: each host's row and ports in ``shard_of(host)``."""
+    parts = [Matrix() for _ in range(count)]
+    for host, row in matrix.gpus.items():
+        parts[shard_of(host, count)].gpus[host] = row
+    for host, ports in matrix.ports.items():
+        parts[shard_of(host, count)].ports[host] = ports
+    return parts
+
+
+def joined(parts: Iterable[Matrix]) -> Matrix:
+    """The whole matrix from its shards (or from some of them: those hosts only)."""
+    whole = Matrix()
+    for part in parts:
+        whole.gpus.update(part.gpus)
+        whole.ports.update(part.ports)
+    return whole
+
+
+def changed_shards(old: Matrix, new: Matrix, count: int) -> dict[int, Matrix]:
+    """The shards whose content differs between ``old`` and ``new``, with their new
+    content: what a writer sets (each with its own version check)."""
+    before, after = split(old, count), split(new, count)
+    return {i: part for i, (was, part) in enumerate(zip(before, after, strict=True))
+            if not same(was, part)}

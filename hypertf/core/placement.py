@@ -3,9 +3,11 @@ request does not fit. Pure: the keeper's admission and the launcher share it."""
 
 from __future__ import annotations
 
+import functools
+import re
 import secrets
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hypertf.core.errors import InsufficientResources
@@ -47,6 +49,75 @@ class Request:
             parts.append(f"{count} {role} ({need})")
         total = self.gpus
         return f"{', '.join(parts)}: {total} GPU{'s' if total != 1 else ''} in all"
+
+
+@dataclass(frozen=True)
+class PortRanges(Mapping[str, tuple[int, int]]):
+    """Each host's port range as a waiting job's record keeps it: one range most hosts
+    share and the few that differ, so a request over 10,000 hosts is not 10,000 entries
+    (in the record, nor in the keeper's memory for each of 1,000 waiting jobs)."""
+
+    hosts: tuple[str, ...]
+    common: tuple[int, int]
+    differing: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def __getitem__(self, host: str) -> tuple[int, int]:
+        return self.differing.get(host, self.common)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.hosts)
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+_RANGE = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
+MAX_REQUEST_HOSTS = 100_000  # a record is its owner's to write: never expand past this
+
+
+def compact_hosts(hosts: Sequence[str]) -> list[str]:
+    """Hosts in order, each run of 3 or more consecutive numbers of one prefix and width
+    written as an Ansible-style range (``node[00000:09999]``; host names hold no ``[``):
+    a waiting job's record names every host it may use, 10,000 names are 120 KB."""
+    out: list[str] = []
+    i = 0
+    while i < len(hosts):
+        j = i + 1
+        match = _NUMBERED.match(hosts[i])
+        if match:
+            prefix, digits = match.groups()
+            while j < len(hosts):
+                nxt = _NUMBERED.match(hosts[j])
+                if (not nxt or nxt.group(1) != prefix or len(nxt.group(2)) != len(digits)
+                        or int(nxt.group(2)) != int(digits) + j - i):
+                    break
+                j += 1
+        if j - i >= 3 and match:
+            out.append(f"{match.group(1)}[{match.group(2)}:{hosts[j - 1][len(match.group(1)):]}]")
+        else:
+            out.extend(hosts[i:j])
+        i = j
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def expand_hosts(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """The hosts ``compact_hosts`` wrote (plain names stay as they are); memoised: 1,000
+    waiting jobs over one inventory share one tuple. ValueError past MAX_REQUEST_HOSTS."""
+    hosts: list[str] = []
+    for pattern in patterns:
+        match = _RANGE.match(pattern)
+        if not match:
+            hosts.append(pattern)
+            continue
+        prefix, first, last = match.groups()
+        if len(first) != len(last) or int(last) < int(first):
+            raise ValueError(f"host range {pattern!r} is not first:last of one width")
+        if len(hosts) + int(last) - int(first) >= MAX_REQUEST_HOSTS:
+            raise ValueError(f"a request over more than {MAX_REQUEST_HOSTS:,} hosts")
+        hosts.extend(f"{prefix}{n:0{len(first)}d}" for n in range(int(first), int(last) + 1))
+    return tuple(hosts)
 
 
 @dataclass(frozen=True)

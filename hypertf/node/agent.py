@@ -1,9 +1,10 @@
 """The resource agent: probes its node and keeps an ephemeral record in ZooKeeper.
 
 It probes the node every ``hypertf_agent_interval`` seconds and writes its record only when
-something in it changed, or after a keep-alive (30 quiet intervals, at most 60 s: the
-ephemeral znode already says "alive", and 10,000 idle agents need not write every second;
-its ``heartbeat`` is the time of the last write), re-registers after a lost
+something in it changed, or after a keep-alive (30 quiet intervals, at most 60 s, less up
+to a random quarter: ``WritePolicy``; the ephemeral znode already says "alive", and
+10,000 idle agents need not write every second; its ``heartbeat`` is the time of the
+last write), re-registers after a lost
 session (a ZooKeeper restart, a long network cut), and deletes the record on SIGTERM. The
 agent holding the keeper lease (``keeper/lease``) is the *matrix keeper*: it brings the
 stored matrix in line with the records and leases, so a dead agent's row turns unavailable
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
@@ -43,7 +45,7 @@ from hypertf.node.probes import (
     select_address,
 )
 from hypertf.store import AgentRecord, HostWatch, Layout, Store
-from hypertf.store.allocation import confirm_drained, read_matrix
+from hypertf.store.allocation import confirm_drained, read_matrix, watch_matrix
 from hypertf.store.jobs import prune_jobs
 from hypertf.store.waitqueue import Admitter
 
@@ -101,6 +103,30 @@ class Prober:
         )
 
 
+@dataclass
+class WritePolicy:
+    """When an agent writes its record: when it changed (the heartbeat aside), else when
+    its keep-alive is due (30 intervals, at most 60 s), drawn between 75% and 100% of that
+    at each write, so 10,000 agents started together spread their keep-alives over the
+    period instead of writing in the same second. Benches' simulated agents use it too."""
+
+    interval: float
+    written: bytes = b""  # the record as last written, heartbeat zeroed
+    due_at: float = 0.0  # monotonic time of the next keep-alive
+    rng: random.Random = field(default_factory=random.Random)
+
+    @property
+    def keepalive(self) -> float:
+        return max(self.interval, min(KEEPALIVE_BEATS * self.interval, KEEPALIVE_S))
+
+    def due(self, content: bytes, now: float) -> bool:
+        return content != self.written or now >= self.due_at
+
+    def wrote(self, content: bytes, now: float) -> None:
+        self.written = content
+        self.due_at = now + self.keepalive * self.rng.uniform(0.75, 1.0)
+
+
 class Agent:
     """The service loop around one ZooKeeper client."""
 
@@ -118,7 +144,7 @@ class Agent:
         self._disconnected_since: float | None = None
         self._waiting_for = ""  # why ZooKeeper cannot take this agent now, said once
         self._republish = True
-        self._written, self._written_at = b"", 0.0  # the record as last written, and when
+        self._writes = WritePolicy(self.node.settings.agent_interval)
         self._next_prune = 0.0
         self._users: set[str] = set()
         self.metrics = AgentCollector(host)
@@ -150,14 +176,11 @@ class Agent:
         """Write the record (Store.publish_record) when it changed (the heartbeat aside) or
         the keep-alive is due, or when ``force``d; try again next pass if it cannot yet."""
         content = replace(record, heartbeat=0.0).to_json()
-        interval = self.node.settings.agent_interval
-        keepalive = max(interval, min(KEEPALIVE_BEATS * interval, KEEPALIVE_S))
-        if (not force and content == self._written
-                and time.monotonic() - self._written_at < keepalive):
+        if not force and not self._writes.due(content, time.monotonic()):
             return
         outcome = zk.publish_record(record)
         if outcome in ("created", "updated"):
-            self._written, self._written_at = content, time.monotonic()
+            self._writes.wrote(content, time.monotonic())
         if outcome == "created":
             log.info("registered %s: %d GPUs, %s available", self.node.name, record.gpu,
                      record.gpu_avail_list)
@@ -190,9 +213,9 @@ class Agent:
         process of the job is left here: stop what is left first (TERM, KILL after the
         grace). Nothing is freed while a process lives: a GPU is free only when this node
         says so."""
-        matrix, _ = read_matrix(zk)
-        leases = zk.leases()  # after the matrix: see allocation
         host = self.node.name
+        matrix, _ = read_matrix(zk, hosts=[host])  # its own row's shard only
+        leases = zk.leases()  # after the matrix: see allocation
         self.metrics.update(row=matrix.gpus.get(host, []))
         ended = matrix.ended_on(host, leases)
         if not ended:
@@ -311,7 +334,6 @@ class Agent:
                 continue
             try:
                 if not watching:
-                    HostWatch(client, self.layout, self._wake_up)
                     client.ChildrenWatch(self.layout.leases, self._on_users)
                     watching = True
                 for user in self._users - watched_users:  # new users' lease folders
@@ -321,8 +343,11 @@ class Agent:
                     record = self._publish_probe(zk)
                     next_beat = time.monotonic() + self.node.settings.agent_interval
                 if self.is_keeper(zk):
-                    if not matrix_watched:  # the keeper also wakes when GPUs are freed
-                        client.DataWatch(self.layout.matrix, self._wake_up)
+                    if not matrix_watched:  # only the keeper wakes when GPUs are freed
+                        # and when a host comes or goes (10,000 agents x 10,000 host
+                        # watches would be 10^8 watches in ZooKeeper)
+                        watch_matrix(zk, self._wake_up)
+                        HostWatch(client, self.layout, self._wake_up)
                         matrix_watched = True
                     admitter = admitter or Admitter(zk, self.inventory.cluster.user_gpu_limit)
                     self.keep(zk, admitter)

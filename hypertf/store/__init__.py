@@ -4,7 +4,9 @@
 
     <root>/hosts/<host>        persistent a registered host (the admin's): its agent's folder
     <root>/hosts/<host>/agent  ephemeral  AgentRecord: one node's addresses, port and GPUs
-    <root>/matrix              persistent Matrix: servers x GPUs (free / unavailable / task key)
+    <root>/matrix              persistent MatrixIndex: how many shards hold the matrix
+    <root>/matrix/<i>          persistent Matrix: the rows (free / unavailable / task key) of
+                                          the hosts whose name hashes to shard i
     <root>/jobs/<user>/<task_key>    persistent JobRecord: request, placement, ports, state
     <root>/leases/<user>/<task_key>  ephemeral  held by the launcher's session while the job lives
     <root>/keeper/lease        ephemeral  held by the session of the agent that keeps the matrix
@@ -49,7 +51,7 @@ from hypertf.core.records import GpuProcess as GpuProcess
 from hypertf.core.records import decode as decode
 from hypertf.core.records import encode as encode
 from hypertf.store import auth
-from hypertf.store.zkclient import PatientClient
+from hypertf.store.zkclient import PatientClient, get_many
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -118,14 +120,17 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
 
 
 def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] | None = None,
-                   reset: bool = False) -> Path:
+                   reset: bool = False, matrix_hosts: int = 0) -> Path:
     """``hypertf auth init``: credentials for the admin, every host's agent, the running
-    user and ``users``, then the secured root. Idempotent; returns the directory."""
+    user and ``users``, then the secured root. Idempotent; returns the directory.
+    ``matrix_hosts``: shard the matrix for at least that many hosts (benches whose hosts
+    have no credential)."""
     directory = credentials_dir(cluster)
     auth.ensure_credentials(directory, hosts, [auth.job_owner(), *(users or [])])
     client = connect(cluster, identity="admin", check=False)
     try:
-        auth.secure_root(client, cluster.zk_root, directory, reset=reset)
+        auth.secure_root(client, cluster.zk_root, directory, reset=reset,
+                         hosts=matrix_hosts)
     finally:
         close(client)
     return directory
@@ -178,25 +183,29 @@ class Store:
         return _children(self.client, self.layout.hosts)
 
     def live_hosts(self) -> list[str]:
-        """Hosts whose agent record exists: one listing and one pipelined existence check
-        per host, no record read."""
-        pending = [(host, self.client.exists_async(self.layout.resource(host)))
-                   for host in self.hosts()]
-        return [host for host, result in pending if result.get(timeout=30) is not None]
+        """Hosts whose agent record exists: one listing and multi-reads (no parse)."""
+        return sorted(self.raw_records(self.hosts()))
+
+    def raw_records(self, hosts: Iterable[str]) -> dict[str, bytes]:
+        """The record bytes of the ``hosts`` that have one, in multi-reads (zkclient.get_many:
+        10,000 hosts in 0.1 s instead of 2-3 s of single gets)."""
+        hosts = list(hosts)
+        found: dict[str, bytes] = {}
+        results = get_many(self.client, [self.layout.resource(host) for host in hosts])
+        for host, result in zip(hosts, results, strict=True):
+            if isinstance(result, NoNodeError):
+                continue  # no agent (or it went between the listing and the read)
+            if isinstance(result, Exception):
+                raise result
+            found[host] = result[0]
+        return found
 
     def records(self, only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
         """Every live agent's record (or those of the ``only`` hosts: no listing then; a host
         without a record, registered or not, is left out), keyed by host name."""
         hosts = self.hosts() if only is None else sorted(set(only))
-        pending = [(host, self.client.get_async(self.layout.resource(host))) for host in hosts]
-        records: dict[str, AgentRecord] = {}
-        for host, result in pending:  # pipelined: one round trip's latency, not one per host
-            try:
-                data, _ = result.get(timeout=30)
-            except NoNodeError:
-                continue  # the agent went away between the two reads
-            records[host] = AgentRecord.from_json(data)
-        return records
+        return {host: AgentRecord.from_json(data)
+                for host, data in self.raw_records(hosts).items()}
 
     def _keys_of_every_user(self, parent: str) -> list[str]:
         keys: list[str] = []
@@ -251,6 +260,27 @@ class Store:
             live = self.live_hosts()
             return "held" if live and min(live) == host else "other"
         return "taken"
+
+
+class RecordCache:
+    """The keeper's parsed copy of the agents' records: every pass reads them all (one
+    multi-read per 256 hosts: 0.1 s for 10,000) and parses again only those whose bytes
+    changed; an idle agent's record does not (parsing 10,000 records is ~0.7 s)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._parsed: dict[str, tuple[bytes, AgentRecord]] = {}
+
+    def records(self, hosts: Iterable[str]) -> dict[str, AgentRecord]:
+        """The records of ``hosts`` that exist (as ``Store.records(only=hosts)``)."""
+        parsed = {}
+        for host, data in self.store.raw_records(hosts).items():
+            known = self._parsed.get(host)
+            if known is None or known[0] != data:
+                known = (data, AgentRecord.from_json(data))
+            parsed[host] = known
+        self._parsed = parsed  # hosts gone are forgotten
+        return {host: record for host, (_, record) in parsed.items()}
 
 
 class HostWatch:

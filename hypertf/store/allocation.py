@@ -22,26 +22,43 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.retry import ForceRetryError
 
 from hypertf.core.errors import InsufficientResources, NotAllowed, StoreError, UsageError
 from hypertf.core.jobrecord import ENDED_BY_OTHERS, LIVE_STATES, JobState
-from hypertf.core.matrix import Held, Matrix, restored, same, synced
+from hypertf.core.matrix import (
+    Held,
+    Matrix,
+    MatrixIndex,
+    changed_shards,
+    joined,
+    restored,
+    same,
+    shard_of,
+    synced,
+)
 from hypertf.core.placement import Request, cannot_place
 from hypertf.core.scheduler import Placement, schedule
 from hypertf.store import (
     AgentRecord,
+    Layout,
+    RecordCache,
     Store,
+    auth,
     decode,
     encode,
     owner_of,
     until_committed,
 )
-from hypertf.store.jobs import mark_lost, read_job
+from hypertf.store.jobs import mark_lost, read_jobs
+from hypertf.store.zkclient import pipelined
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +80,144 @@ def owner_info() -> dict[str, Any]:
             "since": time.time()}
 
 
-def read_matrix(store: Store) -> tuple[Matrix, int]:
-    """The stored matrix and its version (the admin's ``auth init`` creates it)."""
+@dataclass(frozen=True)
+class MatrixVersion:
+    """What a read of the matrix saw, for a version-checked write of what it changed."""
+
+    index: int  # the parent's version: it changes only when ``auth init`` reshards
+    shards: int  # how many shards there are
+    versions: Mapping[int, int]  # the version of each shard read
+
+
+# Shards per client (the parent's count, read with the shards in one round trip; a client
+# whose guess is stale reads again): every reader knows the count after its first read.
+_shard_counts: weakref.WeakKeyDictionary[KazooClient, int] = weakref.WeakKeyDictionary()
+
+
+def read_matrix(store: Store, hosts: Iterable[str] | None = None,
+                watch: Callable[..., Any] | None = None) -> tuple[Matrix, MatrixVersion]:
+    """The stored matrix (the admin's ``auth init`` creates it) and the versions it was read
+    at: the parent and every shard (with ``hosts``, only their shards: the matrix returned
+    then holds the rows of those shards, the others' are left out), pipelined, in one
+    round trip once this client knows the shard count. ``watch``: set on each shard read."""
+    client, layout = store.client, store.layout
+    count = _shard_counts.get(client)
+    for _ in range(5):
+        wanted = [] if count is None else (
+            range(count) if hosts is None else sorted({shard_of(h, count) for h in hosts}))
+        with pipelined(client):
+            index_read = client.get_async(layout.matrix)
+            pending = [(i, client.get_async(layout.matrix_shard(i), watch=watch))
+                       for i in wanted]
+        try:
+            data, stat = index_read.get(timeout=30)
+        except NoNodeError:
+            raise RootMissing(f"ZooKeeper has no matrix under {layout.root}: run 'hypertf "
+                              f"auth init -i INVENTORY' as the admin") from None
+        index = _index_of(data, layout.root)
+        if index.shards != count:
+            count = _shard_counts[client] = index.shards
+            continue  # a first read, or resharded meanwhile: read the shards it names
+        parts, versions = [], {}
+        for i, result in pending:
+            try:
+                part, part_stat = result.get(timeout=30)
+            except NoNodeError:
+                continue  # resharded between the two reads: the next try sees it
+            parts.append(Matrix.from_json(part))
+            versions[i] = part_stat.version
+        if len(versions) < len(pending):
+            count = None
+            continue
+        return joined(parts), MatrixVersion(stat.version, count, versions)
+    raise StoreError(f"the GPU matrix under {layout.root} misses shards its index names: "
+                     f"run 'hypertf auth init -i INVENTORY' as the admin")
+
+
+def _index_of(data: bytes, root: str) -> MatrixIndex:
     try:
-        data, stat = store.client.get(store.layout.matrix)
-    except NoNodeError:
-        raise RootMissing(f"ZooKeeper has no matrix under {store.layout.root}: run 'hypertf auth "
-                         f"init -i INVENTORY' as the admin") from None
-    return Matrix.from_json(data), stat.version
+        index = MatrixIndex.from_json(data)
+    except ValueError as err:
+        raise StoreError(f"ZooKeeper holds a damaged GPU matrix index under {root} ({err}): "
+                         f"run 'hypertf auth init -i INVENTORY' as the admin") from None
+    if index is None:
+        raise StoreError(auth.previous_layout_message(root))
+    return index
+
+
+def matrix_writes(tx: Any, layout: Layout, old: Matrix, new: Matrix, version: MatrixVersion,
+                  check_rest: bool = False) -> int:
+    """Add to ``tx`` what turns the stored ``old`` (read at ``version``) into ``new``: a
+    check of the parent (a reshard in between fails it) and a set of each shard whose
+    content changed, against the version it was read at; ``check_rest``: also a check of
+    every other shard read (a decision that depended on all of them). Writers of different
+    shards never conflict. Returns the bytes of the shards it sets (a transaction must
+    stay below ZooKeeper's 1 MiB request: see ``TRANSACTION_BYTES``)."""
+    tx.check(layout.matrix, version.index)
+    changed = changed_shards(old, new, version.shards)
+    written = 0
+    for i, part in changed.items():
+        if i not in version.versions:
+            raise ValueError(f"matrix shard {i} changed but was not read")
+        data = part.to_json()
+        tx.set_data(layout.matrix_shard(i), data, version=version.versions[i])
+        written += len(data)
+    if check_rest:
+        for i, shard_version in version.versions.items():
+            if i not in changed:
+                tx.check(layout.matrix_shard(i), shard_version)
+    return written
+
+
+TRANSACTION_BYTES = 512 * 1024  # far below ZooKeeper's 1 MiB request (jute.maxbuffer)
+
+
+def write_matrix(store: Store, old: Matrix, new: Matrix, version: MatrixVersion) -> bool:
+    """Store ``new`` over ``old`` (read at ``version``): the changed shards, each against
+    the version it was read at, with a check of the index, in transactions of at most
+    512 KB (one, usually; every row of 10,000 busy hosts changing at once is 2.4 MB, and a
+    larger request makes ZooKeeper drop the connection). Not atomic across those: for the
+    sync, the drains and tools, whose writes converge (a later pass finishes what a lost
+    race left). False when another writer changed a shard (read again, decide again)."""
+    batches: list[list[tuple[int, bytes]]] = [[]]
+    size = 0
+    for i, part in changed_shards(old, new, version.shards).items():
+        if i not in version.versions:
+            raise ValueError(f"matrix shard {i} changed but was not read")
+        data = part.to_json()
+        if batches[-1] and size + len(data) > TRANSACTION_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append((i, data))
+        size += len(data)
+    for batch in batches:
+        if not batch:
+            continue
+        tx = store.client.transaction()
+        tx.check(store.layout.matrix, version.index)
+        for i, data in batch:
+            tx.set_data(store.layout.matrix_shard(i), data, version=version.versions[i])
+        if not _commit_or_conflict(tx):
+            return False
+    return True
+
+
+def overwrite_matrix(store: Store, matrix: Matrix) -> None:
+    """Make the stored matrix ``matrix``, whatever it holds (an agent's or the admin's
+    credential: benches and tests standing in for a damaged or forged matrix)."""
+    def attempt(_retries: int) -> None:
+        old, version = read_matrix(store)
+        if not write_matrix(store, old, matrix, version):
+            raise ForceRetryError()
+
+    until_committed(attempt, "writing the matrix")
+
+
+def watch_matrix(store: Store, wake: Callable[..., Any]) -> None:
+    """Call ``wake`` whenever a shard of the matrix changes (a DataWatch on each)."""
+    _, version = read_matrix(store, hosts=())
+    for i in range(version.shards):
+        store.client.DataWatch(store.layout.matrix_shard(i), wake)
 
 
 def _commit_or_conflict(transaction: Any) -> bool:
@@ -151,10 +298,10 @@ def wait_settled(store: Store, task_key: str, timeout: float) -> bool:
     while True:
         changed = threading.Event()
         try:
-            data, _ = store.client.get(store.layout.matrix, watch=_setter(changed))
-        except NoNodeError:
+            matrix, _ = read_matrix(store, watch=_setter(changed))
+        except RootMissing:
             return True
-        if task_key not in Matrix.from_json(data).task_keys():
+        if task_key not in matrix.task_keys():
             return True
         left = deadline - time.monotonic()
         if left <= 0:
@@ -177,22 +324,23 @@ def ended_job_hosts(job: Mapping[str, Any] | None) -> tuple[bool, list[str] | No
 
 
 def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
-                ) -> tuple[Matrix, dict[str, AgentRecord]]:
+                cache: RecordCache | None = None) -> tuple[Matrix, dict[str, AgentRecord]]:
     """Bring the stored matrix in line with the records, the leases and the ended jobs'
     releases; write only on change (the keeper, or the admin). Jobs found without a lease
     and without a release are recorded as ``lost`` (unless killed) as their cells turn
     draining. ``grants`` (the keeper's admissions): running jobs get back granted cells that
-    another write took."""
+    another write took. ``cache``: the keeper's records, read again only where changed."""
     def attempt(_retries: int) -> tuple[Matrix, dict[str, AgentRecord], set[str]]:
         matrix, version = read_matrix(store)
         registered = store.hosts()
-        records = store.records(only=registered)
+        records = cache.records(registered) if cache else store.records(only=registered)
         leases = store.leases()
         current = synced(matrix, records, leases, registered=registered)
         dead = matrix.task_keys() - leases
         lost = set()
+        ended = read_jobs(store, dead)  # one round trip for every ended job
         for key in dead:
-            released, hosts = ended_job_hosts(read_job(store, key))
+            released, hosts = ended_job_hosts(ended.get(key))
             if not released:
                 lost.add(key)
             else:
@@ -203,10 +351,8 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
                 log.warning("matrix repaired: %s", line)
         if same(matrix, current):
             return current, records, set()
-        try:
-            store.client.set(store.layout.matrix, current.to_json(), version=version)
-        except BadVersionError:
-            raise ForceRetryError() from None
+        if not write_matrix(store, matrix, current, version):
+            raise ForceRetryError()
         return current, records, lost
 
     current, records, lost = until_committed(attempt, "syncing the matrix")
@@ -220,15 +366,13 @@ def confirm_drained(store: Store, host: str,
     """The agent of ``host`` has seen these jobs' processes dead there: free their cells
     and ports on ``host`` (only). True if something was freed."""
     def attempt(_retries: int) -> bool:
-        matrix, version = read_matrix(store)
+        matrix, version = read_matrix(store, hosts=[host])  # its shard only
         records = store.records(only=[host])
         freed = matrix.release(task_keys & matrix.draining_on(host), records, hosts=[host])
         if same(matrix, freed):
             return False
-        try:
-            store.client.set(store.layout.matrix, freed.to_json(), version=version)
-        except BadVersionError:
-            raise ForceRetryError() from None
+        if not write_matrix(store, matrix, freed, version):
+            raise ForceRetryError()
         return True
 
     return until_committed(attempt, f"freeing drained GPUs on {host}")

@@ -38,6 +38,7 @@ from hypertf.config.paths import state_home
 from hypertf.core.errors import StoreError, UsageError
 from hypertf.core.layout import Layout
 from hypertf.core.limits import Limits
+from hypertf.core.matrix import Matrix, MatrixIndex, joined, shard_count, split
 
 IDENTITY_ENV = "HYPERTF_ZK_IDENTITY"
 # A user or host name inside an identity, a ZooKeeper path element and a task key.
@@ -289,10 +290,12 @@ def root_is_open(client: KazooClient, root: str) -> bool:
     return any(a.id.scheme == "world" and a.perms & WORLD_WRITES for a in acls)
 
 
-def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = False) -> None:
+def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = False,
+                hosts: int = 0) -> None:
     """Create (or bring up to date) the root, its parents, the matrix and the per-user
     parents with their ACLs; idempotent. ``client`` is the admin's. An open root made
-    before credentials existed is refused unless ``reset`` (which deletes it)."""
+    before credentials existed is refused unless ``reset`` (which deletes it). The
+    matrix gets shards for the registered hosts (or ``hosts``, if more)."""
     admin = load(directory, "admin")
     acls = Acls(admin)
     layout = Layout(root)
@@ -323,12 +326,57 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
             client.create(path, b"", acl=acl)
         except NodeExistsError:
             client.set_acls(path, acl)
-    for path, data, acl in ((layout.matrix, b'{"format":1,"gpus":{},"ports":{}}', acls.matrix()),
-                            (layout.limits, Limits().to_json(), acls.limits())):
+    try:
+        client.create(layout.limits, Limits().to_json(), acl=acls.limits())
+    except NodeExistsError:
+        client.set_acls(layout.limits, acls.limits())
+    ensure_matrix(client, layout, acls.matrix(), shard_count(max(len(agents), hosts)))
+
+
+def ensure_matrix(client: KazooClient, layout: Layout, acl: list[ACL], wanted: int) -> None:
+    """The sharded matrix with at least ``wanted`` shards, in one transaction: made empty,
+    migrated from the previous layout (the whole matrix in the parent's data), or
+    resharded for a larger cluster (cells and ports kept); else only the ACLs are set.
+    Every writer checks the parent's version, so none writes a shard of the old count."""
+    while True:
         try:
-            client.create(path, data, acl=acl)
-        except NodeExistsError:
-            client.set_acls(path, acl)
+            data, stat = client.get(layout.matrix)
+        except NoNodeError:
+            data, stat = None, None
+        index = MatrixIndex.from_json(data) if data is not None else None
+        count = index.shards if index else 0
+        if count >= wanted:
+            pending = [client.set_acls_async(path, acl) for path in
+                       [layout.matrix, *(layout.matrix_shard(i) for i in range(count))]]
+            for result in pending:
+                result.get(timeout=30)
+            return
+        versions: dict[int, int] = {}
+        if stat is None:
+            whole = Matrix()
+        elif index is None:  # the previous layout: the whole matrix in this znode
+            whole = Matrix.from_json(data or b"")
+        else:
+            shards = [client.get(layout.matrix_shard(i)) for i in range(count)]
+            whole = joined(Matrix.from_json(part) for part, _ in shards)
+            versions = {i: shard_stat.version for i, (_, shard_stat) in enumerate(shards)}
+        tx = client.transaction()
+        if stat is None:
+            tx.create(layout.matrix, MatrixIndex(wanted).to_json(), acl=acl)
+        else:
+            tx.set_data(layout.matrix, MatrixIndex(wanted).to_json(), version=stat.version)
+        for i, part in enumerate(split(whole, wanted)):
+            if i in versions:
+                tx.set_data(layout.matrix_shard(i), part.to_json(), version=versions[i])
+            else:
+                tx.create(layout.matrix_shard(i), part.to_json(), acl=acl)
+        errors = [r for r in tx.commit() if isinstance(r, Exception)]
+        if not errors:
+            return
+        if not any(isinstance(e, (BadVersionError, NodeExistsError)) for e in errors):
+            raise StoreError(f"ZooKeeper refused to lay out the GPU matrix under "
+                             f"{layout.root}: {errors}")
+        # a keeper or an agent wrote meanwhile: read again
 
 
 def open_root_message(root: str) -> str:
@@ -341,16 +389,24 @@ def previous_layout_message(root: str) -> str:
     """A root secured by an older HyperTF: without ``limits`` users could still write its
     matrix; without ``hosts`` any agent could create another host's record. ``auth init``
     brings it up to date (agents of the older HyperTF keep writing the old place)."""
-    return (f"ZooKeeper root {root} is in a previous layout (no per-host folders or no user "
-            f"limits): the cluster admin runs 'hypertf auth init -i INVENTORY' to migrate it "
-            f"(running jobs and queued ones are kept), then upgrades the agents")
+    return (f"ZooKeeper root {root} is in a previous layout (no per-host folders, no user "
+            f"limits, or the GPU matrix in one znode): the cluster admin runs 'hypertf auth "
+            f"init -i INVENTORY' to migrate it (running jobs and queued ones are kept), then "
+            f"upgrades the agents")
 
 
 def current_layout(client: KazooClient, root: str) -> bool:
-    """The root has what this HyperTF's layout adds (``limits``, ``hosts``): one round trip."""
+    """The root has what this HyperTF's layout adds (``limits``, ``hosts``, a sharded
+    matrix): one round trip."""
     layout = Layout(root)
     pending = [client.exists_async(path) for path in (layout.limits, layout.hosts)]
-    return all(result.get(timeout=30) is not None for result in pending)
+    matrix = client.get_async(layout.matrix)
+    if not all(result.get(timeout=30) is not None for result in pending):
+        return False
+    try:
+        return MatrixIndex.from_json(matrix.get(timeout=30)[0]) is not None
+    except (NoNodeError, StoreError, ValueError):
+        return False
 
 
 def check_access(client: KazooClient, root: str, credential: Credential) -> None:

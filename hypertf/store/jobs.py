@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from typing import Any, cast
 
 from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
@@ -17,6 +18,7 @@ from kazoo.retry import ForceRetryError
 from hypertf.core.errors import StoreError
 from hypertf.core.jobrecord import ENDED_BY_OTHERS, LIVE_STATES, JobRecord, JobState
 from hypertf.store import Store, decode, encode, until_committed
+from hypertf.store.zkclient import get_many
 
 
 def mark_lost(store: Store, task_key: str) -> None:
@@ -35,6 +37,21 @@ def read_job(store: Store, task_key: str) -> JobRecord | None:
     except NoNodeError:
         return None
     return cast(JobRecord, decode(data, "job record"))
+
+
+def read_jobs(store: Store, task_keys: Iterable[str]) -> dict[str, JobRecord]:
+    """The records of ``task_keys`` that exist, in multi-reads (the keeper's sync reads
+    every ended job's record in one round trip, not one each)."""
+    keys = list(task_keys)
+    found: dict[str, JobRecord] = {}
+    for key, answer in zip(keys, get_many(store.client, [store.layout.job(k) for k in keys]),
+                           strict=True):
+        if isinstance(answer, NoNodeError):
+            continue
+        if isinstance(answer, Exception):
+            raise answer
+        found[key] = cast(JobRecord, decode(answer[0], "job record"))
+    return found
 
 
 def update_job(store: Store, task_key: str, **changes: Any) -> None:

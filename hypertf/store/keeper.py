@@ -16,6 +16,7 @@ import threading
 from hypertf import store
 from hypertf.config.settings import ClusterSettings
 from hypertf.store import HostWatch, Layout, Store
+from hypertf.store.allocation import watch_matrix
 from hypertf.store.waitqueue import Admitter
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class KeeperThread:
     def start(self) -> KeeperThread:
         self.client.ChildrenWatch(self.layout.leases, self._on_users)
         HostWatch(self.client, self.layout, self._poke)
-        self.client.DataWatch(self.layout.matrix, self._poke)
+        watch_matrix(self.admitter.store, self._poke)
         self._thread.start()
         return self
 

@@ -55,16 +55,18 @@ def collect(client: KazooClient, inventory: Inventory) -> dict[str, Any]:
         row = matrix.gpus.get(name, [])
         details = {gpu.index: gpu for gpu in record.gpus} if record else {}
         gpus = []
-        for index, cell in enumerate(row):
+        for index, cell in enumerate(row):  # 80,000 GPUs at 10,000 hosts: dict literals
             gpu = details.get(index)
             key = job_of(cell)
-            entry: dict[str, Any] = {"index": index, "state": state_of(cell), "task_key": key}
-            if gpu:
-                entry.update(name=gpu.name, uuid=gpu.uuid, utilization=gpu.utilization,
-                             memory_used=gpu.memory_used, memory_total=gpu.memory_total,
-                             reason=gpu.reason, mig=gpu.mig,
-                             foreign_pids=[p.pid for p in gpu.foreign_processes(key)])
-            gpus.append(entry)
+            if gpu is None:
+                gpus.append({"index": index, "state": state_of(cell), "task_key": key})
+                continue
+            gpus.append({"index": index, "state": state_of(cell), "task_key": key,
+                         "name": gpu.name, "uuid": gpu.uuid, "utilization": gpu.utilization,
+                         "memory_used": gpu.memory_used, "memory_total": gpu.memory_total,
+                         "reason": gpu.reason, "mig": gpu.mig,
+                         "foreign_pids": [p.pid for p in gpu.foreign_processes(key)]
+                         if gpu.processes else []})
         hosts.append({
             "name": name,
             "address": node.address,

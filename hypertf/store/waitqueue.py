@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,11 +55,27 @@ from hypertf.core.jobrecord import (
 )
 from hypertf.core.limits import Limits
 from hypertf.core.matrix import Held, Matrix
-from hypertf.core.placement import Grant, Request, cannot_place
+from hypertf.core.placement import (
+    Grant,
+    PortRanges,
+    Request,
+    cannot_place,
+    compact_hosts,
+    expand_hosts,
+)
 from hypertf.core.scheduler import TaskSlot
-from hypertf.store import Store, decode, encode, owner_of, until_committed
-from hypertf.store.allocation import check_registered, owner_info, read_matrix, sync_matrix
+from hypertf.store import RecordCache, Store, decode, encode, owner_of, until_committed
+from hypertf.store.allocation import (
+    TRANSACTION_BYTES,
+    MatrixVersion,
+    check_registered,
+    matrix_writes,
+    owner_info,
+    read_matrix,
+    sync_matrix,
+)
 from hypertf.store.jobs import mark_lost, read_job
+from hypertf.store.zkclient import get_many
 
 QUEUED = JobState.QUEUED
 DEFAULT_PORT_RANGE = (20000, 20999)
@@ -69,9 +86,9 @@ def request_to_json(request: Request, priority: int,
                     exclude_ports: Mapping[str, set[int]] | None = None,
                     wait: bool = True) -> dict[str, Any]:
     """Compact: 1000 hosts share one port range, so only the differing ones are listed."""
-    ranges = list(request.port_ranges.values())
-    common = max(ranges, key=ranges.count) if ranges else DEFAULT_PORT_RANGE
-    return {"priority": priority, "hosts": list(request.hosts), "policy": request.policy,
+    ranges = Counter(tuple(r) for r in request.port_ranges.values())  # not list.count:
+    common = ranges.most_common(1)[0][0] if ranges else DEFAULT_PORT_RANGE  # quadratic
+    return {"priority": priority, "hosts": compact_hosts(request.hosts), "policy": request.policy,
             "slots": [[s.role, s.index, s.gpus] for s in request.slots],
             "port_range": list(common),
             "port_ranges": {h: list(r) for h, r in request.port_ranges.items()
@@ -82,10 +99,12 @@ def request_to_json(request: Request, priority: int,
 
 def waiting_from_record(record: Mapping[str, Any], order: int) -> Waiting:
     queue = record["queue"]
-    common = tuple(queue.get("port_range", DEFAULT_PORT_RANGE))
-    ranges = {h: tuple(queue.get("port_ranges", {}).get(h, common)) for h in queue["hosts"]}
+    hosts = expand_hosts(tuple(queue["hosts"]))
+    low, high = queue.get("port_range", DEFAULT_PORT_RANGE)
+    ranges = PortRanges(hosts, (int(low), int(high)), {
+        h: (int(r[0]), int(r[1])) for h, r in queue.get("port_ranges", {}).items()})
     request = Request(slots=tuple(TaskSlot(r, i, g) for r, i, g in queue["slots"]),
-                      hosts=tuple(queue["hosts"]), policy=queue.get("policy", "round_robin"),
+                      hosts=hosts, policy=queue.get("policy", "round_robin"),
                       port_ranges=ranges)
     return Waiting(record["task_key"], request, priority=int(queue.get("priority", 0)),
                    order=order, held=bool(queue.get("held")),
@@ -185,23 +204,31 @@ class QueueReader:
         for key in gone:  # a waiter whose lease went without a cancel: its launcher is gone
             mark_lost(self.store, key)
         keys = sorted(leases - self.settled)
-        asyncs = [(key, self.store.client.get_async(self.store.layout.job(key))) for key in keys]
+        answers = get_many(self.store.client, [self.store.layout.job(key) for key in keys])
         self.records = {}
         found = []
-        for key, result in asyncs:
+        for key, answer in zip(keys, answers, strict=True):
+            if isinstance(answer, NoNodeError):
+                continue  # not written yet (the launcher's transaction)
+            if isinstance(answer, Exception):
+                raise answer
+            data, stat = answer
             try:
-                data, stat = result.get(timeout=30)
                 record = decode(data, "job record")
-            except (NoNodeError, StoreError):
-                continue  # not written yet (the launcher's transaction), or unreadable
+            except StoreError:
+                continue  # unreadable
             if record.get("state") != QUEUED or "queue" not in record:
                 self.settled.add(key)
                 if record.get("placements") and key not in self.grants:
                     with contextlib.suppress(KeyError, TypeError, ValueError):
                         self.grants[key] = held_of(record)  # a new keeper
                 continue
+            try:
+                job = waiting_from_record(record, stat.czxid)
+            except (KeyError, TypeError, ValueError):
+                continue  # its owner wrote a request no keeper can read: it waits unread
             self.records[key] = (record, stat.version)
-            found.append(waiting_from_record(record, stat.czxid))
+            found.append(job)
         return found
 
 
@@ -226,69 +253,96 @@ class Admitter:
     store: Store
     user_gpu_limit: int = 0
     reader: QueueReader = field(init=False)
+    cache: RecordCache = field(init=False)
     published: bytes | None = None
+    _synced_live: list[str] | None = None
+    _read_waiting: list[Waiting] | None = None
 
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
+        self.cache = RecordCache(self.store)
 
     def keep(self) -> list[Decision]:
         """Sync (free ended jobs, repair running ones), then admit."""
-        self.reader.waiting()  # fresh grants before the repair (a new keeper reads them)
-        sync_matrix(self.store, self.reader.grants)
+        waiting = self.reader.waiting()  # fresh grants before the repair (a new keeper)
+        _, records = sync_matrix(self.store, self.reader.grants, self.cache)
+        # The admission's first try reads neither again (its commit checks every record's
+        # version, so a stale read only costs a second try).
+        self._synced_live, self._read_waiting = sorted(records), waiting
         return self.admit()
+
+    def live_hosts(self) -> list[str]:
+        """Registered hosts with an agent record: those the sync just read (once), else
+        from the keeper's records."""
+        live, self._synced_live = self._synced_live, None
+        return live if live is not None else sorted(self.cache.records(self.store.hosts()))
 
     def admit(self) -> list[Decision]:
         """One pass; returns the decisions (admitted and refused ones committed)."""
         def attempt(_retries: int) -> list[Decision]:
             matrix, version = read_matrix(self.store)
-            waiting = self.reader.waiting()
-            live = self.store.live_hosts()
+            waiting, self._read_waiting = self._read_waiting, None
+            if waiting is None:
+                waiting = self.reader.waiting()
+            live = self.live_hosts()
             limits = read_limits(self.store)
             decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
             settled = [d for d in decisions if d.admitted or d.refused]
-            if settled and not self._commit(matrix, version, settled, live, limits):
-                raise ForceRetryError()
+            if settled:
+                outcome = self._commit(matrix, version, settled, live, limits)
+                if outcome != "committed":  # a conflict, or a first part of a large pass
+                    raise ForceRetryError()  # committed: read and decide again
             self.publish(decisions, {w.task_key: w for w in clamped(waiting, limits)})
             return decisions
 
         return until_committed(attempt, "admitting waiting jobs")
 
-    def _commit(self, matrix: Matrix, version: int, settled: list[Decision],
-                live: list[str], limits: Limits) -> bool:
+    def _commit(self, matrix: Matrix, version: MatrixVersion, settled: list[Decision],
+                live: list[str], limits: Limits) -> str:
+        """"committed", "conflict", or "part" (the pass's decisions would make a request
+        past TRANSACTION_BYTES: the first half, or less, was committed; the rest is
+        decided again by the next try)."""
         taken = matrix
         tx = self.store.client.transaction()
         now = time.time()
+        size = 0
         # Admissions first: a refusal names what is free once this pass's admissions took
         # their GPUs (two --no-wait jobs for the last GPU: the loser hears it is taken).
         for decision in sorted(settled, key=lambda d: d.refused):
             record, record_version = self.reader.records[decision.task_key]
             if decision.refused:
-                tx.set_data(self.store.layout.job(decision.task_key), encode({
-                    **record, "state": JobState.REFUSED, "refused": now,
-                    "refused_reason": self.refusal(decision, record, taken, live, limits)}),
-                    version=record_version)
+                data = encode({**record, "state": JobState.REFUSED, "refused": now,
+                               "refused_reason": self.refusal(decision, record, taken, live,
+                                                              limits)})
+                tx.set_data(self.store.layout.job(decision.task_key), data,
+                            version=record_version)
+                size += len(data)
                 continue
             held = Held.of(decision.placements, decision.ports)
             taken = taken.take(decision.task_key, held.gpus, held.ports)
             tx.check(self.store.layout.lease(decision.task_key), -1)
-            tx.set_data(self.store.layout.job(decision.task_key), encode({
+            data = encode({
                 **record, "state": JobState.ALLOCATED, "admitted": now,
                 "waited_s": round(now - float(record.get("created", now)), 3),
-                "placements": placements_json(decision.placements, decision.ports)}),
-                version=record_version)
-        if taken is not matrix:
-            tx.set_data(self.store.layout.matrix, taken.to_json(), version=version)
-        else:
-            tx.check(self.store.layout.matrix, version)
+                "placements": placements_json(decision.placements, decision.ports)})
+            tx.set_data(self.store.layout.job(decision.task_key), data, version=record_version)
+            size += len(data)
+        # The shards the admissions changed, each version-checked; a refusal names what is
+        # free everywhere, so then every shard is checked too.
+        size += matrix_writes(tx, self.store.layout, matrix, taken, version,
+                              check_rest=any(d.refused for d in settled))
+        if size > TRANSACTION_BYTES and len(settled) > 1:
+            first = self._commit(matrix, version, settled[:len(settled) // 2], live, limits)
+            return "part" if first != "conflict" else first
         errors = [r for r in tx.commit() if isinstance(r, Exception)]
         if errors:
-            return False  # a cancel, a lost waiter or another writer: read and decide again
+            return "conflict"  # a cancel, a lost waiter or another writer: decide again
         for decision in settled:
             self.reader.settled.add(decision.task_key)
             if decision.admitted:
                 self.reader.grants[decision.task_key] = Held.of(decision.placements,
                                                                 decision.ports)
-        return True
+        return "committed"
 
     def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
                 live: list[str], limits: Limits) -> str:

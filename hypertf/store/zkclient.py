@@ -18,13 +18,30 @@ none), so the retry reports the conflict instead of doing it twice.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState, TransactionRequest
-from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
+from kazoo.exceptions import (
+    EXCEPTIONS,
+    ConnectionLoss,
+    KazooException,
+    OperationTimeoutError,
+    SessionExpiredError,
+    UnimplementedError,
+)
+from kazoo.protocol.serialization import (
+    GetData,
+    MultiHeader,
+    int_struct,
+    multiheader_struct,
+    read_buffer,
+    stat_struct,
+)
+from kazoo.protocol.states import KeeperState, ZnodeStat
 
 RIDDEN_OUT = (ConnectionLoss, OperationTimeoutError)
 
@@ -39,7 +56,37 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
         self.on_pause = on_pause
         self._connected = threading.Event()
         self._paused = False
+        self._batch = threading.local()
         self.add_listener(self._note_state)
+
+    @contextlib.contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """Asynchronous requests made in this block (by this thread) wake kazoo's connection
+        thread once at its end, not once each: kazoo writes one byte to a socket pair per
+        request, and that hand-over costs about 200 us on a busy machine, 2 s for the
+        10,000 reads of ``hypertf status`` at 10,000 hosts. The connection thread still
+        sends one request per byte, in order."""
+        if getattr(self._batch, "queued", None) is not None:
+            yield  # nested: the outer block wakes it
+            return
+        self._batch.queued = 0
+        try:
+            yield
+        finally:
+            queued, self._batch.queued = self._batch.queued, None
+            write_sock = self._connection._write_sock
+            if queued and write_sock is not None:
+                with contextlib.suppress(OSError):  # closed meanwhile: the gets time out
+                    write_sock.sendall(b"\0" * queued)
+
+    def _call(self, request: Any, async_object: Any) -> Any:
+        queued = getattr(self._batch, "queued", None)
+        if queued is None or self._state in (KeeperState.AUTH_FAILED, KeeperState.CLOSED,
+                                             KeeperState.EXPIRED_SESSION):
+            return super()._call(request, async_object)
+        self._queue.append((request, async_object))
+        self._batch.queued = queued + 1
+        return None
 
     def _note_state(self, state: str) -> None:
         """Listeners must not block: note the state, say an outage once and its end."""
@@ -127,3 +174,84 @@ class PatientTransaction(TransactionRequest):  # type: ignore[misc]
             return self.commit_async()
 
         return self.client.patiently(send)  # type: ignore[no-any-return]
+
+
+def pipelined(client: KazooClient) -> contextlib.AbstractContextManager[None]:
+    """``PatientClient.pipelined`` for any client (a plain KazooClient: no batching)."""
+    batch = getattr(client, "pipelined", None)
+    return batch() if batch is not None else contextlib.nullcontext()
+
+
+class MultiRead:
+    """ZooKeeper's multi-read (opcode 22, ZooKeeper 3.6 and later), which kazoo lacks: many
+    getData in one request and one answer, each its data and stat or its error. Reads are
+    not atomic together (each is as of when the server reached it)."""
+
+    type = 22
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def serialize(self) -> bytes:
+        body = bytearray()
+        for path in self.paths:
+            body.extend(MultiHeader(GetData.type, False, -1).serialize())
+            body.extend(GetData(path, None).serialize())
+        return bytes(body + multiheader_struct.pack(-1, True, -1))
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> list[Any]:
+        results: list[Any] = []
+        header, offset = MultiHeader.deserialize(data, offset)
+        while not header.done:
+            if header.type == GetData.type:
+                value, offset = read_buffer(data, offset)
+                results.append((value, ZnodeStat._make(stat_struct.unpack_from(data, offset))))
+                offset += stat_struct.size
+            else:  # an error: its code
+                code = int_struct.unpack_from(data, offset)[0]
+                offset += int_struct.size
+                results.append(EXCEPTIONS[code]())
+            header, offset = MultiHeader.deserialize(data, offset)
+        return results
+
+
+READS_PER_REQUEST = 256  # agent records of ~1.5 KB: answers of ~400 KB
+
+
+def get_many(client: KazooClient, paths: list[str], timeout: float = 60.0) -> list[Any]:
+    """The data and stat of every path, in order (an exception instance where a read
+    failed: ``NoNodeError`` for a missing one), in few round trips: ZooKeeper's multi-read
+    in chunks, all sent before any answer is awaited. kazoo costs ~100-300 us per request
+    on a busy machine, so 10,000 gets took 2-3 s here; 40 multi-reads take 0.1 s. No
+    watches (the server sets none for a multi-read). A server without multi-read (before
+    ZooKeeper 3.6) gets pipelined plain gets instead."""
+    if getattr(client, "_no_multi_read", False):
+        return _get_each(client, paths, timeout)
+    chunks = [paths[i:i + READS_PER_REQUEST] for i in range(0, len(paths), READS_PER_REQUEST)]
+    with pipelined(client):
+        pending = []
+        for chunk in chunks:
+            result = client.handler.async_result()
+            client._call(MultiRead(chunk), result)
+            pending.append(result)
+    results: list[Any] = []
+    try:
+        for result in pending:
+            results.extend(result.get(timeout=timeout))
+    except UnimplementedError:
+        client._no_multi_read = True
+        return _get_each(client, paths, timeout)
+    return results
+
+
+def _get_each(client: KazooClient, paths: list[str], timeout: float) -> list[Any]:
+    with pipelined(client):
+        pending = [client.get_async(path) for path in paths]
+    results: list[Any] = []
+    for result in pending:
+        try:
+            results.append(result.get(timeout=timeout))
+        except KazooException as err:
+            results.append(err)
+    return results

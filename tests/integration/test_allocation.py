@@ -13,15 +13,24 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from kazoo.exceptions import NoNodeError
 
 from hypertf import store
 from hypertf.core.errors import InsufficientResources
-from hypertf.core.matrix import DRAINING, FREE
+from hypertf.core.matrix import DRAINING, FREE, Matrix
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
-from hypertf.store.allocation import confirm_drained, release, sync_matrix
+from hypertf.store.allocation import (
+    confirm_drained,
+    overwrite_matrix,
+    read_matrix,
+    release,
+    sync_matrix,
+    write_matrix,
+)
 from hypertf.store.waitqueue import submit
+from hypertf.store.zkclient import get_many
 from tests.conftest import wait_for
 
 WORKER = Path(__file__).resolve().parent.parent / "allocator_worker.py"
@@ -257,3 +266,60 @@ def test_two_no_wait_requests_for_the_last_gpu_one_runs_the_other_hears_it_is_ta
     assert len(results) == 2 and len(refusals) == 1, results
     assert refusals[0].startswith("cannot place worker:0 (1 GPU on one host)"), refusals
     assert "n1: 0 of 1 free" in refusals[0]
+
+
+def test_multi_read_answers_every_path_in_order_across_chunks(zk, layout):
+    """get_many (ZooKeeper's multi-read, 256 paths a request): the data of each path, and
+    NoNodeError where one is missing, in the order asked, past a chunk's boundary."""
+    parent = f"{layout.root}/many"
+    zk.create(parent, b"", acl=store.acls(zk).root())
+    names = [f"z{i:04d}" for i in range(600)]
+    pending = [zk.create_async(f"{parent}/{n}", n.encode(), acl=store.acls(zk).root())
+               for n in names]
+    for result in pending:
+        result.get(timeout=30)
+    paths = [f"{parent}/{n}" for n in names]
+    paths.insert(300, f"{parent}/missing")
+    results = get_many(zk, paths)
+    assert isinstance(results[300], NoNodeError)
+    del results[300]
+    assert [data for data, _ in results] == [n.encode() for n in names]
+    assert store.Store(zk, layout).records(only=["nowhere"]) == {}
+
+
+def test_a_matrix_change_past_one_mib_is_written_in_several_transactions(zk, layout):
+    """3,000 hosts with every GPU held by its own job and a port each (1.7 MB over 4
+    shards): ZooKeeper refuses a request past 1 MiB, so the shards go in transactions of
+    at most 512 KB, each version-checked; the matrix reads back whole."""
+    big = Matrix()
+    for i in range(3000):
+        keys = [f"20261124-000000-{i:06x}.u{g}" for g in range(8)]
+        big.gpus[f"h{i:04d}"] = list(keys)
+        big.ports[f"h{i:04d}"] = {str(20000 + g): key for g, key in enumerate(keys)}
+    assert sum(len(json.dumps(row)) for row in [*big.gpus.values(), *big.ports.values()]) \
+        > 1024 * 1024
+    overwrite_matrix(Store(zk, layout), big)
+    assert read_matrix(Store(zk, layout))[0] == big
+
+
+def test_auth_init_for_a_larger_cluster_reshards_and_keeps_every_cell(secured, zk, layout):
+    """A root laid out for a few hosts (4 shards) gets 8 when auth init runs for 1,000
+    hosts: one transaction, every row where its host now hashes, nothing lost; a writer
+    that read the old layout is refused (the index's version changed) and reads again."""
+    matrix = Matrix(gpus={f"h{i}": [FREE, f"20261124-000000-{i:06x}.u"] for i in range(40)},
+                    ports={"h3": {"20000": "20261124-000000-000003.u"}})
+    overwrite_matrix(Store(zk, layout), matrix)
+    old, stale = read_matrix(Store(zk, layout))
+    assert stale.shards == 4
+    store.secure_cluster(secured, [], matrix_hosts=1000)
+    other = store.connect(secured, identity="admin")  # a client that never saw 4 shards
+    try:
+        now, version = read_matrix(Store(other, layout))
+        assert version.shards == 8 and now == matrix
+        assert sorted(other.get_children(layout.matrix), key=int) == [str(i) for i in range(8)]
+    finally:
+        store.close(other)
+    changed = old.take("20261124-000000-ffffff.u", {"h1": [0]}, {})
+    assert write_matrix(Store(zk, layout), old, changed, stale) is False
+    store.secure_cluster(secured, [], matrix_hosts=10)  # never fewer shards
+    assert read_matrix(Store(zk, layout))[1].shards == 8

@@ -23,11 +23,11 @@ from kazoo.security import OPEN_ACL_UNSAFE, make_acl
 from hypertf import store
 from hypertf.config.inventory import Inventory, load_inventory
 from hypertf.core.errors import InsufficientResources
-from hypertf.core.matrix import FREE, Matrix
+from hypertf.core.matrix import FREE, MatrixIndex
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import AgentRecord, Layout, Store, auth
-from hypertf.store.allocation import release
+from hypertf.store.allocation import overwrite_matrix, read_matrix, release
 from hypertf.store.keeper import KeeperThread
 from hypertf.store.waitqueue import read_view, submit
 from tests.conftest import wait_for
@@ -96,7 +96,8 @@ def job(launcher) -> str:
 
 def every_path(layout: Layout, key: str) -> list[str]:
     user = store.owner_of(key)
-    return [layout.root, layout.matrix, layout.hosts, layout.host("n1"), layout.resource("n1"),
+    return [layout.root, layout.matrix, layout.matrix_shard(0), layout.hosts, layout.host("n1"),
+            layout.resource("n1"),
             layout.leases, layout.user_leases(user), layout.lease(key),
             layout.jobs, layout.user_jobs(user), layout.job(key)]
 
@@ -336,7 +337,9 @@ def test_a_registered_user_writes_nothing_outside_his_own_folders_and_waits_his_
     _, inventory, layout = cluster
     owner = auth.login_user()
     bob = store.connect(inventory.cluster, identity="user.bob")
-    outside = [layout.root, layout.matrix, layout.limits, layout.hosts, layout.host("n1"),
+    shards = read_matrix(Store(bob, layout))[1].shards
+    outside = [layout.root, layout.matrix, *(layout.matrix_shard(i) for i in range(shards)),
+               layout.limits, layout.hosts, layout.host("n1"),
                layout.resource("n1"), layout.leases, layout.user_leases(owner),
                layout.lease(job), layout.jobs,
                layout.user_jobs(owner), layout.job(job), layout.keeper]
@@ -349,7 +352,7 @@ def test_a_registered_user_writes_nothing_outside_his_own_folders_and_waits_his_
                           lambda p: bob.set_acls(p, OPEN_ACL_UNSAFE)):
                 with pytest.raises((NoAuthError, NotEmptyError)):
                     write(path)
-        matrix = Matrix.from_json(bob.get(layout.matrix)[0])
+        matrix, _ = read_matrix(Store(bob, layout))
         assert matrix.gpus["n1"][0] == job  # the job's GPU was never set free
 
         got: list[object] = []
@@ -417,12 +420,11 @@ def test_the_keeper_restores_a_running_jobs_cells_whoever_wrote_the_matrix(
     _, inventory, layout = cluster
     agent = store.connect(inventory.cluster, identity="agent.n2")
     try:
-        data, stat_ = agent.get(layout.matrix)
-        forged = Matrix.from_json(data)
+        forged, _ = read_matrix(Store(agent, layout))
         forged.gpus["n1"] = [FREE, FREE]
         forged.ports.pop("n1", None)
-        agent.set(layout.matrix, forged.to_json(), version=stat_.version)
-        wait_for(lambda: Matrix.from_json(agent.get(layout.matrix)[0]).gpus["n1"][0] == job,
+        overwrite_matrix(Store(agent, layout), forged)
+        wait_for(lambda: read_matrix(Store(agent, layout))[0].gpus["n1"][0] == job,
                  10, "the job's GPU restored")
         with pytest.raises(InsufficientResources):
             submit(launcher, Request((TaskSlot("worker", 0, 2),), ("n1",)),
@@ -461,5 +463,47 @@ def test_a_root_in_the_previous_layout_is_refused_until_auth_init_migrates_it(cl
     try:
         with pytest.raises(NoAuthError):
             user.set(layout.matrix, b"{}")
+    finally:
+        store.close(user)
+
+
+def test_a_matrix_in_one_znode_is_refused_until_auth_init_shards_it(cluster, job):
+    """The previous layout's matrix (every row in the parent's data, as a HyperTF before
+    shards wrote it) is refused by every command in one line naming the command that
+    migrates it; ``auth init`` shards it and keeps the running job's cells and ports."""
+    path, inventory, layout = cluster
+    admin = store.connect(inventory.cluster, identity="admin")
+    try:
+        before, _ = read_matrix(Store(admin, layout))
+        assert before.gpus["n1"][0] == job
+        acl = store.acls(admin).matrix()
+        admin.delete(layout.matrix, recursive=True)
+        admin.create(layout.matrix, store.encode({"gpus": before.gpus, "ports": before.ports}),
+                     acl=acl)
+    finally:
+        store.close(admin)
+    old = hypertf("status", "-i", str(path))
+    assert old.returncode == 3, old.stdout + old.stderr
+    assert "in a previous layout" in old.stderr and "GPU matrix in one znode" in old.stderr
+    assert "'hypertf auth init -i INVENTORY'" in old.stderr and old.stderr.count("\n") == 1
+    migrated = hypertf("auth", "init", "-i", str(path), identity="admin")
+    assert migrated.returncode == 0, migrated.stderr
+    assert hypertf("status", "-i", str(path)).returncode == 0
+    admin = store.connect(inventory.cluster, identity="admin")
+    try:
+        index = MatrixIndex.from_json(admin.get(layout.matrix)[0])
+        assert index is not None and index.shards >= 1
+        assert sorted(admin.get_children(layout.matrix)) == sorted(
+            str(i) for i in range(index.shards))
+        after, _ = read_matrix(Store(admin, layout))
+        assert after == before  # the job keeps its GPU and its port
+        assert auth.current_layout(admin, layout.root)
+    finally:
+        store.close(admin)
+    user = store.connect(inventory.cluster)
+    try:
+        for i in range(index.shards):
+            with pytest.raises(NoAuthError):
+                user.set(layout.matrix_shard(i), b"{}")
     finally:
         store.close(user)

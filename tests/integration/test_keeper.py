@@ -24,6 +24,7 @@ from hypertf.core.matrix import Matrix
 from hypertf.core.placement import Request
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
+from hypertf.store.allocation import read_matrix
 from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
 
@@ -80,7 +81,7 @@ def stored(keeper_lab) -> Iterator[Callable[[], Matrix]]:
     def read() -> Matrix:
         if client.exists(layout.matrix) is None:
             return Matrix()
-        return Matrix.from_json(client.get(layout.matrix)[0])
+        return read_matrix(store.Store(client, layout))[0]
 
     yield read
     store.close(client)

@@ -15,7 +15,7 @@ from hypertf.core.admission import (
     fits_cluster,
 )
 from hypertf.core.matrix import FREE, UNAVAILABLE, Matrix
-from hypertf.core.placement import Request
+from hypertf.core.placement import PortRanges, Request, compact_hosts, expand_hosts
 from hypertf.core.scheduler import TaskSlot
 
 HOSTS = ("h1", "h2")
@@ -112,3 +112,30 @@ def test_fits_cluster_counts_busy_and_unavailable_gpus():
     assert fits_cluster(job("a", 2, gpus=4).request, m, ["h1", "h2"])
     assert not fits_cluster(job("a", 1, gpus=5).request, m, ["h1", "h2"])
     assert not fits_cluster(job("a", 2, gpus=4).request, m, ["h1"])  # h2's agent is gone
+
+
+# --- a waiting job's hosts, compact --------------------------------------------------------
+
+
+def test_hosts_are_kept_as_ranges_in_order_and_expand_back():
+    hosts = ("node00007", "node00008", "node00009", "node00010", "gpu-a", "n9", "n10",
+             "node00012", "x1", "x2", "x3")
+    compact = compact_hosts(hosts)
+    assert compact == ["node[00007:00010]", "gpu-a", "n9", "n10", "node00012", "x[1:3]"]
+    assert expand_hosts(tuple(compact)) == hosts
+    many = tuple(f"node{i:05d}" for i in range(10_000))
+    assert compact_hosts(many) == ["node[00000:09999]"]
+    assert expand_hosts(("node[00000:09999]",)) == many
+
+
+def test_a_forged_range_is_refused_not_expanded():
+    with pytest.raises(ValueError):
+        expand_hosts(("x[0:999999999]",))
+    with pytest.raises(ValueError):
+        expand_hosts(("x[10:9]",))
+
+
+def test_port_ranges_name_the_shared_range_once():
+    ranges = PortRanges(("a", "b", "c"), (20000, 20999), {"b": (30000, 30010)})
+    assert dict(ranges) == {"a": (20000, 20999), "b": (30000, 30010), "c": (20000, 20999)}
+    assert ranges.get("c", (1, 2)) == (20000, 20999) and len(ranges) == 3

@@ -7,7 +7,22 @@ import json
 import pytest
 
 from hypertf.core.errors import StoreError
-from hypertf.core.matrix import DRAINING, FREE, UNAVAILABLE, Matrix, same, synced
+from hypertf.core.matrix import (
+    DRAINING,
+    FREE,
+    HOSTS_PER_SHARD,
+    MIN_SHARDS,
+    UNAVAILABLE,
+    Matrix,
+    MatrixIndex,
+    changed_shards,
+    joined,
+    same,
+    shard_count,
+    shard_of,
+    split,
+    synced,
+)
 from hypertf.store import FORMAT, AgentRecord
 
 
@@ -37,6 +52,47 @@ def test_json_carries_the_format_number():
     assert payload["format"] == FORMAT == 1
     assert payload["gpus"] == {"h1": [1]}
     assert payload["ports"] == {}
+
+
+# --- shards ---------------------------------------------------------------------------------
+
+
+def test_a_hosts_shard_is_stable_and_spreads_hosts_evenly():
+    hosts = [f"node{i:05d}" for i in range(10_000)]
+    count = shard_count(len(hosts))
+    assert count == 79 and shard_count(16) == MIN_SHARDS and shard_count(0) == MIN_SHARDS
+    assert shard_of("node00042", count) == shard_of("node00042", count) == 1514081616 % count
+    sizes = [len(part.gpus) for part in split(Matrix(gpus={h: [1] * 8 for h in hosts}), count)]
+    assert sum(sizes) == len(hosts) and max(sizes) < 1.5 * HOSTS_PER_SHARD
+
+
+def test_split_and_joined_give_back_the_whole():
+    matrix = Matrix(gpus={f"h{i}": [1, f"k{i}"] for i in range(50)},
+                    ports={f"h{i}": {"20000": f"k{i}"} for i in range(50)})
+    parts = split(matrix, 7)
+    assert len(parts) == 7 and joined(parts) == matrix
+    for i, part in enumerate(parts):
+        assert all(shard_of(host, 7) == i for host in [*part.gpus, *part.ports])
+
+
+def test_only_the_shards_a_change_touches_are_written():
+    matrix = Matrix(gpus={f"h{i}": [1, 1] for i in range(50)})
+    taken = matrix.take("k", {"h3": [0]}, {"h3": [20000]})
+    assert list(changed_shards(matrix, taken, 7)) == [shard_of("h3", 7)]
+    assert changed_shards(matrix, matrix.copy(), 7) == {}
+    part = changed_shards(matrix, taken, 7)[shard_of("h3", 7)]
+    assert part.gpus["h3"] == ["k", 1] and part.ports == {"h3": {"20000": "k"}}
+
+
+def test_the_index_names_its_shards_and_the_previous_layout_reads_as_none():
+    assert MatrixIndex.from_json(MatrixIndex(79).to_json()) == MatrixIndex(79)
+    assert json.loads(MatrixIndex(3).to_json()) == {"format": 2, "shards": 3}
+    assert MatrixIndex.from_json(Matrix(gpus={"h1": [1]}).to_json()) is None  # one znode
+    assert MatrixIndex.from_json(b"") is None
+    with pytest.raises(ValueError):
+        MatrixIndex.from_json(b'{"format": 2, "shards": 0}')
+    with pytest.raises(StoreError):
+        MatrixIndex.from_json(b'{"format": 3, "shards": 4}')
 
 
 def test_empty_data_is_an_empty_matrix():
