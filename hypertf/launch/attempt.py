@@ -232,21 +232,17 @@ class Attempt:
         by_host: dict[str, list[specs.TaskSpec]] = {}
         for task_spec in specs.build(grant.placements, addresses):
             by_host.setdefault(task_spec.placement.host, []).append(task_spec)
-        if job.request.sync_dir:
-            sync_dir = job.request.sync_dir
-            def upload(session: Session) -> None:
-                with job.timeline.phase("upload", session.node.name):
-                    NodeClient(session).upload(self.run_dir(session.node.name), sync_dir)
-
-            cluster.each(upload, list(by_host)).raise_failed("--sync upload")
         legacy_flags = job.announce_flags()
+        script = job.request.script if job.request.sync_dir else job.script_path()
 
         def launch(session: Session) -> None:
+            """Upload (--sync) and start in one command: one round trip per host."""
             host = session.node.name
             requests = task_requests(self, session.node, by_host[host], legacy_flags)
             with job.timeline.phase("start", host):
                 NodeClient(session).start(self.run_dir(host), requests,
-                                          make_dirs=[job.checkpoint_dir(host)])
+                                          make_dirs=[job.checkpoint_dir(host)],
+                                          sync_dir=job.request.sync_dir, script=script)
 
         update_job(job.store, self.task_key, state="starting")
         results = cluster.each(launch, list(by_host))

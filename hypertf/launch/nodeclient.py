@@ -3,8 +3,9 @@
 Every verb runs ``<venv>/bin/python -m hypertf.node.tasknode <verb>`` on the node and reads its
 JSON answer: the first JSON object line of what the command printed after its frame (what
 the user's shell startup files print is dropped by ``remote.Session``). ``start`` sends its
-request as a file read on stdin: a command line is limited (128 KiB per argument on Linux),
-a job's task specs are not.
+request, and the ``--sync`` archive after it, on the command's stdin: one round trip per
+node, and a command line is limited (128 KiB per argument on Linux), a job's task specs
+are not.
 """
 
 from __future__ import annotations
@@ -92,31 +93,30 @@ class NodeClient:
             raise RemoteError("; ".join(report["problems"]))
         return report
 
-    def upload(self, run: RunDir, source_dir: str) -> None:
-        """``--sync``: the directory, unpacked as ``<run dir>/code``."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            archive.add(source_dir, arcname=run.code.name)
-        self.session.put(buffer.getvalue(), str(run.code_archive))
-        archive_file = quote(run.code_archive)
-        result = self.session.run(
-            f"mkdir -p {quote(run.path)} && tar -xzf {archive_file} -C {quote(run.path)}; "
-            f"code=$?; rm -f {archive_file}; exit $code", timeout=120)
-        if not result.ok:
-            raise RemoteError(f"--sync upload failed: {result.stderr.strip()}")
-
     def start(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
-              make_dirs: Sequence[str] = ()) -> dict[str, int]:
-        """Start ``tasks`` (name, port, cwd, env, argv) in ``run``, after making
-        ``make_dirs``; PortsBusy when a granted port is taken (nothing is started then).
-        Returns each task's PID."""
-        request = {"run_dir": str(run.path), "venv": self.node.settings.venv,
-                   "make_dirs": list(make_dirs), "tasks": list(tasks)}
-        self.session.put(json.dumps(request).encode(), str(run.start_request))
-        request_file = quote(run.start_request)
-        answer = self._answer(self.session.run(
-            f"{self._tasknode('start')} < {request_file}; code=$?; rm -f {request_file}; "
-            f"exit $code", timeout=60))
+              make_dirs: Sequence[str] = (), sync_dir: str | None = None,
+              script: str = "") -> dict[str, int]:
+        """Start ``tasks`` (name, port, cwd, env, argv) in ``run``, after making ``make_dirs``
+        and unpacking ``sync_dir`` (``--sync``) as ``<run dir>/code``: one command, one
+        round trip (the request and the archive travel on its stdin). ``script``, when
+        given, must be there (relative to the first task's cwd): preflight's answer may be
+        cached and the script gone since. PortsBusy when a granted port is taken (nothing
+        is started then). Returns each task's PID."""
+        request: dict[str, Any] = {"run_dir": str(run.path), "venv": self.node.settings.venv,
+                                   "make_dirs": list(make_dirs), "tasks": list(tasks),
+                                   "script": script}
+        archive = b""
+        if sync_dir:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w:gz") as packed:
+                packed.add(sync_dir, arcname=run.code.name)
+            archive = buffer.getvalue()
+            request["archive"] = len(archive)
+        payload = json.dumps(request).encode() + b"\n" + archive
+        answer = self._answer(self.session.feed(self._tasknode("start"), payload,
+                                                timeout=120 if archive else 60))
+        if answer.get("problems"):
+            raise RemoteError("; ".join(answer["problems"]))
         if answer.get("busy"):
             raise PortsBusy(set(answer["busy"]))
         return answer["started"]

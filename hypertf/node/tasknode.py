@@ -1,7 +1,8 @@
 """The node side of a job: preflight, start, watch and stop the tasks of one run directory.
 
 The launcher runs ``python -m hypertf.node.tasknode ...`` on each node over SSH. ``start`` reads
-the tasks to start as JSON on stdin (no command-line limit, no shell), refuses when a
+the tasks to start as a JSON line on stdin (no command-line limit, no shell), then the
+``--sync`` archive if any (upload and start: one round trip), refuses when a
 granted port is already taken, and starts each task in its own session. ``watch``
 streams one JSON event per line (log lines, port listening, exits, heartbeats) so a single
 SSH channel per node carries everything the launcher needs; ``stop`` signals each task's
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -22,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -86,18 +89,26 @@ def wrapper_argv(run: RunDir, name: str, venv: str, cwd: str, argv: Sequence[str
             str(run.exit(name)), str(run.drained), venv, cwd, "--", *argv]
 
 
-def start(request: Mapping[str, Any]) -> dict[str, Any]:
+def start(request: Mapping[str, Any], archive: bytes = b"") -> dict[str, Any]:
     """Start the tasks of ``request`` (``run_dir``, ``venv``, ``make_dirs``, ``tasks``: each with
     ``name``, ``port``, ``cwd``, ``env``, ``argv``), each in its own session so its process
     group can be signalled whole; returns ``{"busy": [ports]}`` without starting anything
-    when a granted port is already in use (the launcher retries on fresh ports), else
-    ``{"started": {name: pid}}``."""
+    when a granted port is already in use (the launcher retries on fresh ports),
+    ``{"problems": [...]}`` when ``archive`` (``--sync``, a tar.gz) does not unpack or the
+    request's ``script`` is not there, else ``{"started": {name: pid}}``."""
     tasks = request["tasks"]
     busy = sorted(t["port"] for t in tasks if _listening(int(t["port"])))
     if busy:
         return {"busy": busy}
     run = RunDir(Path(request["run_dir"]))
     run.local.mkdir(parents=True, exist_ok=True)
+    problems = _unpack(run, archive) if archive else []
+    script = request.get("script") or ""
+    if script and tasks and not (Path(tasks[0]["cwd"]) / script).is_file():
+        problems.append(f"script {script} not found (relative paths start in "
+                        f"{tasks[0]['cwd']})")
+    if problems:
+        return {"problems": problems}
     for directory in request.get("make_dirs", ()):  # checkpoints: kept across attempts
         Path(directory).mkdir(parents=True, exist_ok=True)
     started = {}
@@ -108,6 +119,18 @@ def start(request: Mapping[str, Any]) -> dict[str, Any]:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         started[task["name"]] = process.pid
     return {"started": started}
+
+
+def _unpack(run: RunDir, archive: bytes) -> list[str]:
+    """``--sync``: the archive into the run directory (only plain files and directories
+    inside it: tarfile's 'data' filter where this Python has it)."""
+    safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as packed:
+            packed.extractall(run.path, **safe)
+    except (tarfile.TarError, OSError, EOFError) as err:
+        return [f"--sync upload failed: {err}"]
+    return []
 
 
 def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2) -> None:
@@ -306,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.action == "preflight":
         print(json.dumps(preflight(args.workdir, args.script)))
-    elif args.action == "start":
-        print(json.dumps(start(json.load(sys.stdin))))
+    elif args.action == "start":  # the request's JSON line, then its archive's bytes
+        header, _, archive = sys.stdin.buffer.read().partition(b"\n")
+        print(json.dumps(start(json.loads(header), archive)))
     elif args.action == "watch":
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
         tasks = {name: int(port) for name, port in (t.rsplit("=", 1) for t in args.tasks)}

@@ -3,7 +3,7 @@
 sshd runs every command through the user's login shell, and Debian's bash sources
 ``~/.bashrc`` for it. A lab whose hosts' user has a ``.bashrc`` that prints a banner on
 stdout (the last one without a newline) and on stderr, and sleeps: the node protocol
-(preflight, put, upload, start, watch, stop, metrics and logs) still reads exactly what the
+(preflight, put, upload-and-start in one command, watch, stop, metrics and logs) reads what the
 node said. On h1 the file runs for every command (as on most real nodes); h2's sshd accepts
 SHLVL from the client (``AcceptEnv SHLVL``), so there HyperTF's commands skip it entirely.
 The lab has no ZooKeeper and no agents (the node protocol needs neither): it is up in
@@ -97,14 +97,13 @@ def node_protocol(inventory: Inventory, host: str, tmp_path: Path) -> None:
         code.mkdir(parents=True)
         (code / "task.py").write_text(TASK)
         run = RunDir.of(WORKDIR, f"startup-files-{host}")
-        client.upload(run, str(code))
         tasks = [{"name": name, "port": port, "cwd": str(run.code),
                   "env": {"HYPERTF_TASK": name,
                           **({"HYPERTF_METRICS_FILE": str(run.metrics)} if metrics else {})},
                   "argv": ["python", "task.py", how]}
                  for name, port, how, metrics in (("worker0", 23450, "exit", True),
                                                   ("worker1", 23451, "wait", False))]
-        pids = client.start(run, tasks)
+        pids = client.start(run, tasks, sync_dir=str(code), script="task.py")  # one command
         assert set(pids) == {"worker0", "worker1"}
 
         events: queue.Queue[Event] = queue.Queue()
@@ -136,7 +135,7 @@ def test_node_commands_ignore_what_startup_files_print(banner_lab, tmp_path):
     built, inventory = banner_lab
     before = sourced(built, "h1")
     node_protocol(inventory, "h1", tmp_path)
-    assert sourced(built, "h1") - before >= 10  # the .bashrc ran for every command
+    assert sourced(built, "h1") - before >= 9  # the .bashrc ran for every command
     session = Session(inventory.node("h1"), inventory.cluster)
     try:  # a streamed command (hypertf logs) gets no banner either
         text = "".join(f"line {i}\n" for i in range(100))
