@@ -72,6 +72,8 @@ class Job(Protocol):
 
     def script_path(self) -> str: ...
 
+    def forget_preflight(self, hosts: Iterable[str]) -> None: ...
+
     def attempts_summary(self) -> list[dict[str, Any]]: ...
 
 LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow reads as TF_USE_LEGACY_KERAS set
@@ -249,6 +251,7 @@ class Attempt:
         busy = {h: v.ports for h, v in results.failed.items() if isinstance(v, PortsBusy)}
         failed = {h: v for h, v in results.failed.items() if not isinstance(v, PortsBusy)}
         if failed:
+            job.forget_preflight(failed)  # a cached answer may be why: ask again next time
             raise JobFailed("could not start tasks: " +
                             "; ".join(f"{h}: {v}" for h, v in failed.items()))
         if busy:
