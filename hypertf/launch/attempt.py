@@ -164,6 +164,7 @@ class Attempt:
         self.lease_dropped = threading.Event()
         self.lost_hosts: set[str] = set()
         self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
+        self.ended: dict[str, dict[str, Any]] = {}  # per host: logs and metrics the stop sent
         self.result = "failed"
         self.message = ""
         self._over = False
@@ -332,8 +333,15 @@ class Attempt:
             self.job.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
                          f"tasks there when it can reach ZooKeeper again (the lease is released)")
         grace = self.job.request.grace
-        results = cluster.each(
-            lambda s: NodeClient(s).stop(self.run_dir(s.node.name), grace), hosts)
+
+        def stop(session: Session) -> dict[str, str]:
+            """Stop, the logs in the same answer (one round trip: collect_logs has them)."""
+            stopped, files = NodeClient(session).stop_with_logs(
+                self.run_dir(session.node.name), grace)
+            self.ended[session.node.name] = files
+            return stopped
+
+        results = cluster.each(stop, hosts)
         for host, value in results.succeeded.items():
             for task in self.tasks.values():
                 if task.placement.host == host and task.file_name in value:
@@ -386,7 +394,8 @@ class Attempt:
                          f"this session and the next sync returns the GPUs")
 
     def collect_logs(self) -> None:
-        """Every task's log into the local copy of the run (hosts that answer)."""
+        """Every task's log into the local copy of the run (hosts that answer; the stop's
+        answer carried them, and the metrics, unless they were large)."""
         cluster = self.job.cluster
         if not cluster or not self.tasks:
             return
@@ -394,10 +403,16 @@ class Attempt:
         on = {host: [t.file_name for t in self.tasks.values() if t.placement.host == host]
               for host in {t.placement.host for t in self.tasks.values()} - self.lost_hosts}
         cluster.each(lambda s: NodeClient(s).fetch_logs(
-            self.run_dir(s.node.name), on[s.node.name], self.local), sorted(on))
+            self.run_dir(s.node.name), on[s.node.name], self.local,
+            self.ended.get(s.node.name, {}).get("logs")), sorted(on))
         reporter = self.tasks.get(self.reporter)
         if reporter and reporter.placement.host in on:
             host = reporter.placement.host
+            if host in self.ended:  # the stop's answer said (None: no metrics file)
+                metrics = self.ended[host]["metrics"]
+                if metrics and metrics.strip():
+                    Path(self.local.metrics).write_text(metrics)
+                return
             cluster.each(lambda s: NodeClient(s).fetch_metrics(self.run_dir(host), self.local),
                          [host])
 

@@ -27,7 +27,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from hypertf.core import diagnose
@@ -36,6 +36,7 @@ from hypertf.node import procs
 from hypertf.node.procs import alive
 
 WRAPPER = "task.sh"
+INLINE_LOGS_MAX = 1 << 20  # stop --logs: logs up to this many bytes ride on the answer
 log = logging.getLogger(__name__)
 
 
@@ -231,6 +232,28 @@ def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0) ->
     return result
 
 
+def logs(run: RunDir, names: Iterable[str] | None = None,
+         limit: int = INLINE_LOGS_MAX) -> dict[str, str]:
+    """The tasks' logs, for ``stop --logs``: the stop's answer carries them, so a job's
+    end is one round trip per host. Only while they total at most ``limit`` bytes: a
+    larger log is left out (the launcher copies it on its own)."""
+    found: dict[str, str] = {}
+    left = limit
+    for name in sorted(names or run.task_names()):
+        with contextlib.suppress(OSError):
+            size = Path(run.log(name)).stat().st_size
+            if size <= left:
+                found[name] = Path(run.log(name)).read_bytes().decode(errors="replace")
+                left -= size
+    return found
+
+
+def _text(path: PurePath) -> str | None:
+    with contextlib.suppress(OSError):
+        return Path(path).read_bytes()[:INLINE_LOGS_MAX].decode(errors="replace")
+    return None
+
+
 def drain(run: RunDir, grace: float) -> bool:
     """For the agent, a job whose GPUs it frees: mark the run drained (before looking: see
     task.sh), stop whatever of it is left here; True once nothing of it lives here."""
@@ -326,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("names", nargs="*")
     p.add_argument("--grace", type=float, default=5.0)
+    p.add_argument("--logs", action="store_true", help='answer {"stopped": ..., "logs": '
+                   '{task: text} (up to 1 MiB), "metrics": text or null}')
     args = parser.parse_args(argv)
     if args.action == "preflight":
         print(json.dumps(preflight(args.workdir, args.script)))
@@ -337,7 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         tasks = {name: int(port) for name, port in (t.rsplit("=", 1) for t in args.tasks)}
         watch(RunDir(Path(args.run_dir)), tasks)
     else:
-        print(json.dumps(stop(RunDir(Path(args.run_dir)), args.names, args.grace)))
+        run = RunDir(Path(args.run_dir))
+        stopped = stop(run, args.names, args.grace)
+        print(json.dumps({"stopped": stopped, "logs": logs(run, args.names),
+                          "metrics": _text(run.metrics)} if args.logs else stopped))
     return 0
 
 

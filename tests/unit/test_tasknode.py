@@ -348,6 +348,26 @@ def test_stop_cli_prints_the_result_as_json(node: Node) -> None:
     assert group_members(wrapper) == []
 
 
+def test_stop_with_logs_answers_the_logs_and_metrics_in_the_same_command(node: Node) -> None:
+    """'stop --logs': a job's end is one round trip per host (stop, logs, metrics); logs
+    past the inline limit are left for the launcher to copy on its own."""
+    run = node.run_dir()
+    wrapper = node.python_task(run, "worker0", SLEEPER)
+    log = Path(run.log("worker0"))
+    wait_for(lambda: log.exists() and "sleeping" in log.read_text(), 10, "its log")
+    Path(run.metrics).write_text('{"acc": 0.5}')
+    out = subprocess.run(
+        [sys.executable, "-m", "hypertf.node.tasknode", "stop", str(run.path), "--grace", "1",
+         "--logs"], cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer["stopped"] == {"worker0": "stopped"}
+    assert answer["logs"] == {"worker0": Path(run.log("worker0")).read_text()}
+    assert "sleeping" in answer["logs"]["worker0"]
+    assert answer["metrics"] == '{"acc": 0.5}'
+    assert group_members(wrapper) == []
+    assert tasknode.logs(run, limit=3) == {}  # too large to ride on the answer
+
+
 # -- reap and unstopped_runs ------------------------------------------------------------
 
 
