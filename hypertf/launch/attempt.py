@@ -239,13 +239,16 @@ class Attempt:
         script = job.request.script if job.request.sync_dir else job.script_path()
 
         def launch(session: Session) -> None:
-            """Upload (--sync) and start in one command: one round trip per host."""
+            """Upload (--sync), start and watch in one command: one round trip per host,
+            whose channel then carries the tasks' events (logs, listening, exits)."""
             host = session.node.name
             requests = task_requests(self, session.node, by_host[host], legacy_flags)
             with job.timeline.phase("start", host):
-                NodeClient(session).start(self.run_dir(host), requests,
-                                          make_dirs=[job.checkpoint_dir(host)],
-                                          sync_dir=job.request.sync_dir, script=script)
+                NodeClient(session).start_watching(
+                    self.run_dir(host), requests, self.events,
+                    make_dirs=[job.checkpoint_dir(host)], sync_dir=job.request.sync_dir,
+                    script=script)
+            self.watched.add(host)
 
         update_job(job.store, self.task_key, state="starting")
         results = cluster.each(launch, list(by_host))
@@ -261,10 +264,6 @@ class Attempt:
             f"{t.name}@{t.placement.host}:{t.port}"
             + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
             for t in self.tasks.values()))
-        for host in by_host:
-            ports = {t.file_name: t.port for t in self.tasks.values() if t.placement.host == host}
-            NodeClient(cluster.sessions[host]).follow(self.run_dir(host), ports, self.events)
-            self.watched.add(host)
         return busy
 
     # -- watch ----------------------------------------------------------------------------

@@ -52,6 +52,33 @@ class _LineSink(io.TextIOBase):
         return len(text)
 
 
+class _StartSink(_LineSink):
+    """``start --watch``'s stdout: its first JSON object line is the start's answer (to
+    ``answered``); the lines after it are the watcher's events."""
+
+    def __init__(self, host: str, events: queue.Queue[Event],
+                 answered: queue.Queue[Any]) -> None:
+        super().__init__(host, events)
+        self.answered = answered
+        self.answer: dict[str, Any] | None = None
+
+    def write(self, text: str) -> int:
+        if self.answer is not None:
+            return super().write(text)
+        self.buffer += text
+        while self.answer is None and "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            with contextlib.suppress(json.JSONDecodeError):
+                answer = json.loads(line)
+                if isinstance(answer, dict):
+                    self.answer = answer
+                    self.answered.put(answer)
+        if self.answer is not None and self.buffer:
+            rest, self.buffer = self.buffer, ""
+            super().write(rest)
+        return len(text)
+
+
 class NodeClient:
     """One node's preflight, start, watch, stop and logs for the jobs of this launcher."""
 
@@ -102,6 +129,54 @@ class NodeClient:
         given, must be there (relative to the first task's cwd): preflight's answer may be
         cached and the script gone since. PortsBusy when a granted port is taken (nothing
         is started then). Returns each task's PID."""
+        request, payload = self._start_request(run, tasks, make_dirs, sync_dir, script)
+        answer = self._answer(self.session.feed(self._tasknode("start"), payload,
+                                                timeout=120 if "archive" in request else 60))
+        return self._started(answer)
+
+    def start_watching(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
+                       events: queue.Queue[Event], make_dirs: Sequence[str] = (),
+                       sync_dir: str | None = None, script: str = "") -> dict[str, int]:
+        """``start`` and ``follow`` in one command (``tasknode start --watch``): the answer
+        is its first line, the tasks' events follow on the same channel, so a host costs
+        one round trip and one Python start to launch and watch. Raises as ``start``
+        does; once started, every event goes to ``events``, then ``closed`` or ``lost``."""
+        request, payload = self._start_request(run, tasks, make_dirs, sync_dir, script)
+        host = self.node.name
+        answered: queue.Queue[Any] = queue.Queue()
+        sink = _StartSink(host, events, answered)
+        command = self._tasknode("start", "--watch")
+
+        def run_it() -> None:
+            try:
+                result = self.session.feed_stream(command, payload, sink)
+            except Exception as err:  # reported per host, as follow does
+                if sink.answer is None:
+                    answered.put(err)
+                elif "started" in sink.answer:
+                    events.put(Event("lost", host, why=str(err)))
+            else:
+                if sink.answer is None:  # it ended without answering: its exit says why
+                    answered.put(result)
+                elif "started" in sink.answer:
+                    events.put(Event("closed", host))
+
+        threading.Thread(target=run_it, daemon=True, name=f"start-watch-{host}").start()
+        try:
+            got = answered.get(timeout=120 if "archive" in request else 60)
+        except queue.Empty:
+            raise RemoteError(f"{host}: no answer to the start within "
+                              f"{120 if 'archive' in request else 60} s") from None
+        if isinstance(got, BaseException):
+            raise got
+        answer = got if isinstance(got, dict) else self._answer(got)
+        return self._started(answer)
+
+    def _start_request(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
+                       make_dirs: Sequence[str], sync_dir: str | None, script: str,
+                       ) -> tuple[dict[str, Any], bytes]:
+        """The start's request and the bytes sent on its stdin (the request's JSON line,
+        then the --sync archive)."""
         request: dict[str, Any] = {"run_dir": str(run.path), "venv": self.node.settings.venv,
                                    "make_dirs": list(make_dirs), "tasks": list(tasks),
                                    "script": script}
@@ -112,14 +187,15 @@ class NodeClient:
                 packed.add(sync_dir, arcname=run.code.name)
             archive = buffer.getvalue()
             request["archive"] = len(archive)
-        payload = json.dumps(request).encode() + b"\n" + archive
-        answer = self._answer(self.session.feed(self._tasknode("start"), payload,
-                                                timeout=120 if archive else 60))
+        return request, json.dumps(request).encode() + b"\n" + archive
+
+    @staticmethod
+    def _started(answer: Mapping[str, Any]) -> dict[str, int]:
         if answer.get("problems"):
             raise RemoteError("; ".join(answer["problems"]))
         if answer.get("busy"):
             raise PortsBusy(set(answer["busy"]))
-        return answer["started"]
+        return dict(answer["started"])
 
     def watch(self, run: RunDir, ports: Mapping[str, int], sink: io.TextIOBase) -> Result:
         """Stream ``tasknode watch`` events (one JSON line each) into ``sink`` until every

@@ -20,7 +20,10 @@ set, ``SHLVL`` below 2). HyperTF cannot stop sshd from starting that shell, so:
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import io
+import os
 import shlex
 import subprocess
 import threading
@@ -243,6 +246,58 @@ class Session:
         if code != 0 and not stderr.strip() and why:
             stderr = why
         return Result(self.node.name, command, code, unframe(stdout), stderr)
+
+    def feed_stream(self, command: str, data: bytes, sink: io.TextIOBase) -> Result:
+        """``feed``, with the command's stdout going to ``sink`` as it arrives (after the
+        frame), for as long as the command runs: ``tasknode start --watch`` gets its
+        request and then streams the tasks' events on the same channel."""
+        runner = self._open()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        errors: list[bytes] = []
+        if not isinstance(runner, Connection):
+            process = subprocess.Popen(["/bin/bash", "-c", command], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+            assert stdin and stdout and stderr
+            reader = threading.Thread(target=lambda: errors.append(stderr.read()), daemon=True)
+            reader.start()
+            with contextlib.suppress(OSError):  # the command ended early: its exit says why
+                stdin.write(data)
+                stdin.close()
+            for chunk in iter(lambda: os.read(stdout.fileno(), 65536), b""):
+                sink.write(decoder.decode(chunk))
+            stdout.close()
+            code = process.wait()
+            reader.join()
+            return Result(self.node.name, command, code, "",
+                          b"".join(errors).decode(errors="replace"))
+        try:
+            channel = runner.transport.open_session(timeout=self.cluster.ssh_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            self.close()
+            raise RemoteError(f"{self.node.name}: connection lost: "
+                              f"{err or type(err).__name__}") from None
+        unframed = _Unframed(sink)
+        try:
+            channel.update_environment(QUIET_SHELL)
+            channel.exec_command(framed(command))
+            reader = threading.Thread(
+                target=lambda: errors.append(channel.makefile_stderr("rb").read()), daemon=True)
+            reader.start()
+            with contextlib.suppress(OSError):  # the command ended early: its exit says why
+                channel.sendall(data)
+                channel.shutdown_write()
+            for chunk in iter(lambda: channel.recv(65536), b""):
+                unframed.write(decoder.decode(chunk))
+            code = channel.recv_exit_status()
+            reader.join(self.cluster.ssh_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise RemoteError(f"{self.node.name}: connection lost: "
+                              f"{err or type(err).__name__}") from None
+        finally:
+            channel.close()
+        return Result(self.node.name, command, code, "" if unframed.open else unframe(
+            unframed.held), unframe(b"".join(errors).decode(errors="replace")))
 
     def put(self, data: bytes, path: str, timeout: float = 300.0) -> None:
         """Write ``data`` to ``path`` on the node (``cat`` fed by ``feed``: not SFTP, which

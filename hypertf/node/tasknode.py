@@ -341,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("preflight")
     p.add_argument("--workdir", required=True)
     p.add_argument("--script", default="")
-    sub.add_parser("start", help="start the tasks a JSON request on stdin names")
+    p = sub.add_parser("start", help="start the tasks a JSON request on stdin names")
+    p.add_argument("--watch", action="store_true",
+                   help="then watch them, as 'watch' does (start and watch: one command)")
     p = sub.add_parser("watch")
     p.add_argument("run_dir")
     p.add_argument("tasks", nargs="+", help="NAME=PORT")
@@ -356,7 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(preflight(args.workdir, args.script)))
     elif args.action == "start":  # the request's JSON line, then its archive's bytes
         header, _, archive = sys.stdin.buffer.read().partition(b"\n")
-        print(json.dumps(start(json.loads(header), archive)))
+        request = json.loads(header)
+        answer = start(request, archive)
+        emit(answer)
+        if args.watch and "started" in answer:
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
+            watch(RunDir(Path(request["run_dir"])),
+                  {t["name"]: int(t["port"]) for t in request["tasks"]})
     elif args.action == "watch":
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
         tasks = {name: int(port) for name, port in (t.rsplit("=", 1) for t in args.tasks)}
