@@ -78,6 +78,7 @@ class Job(Protocol):
 
 LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow reads as TF_USE_LEGACY_KERAS set
 LATE_EXIT_WAIT_S = 5.0  # after the stop: how long the watchers may take to report the ends
+ENDED_WAIT_S = 0.5  # before the stop: how long a finished host's watcher may take to end it
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
 
@@ -164,7 +165,9 @@ class Attempt:
         self.lease_dropped = threading.Event()
         self.lost_hosts: set[str] = set()
         self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
-        self.ended: dict[str, dict[str, Any]] = {}  # per host: logs and metrics the stop sent
+        # per host: logs and metrics the stop sent, or the watcher when the node ended the
+        # run itself (then also "stopped": what a stop would have answered)
+        self.ended: dict[str, dict[str, Any]] = {}
         self.result = "failed"
         self.message = ""
         self._over = False
@@ -247,7 +250,7 @@ class Attempt:
                 NodeClient(session).start_watching(
                     self.run_dir(host), requests, self.events,
                     make_dirs=[job.checkpoint_dir(host)], sync_dir=job.request.sync_dir,
-                    script=script)
+                    script=script, ended=self.ended)
             self.watched.add(host)
 
         update_job(job.store, self.task_key, state="starting")
@@ -332,6 +335,8 @@ class Attempt:
             self.job.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
                          f"tasks there when it can reach ZooKeeper again (the lease is released)")
         grace = self.job.request.grace
+        done = self._ended_by_nodes(hosts)
+        hosts = [host for host in hosts if host not in done]
 
         def stop(session: Session) -> dict[str, str]:
             """Stop, the logs in the same answer (one round trip: collect_logs has them)."""
@@ -341,6 +346,7 @@ class Attempt:
             return stopped
 
         results = cluster.each(stop, hosts)
+        results.update(done)
         for host, value in results.succeeded.items():
             for task in self.tasks.values():
                 if task.placement.host == host and task.file_name in value:
@@ -349,6 +355,19 @@ class Attempt:
             self.job.say(f"hypertf: warning: could not stop tasks on {host} ({err}); its "
                          f"agent stops them once the job's lease is released")
         return results
+
+    def _ended_by_nodes(self, hosts: list[str], wait_s: float = ENDED_WAIT_S,
+                        ) -> dict[str, dict[str, str]]:
+        """Hosts whose every task exited by itself: their watcher ends the run there and
+        says so right after the last exit (nothing of it left, logs attached), so they
+        need no stop. Waits briefly for that word; a host without it is stopped."""
+        finished = {host for host in hosts if all(
+            t.ended is not None for t in self.tasks.values() if t.placement.host == host)}
+        deadline = time.monotonic() + wait_s
+        while any(h not in self.ended for h in finished) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return {host: self.ended[host]["stopped"] for host in finished
+                if "stopped" in self.ended.get(host, {})}
 
     def late_exits(self, wait_s: float = LATE_EXIT_WAIT_S) -> None:
         """Record the exit codes the watchers report after the Monitor decided. A job ends

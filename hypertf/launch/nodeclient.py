@@ -35,10 +35,13 @@ class PortsBusy(Exception):
 
 
 class _LineSink(io.TextIOBase):
-    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue."""
+    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue. A 'done'
+    event's ``ended`` (the node ended the run itself) goes to ``ended[host]`` first."""
 
-    def __init__(self, host: str, events: queue.Queue[Event]) -> None:
+    def __init__(self, host: str, events: queue.Queue[Event],
+                 ended: dict[str, Any] | None = None) -> None:
         self.host, self.events, self.buffer = host, events, ""
+        self.ended = ended
 
     def write(self, text: str) -> int:
         self.buffer += text
@@ -46,7 +49,10 @@ class _LineSink(io.TextIOBase):
         for line in lines:
             if line.strip():
                 try:
-                    self.events.put(Event.from_node(self.host, json.loads(line)))
+                    payload = json.loads(line)
+                    if self.ended is not None and isinstance(payload.get("ended"), dict):
+                        self.ended[self.host] = payload["ended"]
+                    self.events.put(Event.from_node(self.host, payload))
                 except (json.JSONDecodeError, AttributeError):  # not a JSON object
                     self.events.put(Event("noise", self.host, line=line))
         return len(text)
@@ -57,8 +63,8 @@ class _StartSink(_LineSink):
     ``answered``); the lines after it are the watcher's events."""
 
     def __init__(self, host: str, events: queue.Queue[Event],
-                 answered: queue.Queue[Any]) -> None:
-        super().__init__(host, events)
+                 answered: queue.Queue[Any], ended: dict[str, Any] | None = None) -> None:
+        super().__init__(host, events, ended)
         self.answered = answered
         self.answer: dict[str, Any] | None = None
 
@@ -136,15 +142,19 @@ class NodeClient:
 
     def start_watching(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
                        events: queue.Queue[Event], make_dirs: Sequence[str] = (),
-                       sync_dir: str | None = None, script: str = "") -> dict[str, int]:
+                       sync_dir: str | None = None, script: str = "",
+                       ended: dict[str, Any] | None = None) -> dict[str, int]:
         """``start`` and ``follow`` in one command (``tasknode start --watch``): the answer
         is its first line, the tasks' events follow on the same channel, so a host costs
         one round trip and one Python start to launch and watch. Raises as ``start``
-        does; once started, every event goes to ``events``, then ``closed`` or ``lost``."""
+        does; once started, every event goes to ``events``, then ``closed`` or ``lost``.
+        When every task ends by itself and nothing of the run is left, the node ends the
+        run and ``ended[host]`` gets the stop's answer, the logs and the metrics (before
+        the 'done' event is queued): the launcher then skips this host's stop."""
         request, payload = self._start_request(run, tasks, make_dirs, sync_dir, script)
         host = self.node.name
         answered: queue.Queue[Any] = queue.Queue()
-        sink = _StartSink(host, events, answered)
+        sink = _StartSink(host, events, answered, ended)
         command = self._tasknode("start", "--watch")
 
         def run_it() -> None:

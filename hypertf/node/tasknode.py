@@ -134,8 +134,11 @@ def _unpack(run: RunDir, archive: bytes) -> list[str]:
     return []
 
 
-def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2) -> None:
-    """Stream events until every task has exited (or the launcher goes away)."""
+def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2, end: bool = False) -> None:
+    """Stream events until every task has exited (or the launcher goes away). With ``end``
+    (``start --watch``), a run whose every task ended by itself is ended here too: when
+    no process of it is left, the 'done' event carries what a stop would answer, the logs
+    and the metrics (``ended``), so the launcher needs no stop round trip for this host."""
     offsets = dict.fromkeys(tasks, 0)
     partial = dict.fromkeys(tasks, b"")
     listening: set[str] = set()
@@ -178,13 +181,29 @@ def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2) -> None:
                 killed = code is None or code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
                 emit({"e": "exit", "task": name, "code": code, "killed": killed})
         if len(finished) == len(tasks):
-            emit({"e": "done"})
+            ended = _end(run, tasks) if end else None
+            emit({"e": "done", **({"ended": ended} if ended else {})})
             return
         now = time.monotonic()
         if now - last_beat >= 1.0:
             emit({"e": "beat"})
             last_beat = now
         time.sleep(interval)
+
+
+def _end(run: RunDir, names: Iterable[str]) -> dict[str, Any] | None:
+    """After every task exited: if nothing of the run lives here, mark it drained and
+    stopped (as a stop would) and return the stop's answer, the logs and the metrics."""
+    names = list(names)
+    if run_alive(run):
+        return None  # a task left a process behind: the launcher's stop handles it
+    try:
+        mark_drained(run)
+        Path(run.stopped).touch()
+    except OSError:
+        return None
+    return {"stopped": dict.fromkeys(names, "not running"), "logs": logs(run, names),
+            "metrics": _text(run.metrics)}
 
 
 def mark_drained(run: RunDir) -> None:
@@ -364,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.watch and "started" in answer:
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
             watch(RunDir(Path(request["run_dir"])),
-                  {t["name"]: int(t["port"]) for t in request["tasks"]})
+                  {t["name"]: int(t["port"]) for t in request["tasks"]}, end=True)
     elif args.action == "watch":
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
         tasks = {name: int(port) for name, port in (t.rsplit("=", 1) for t in args.tasks)}

@@ -474,3 +474,22 @@ def test_start_reads_its_request_on_stdin_and_refuses_a_taken_port(node: Node) -
     finally:
         assert tasknode.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
     assert not tasknode.run_alive(run)
+
+
+def test_start_watch_ends_a_run_whose_tasks_all_ended_by_themselves(node: Node) -> None:
+    """'start --watch': the answer, the events, and a 'done' that ends the run here (drained,
+    stopped, nothing left) with the logs, so the launcher needs no stop round trip."""
+    run = node.run_dir("20261124-120000-a1b2c3.alice")
+    script = node.script("worker0", 'print("bye", flush=True)\n')
+    request = {"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
+        {"name": "worker0", "port": free_port(), "cwd": str(node.root),
+         "argv": [sys.executable, str(script)], "env": {"HYPERTF_TASK_KEY": run.task_key}}]}
+    out = subprocess.run([sys.executable, "-m", "hypertf.node.tasknode", "start", "--watch"],
+                         input=json.dumps(request) + "\n", cwd=REPO, capture_output=True,
+                         text=True, timeout=30, check=True)
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert set(lines[0]["started"]) == {"worker0"}
+    assert {"e": "log", "task": "worker0", "line": "bye"} in lines
+    assert lines[-1] == {"e": "done", "ended": {"stopped": {"worker0": "not running"},
+                                                "logs": {"worker0": "bye\n"}, "metrics": None}}
+    assert Path(run.stopped).exists() and Path(run.drained).exists()
