@@ -51,7 +51,7 @@ KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at m
 KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
-QUIET_SWEEP_S = 10.0  # a pass nothing woke reads ZooKeeper (keep, reap, drain) this seldom
+QUIET_SWEEP_S = 30.0  # a pass nothing woke reads ZooKeeper (keep, reap, drain) this seldom
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ class Agent:
             inventory.cluster, 30, identity=f"agent.{host}", long_lived=True,
             on_pause=log.warning))
         self._wake = threading.Event()
+        self._records_changed = threading.Event()  # the keeper: some host's record changed
         self._stop = threading.Event()
         self._disconnected_since: float | None = None
         self._waiting_for = ""  # why ZooKeeper cannot take this agent now, said once
@@ -299,6 +300,7 @@ class Agent:
         zk = Store(client, self.layout)
         record = None
         watching = False
+        hosts_watch: HostWatch | None = None
         watched_users: set[str] = set()
         admitter: Admitter | None = None
         matrix_watched = False
@@ -307,9 +309,12 @@ class Agent:
         # written if that changed), but the keeper's pass, the reap and the drain check
         # read ZooKeeper only when a watch woke the loop (a lease, a host's record, the
         # keeper lease, the matrix), the record changed, or after QUIET_SWEEP_S (a net).
-        woken, sweep_due = True, 0.0
+        woken, sweep_due, swept_at = True, 0.0, 0.0
+        interval = self.node.settings.agent_interval
         while not self._stop.is_set():
-            self._wake.clear()
+            if self._wake.is_set():  # cleared only when seen: a watch firing now is kept
+                self._wake.clear()
+                woken = True
             if self._stale():
                 return record
             if not client.connected:
@@ -318,7 +323,7 @@ class Agent:
                 continue
             try:
                 if not watching:
-                    HostWatch(client, self.layout, self._wake_up)
+                    hosts_watch = HostWatch(client, self.layout, self._wake_up)
                     client.ChildrenWatch(self.layout.leases, self._on_users)
                     watching = True
                 for user in self._users - watched_users:  # new users' lease folders
@@ -329,13 +334,19 @@ class Agent:
                     record = self._publish_probe(zk)
                     woken |= self._written_at != written  # a new record: look around too
                     next_beat = time.monotonic() + self.node.settings.agent_interval
-                if woken or time.monotonic() >= sweep_due:
-                    woken = False
+                now = time.monotonic()
+                if woken or now >= sweep_due or (self._records_changed.is_set()
+                                                  and now >= swept_at + interval):
+                    woken, swept_at = False, now
+                    self._records_changed.clear()
                     sweep_due = time.monotonic() + max(self.node.settings.agent_interval,
                                                        QUIET_SWEEP_S)
                     if self.is_keeper(zk):
                         if not matrix_watched:  # the keeper also wakes when GPUs are freed
                             client.DataWatch(self.layout.matrix, self._wake_up)
+                            # and looks again, at its next interval, when a record changed
+                            if hosts_watch is not None:
+                                hosts_watch.watch_records(self._records_changed.set)
                             matrix_watched = True
                         admitter = admitter or Admitter(zk,
                                                         self.inventory.cluster.user_gpu_limit)
