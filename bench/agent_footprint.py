@@ -1,4 +1,4 @@
-"""Agent footprint: a real ``hypertf agent``'s memory, CPU per heartbeat and ZooKeeper traffic.
+"""Agent footprint: a real ``hypertf agent``'s memory, CPU per probe interval and ZooKeeper traffic.
 
 Three processes run side by side for the same window, each against a ZooKeeper server of
 its own (so the server's counters belong to one client):
@@ -12,9 +12,12 @@ its own (so the server's counters belong to one client):
 
 Each agent is alone on its cluster, so it is also the matrix keeper (it syncs the matrix on
 every heartbeat): the busiest an agent gets. Measured after a warm-up: RSS (sampled every
-second, from /proc), CPU seconds (utime+stime) per heartbeat, heartbeats counted as
-versions of its record znode, ZooKeeper writes (the server's zxid advances once per write
-transaction) and requests received (``mntr`` zk_packets_received, pings included) per minute.
+second, from /proc), CPU seconds (utime+stime) per probe interval (the window divided by
+the agent's interval: an agent probes every interval but writes its record only when it
+changed, or for the keep-alive, so its record writes no longer count its work), record
+writes (versions of its record znode), ZooKeeper writes (the server's zxid advances once
+per write transaction) and requests received (``mntr`` zk_packets_received, pings
+included) per minute. The bare client's interval is its 1 s ``set``.
 """
 
 from __future__ import annotations
@@ -174,38 +177,39 @@ def main() -> int:
     figures = {}
     for n in subjects:
         beats = after[n]["record_version"] - before[n]["record_version"]
+        intervals = elapsed / subjects[n]  # probe intervals in the window
         cpu = cpu1[n] - cpu0[n]
         figures[n] = {
-            "beats": beats, "rss": max(rss[n]), "cpu_per_beat_ms": 1000 * cpu / beats if beats
-            else float("nan"), "cpu_pct": 100 * cpu / elapsed,
+            "beats": beats, "intervals": intervals, "rss": max(rss[n]),
+            "cpu_per_interval_ms": 1000 * cpu / intervals, "cpu_pct": 100 * cpu / elapsed,
             "writes_min": (after[n]["zxid"] - before[n]["zxid"]) * per_min,
             "record_writes_min": beats * per_min,
             "matrix_writes_min": (after[n]["matrix_version"] - before[n]["matrix_version"])
             * per_min,
-            "requests_per_beat": (after[n]["packets"] - before[n]["packets"]) / beats
-            if beats else float("nan"),
+            "requests_per_interval": (after[n]["packets"] - before[n]["packets"]) / intervals,
             "requests_min": (after[n]["packets"] - before[n]["packets"]) * per_min,
         }
     print()
     report.add("record size (the agent's, copied by the baseline)", size, "bytes")
     for n, f in figures.items():
-        report.add(f"{n}: heartbeats in {elapsed:.0f} s", f["beats"])
+        report.add(f"{n}: record writes in {elapsed:.0f} s ({f['intervals']:.0f} probe "
+                   f"intervals)", f["beats"])
         report.add(f"{n}: RSS (max)", f["rss"], "MiB")
-        report.add(f"{n}: CPU per heartbeat", f["cpu_per_beat_ms"], "ms")
+        report.add(f"{n}: CPU per probe interval", f["cpu_per_interval_ms"], "ms")
         report.add(f"{n}: CPU share of one core", f["cpu_pct"], "%")
         report.add(f"{n}: ZooKeeper writes per minute (zxid)", f["writes_min"], "/min")
         report.add(f"{n}:   of which record sets / matrix writes",
                    f"{f['record_writes_min']:.0f} / {f['matrix_writes_min']:.0f}", "/min")
-        report.add(f"{n}: ZooKeeper requests per heartbeat (pings included)",
-                   f["requests_per_beat"], "")
+        report.add(f"{n}: ZooKeeper requests per probe interval (pings included)",
+                   f["requests_per_interval"], "")
         report.add(f"{n}: ZooKeeper requests per minute", f["requests_min"], "/min")
     a1, a5, b = figures["agent 1 s"], figures["agent 5 s"], figures["bare kazoo 1 s"]
     c5 = figures[churn]
     report.add("ratio agent/bare kazoo (1 s): RSS", common.ratio(a1["rss"], b["rss"]), "x")
-    report.add("ratio agent/bare kazoo (1 s): CPU per heartbeat",
-               common.ratio(a1["cpu_per_beat_ms"], b["cpu_per_beat_ms"]), "x")
-    report.add("ratio agent/bare kazoo (1 s): requests per heartbeat",
-               common.ratio(a1["requests_per_beat"], b["requests_per_beat"]), "x")
+    report.add("ratio agent/bare kazoo (1 s): CPU per probe interval (target <= 2x)",
+               common.ratio(a1["cpu_per_interval_ms"], b["cpu_per_interval_ms"]), "x")
+    report.add("ratio agent/bare kazoo (1 s): requests per probe interval",
+               common.ratio(a1["requests_per_interval"], b["requests_per_interval"]), "x")
     report.add("ratio agent 1 s / agent 5 s: writes per minute",
                common.ratio(a1["writes_min"], a5["writes_min"]), "x")
     report.add("ratio agent 1 s / agent 5 s: CPU share",

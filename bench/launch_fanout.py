@@ -7,7 +7,15 @@ TF_CONFIG, listens on its port, then sleeps) started three ways, side by side in
   (preflight, allocation in ZooKeeper, one SSH command per host, a watcher per host);
   stopped with SIGINT once every port listens, then checked: no process left, GPUs free;
 * ``pdsh -R ssh -w <N hosts>`` running the same task detached on every host;
-* a plain serial ``ssh`` loop doing the same.
+* a plain serial ``ssh`` loop doing the same;
+* ``hypertf-cold``: ``hypertf train`` with the preflight cache off
+  (``HYPERTF_PREFLIGHT_CACHE_S=0``): every run preflights its hosts over SSH first, as a
+  first job on a cluster (or one more than 2 minutes after the last) does.
+
+Then a whole short job (``--short``, on by default): 4 workers (2 with ``--quick``), one per
+host, that listen and exit at once (``fake_tf.py --work_s 0``), through ``hypertf train``
+(from the command to its exit: admission, start, watch, stop, release, logs and summary
+included) beside the same processes started by ``ssh`` in parallel and waited for.
 
 Every method is timed the same way: from just before the command starts to the moment this
 machine can connect to every task's port (polled every 5 ms). Both baselines use the lab
@@ -20,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import queue
+import shlex
 import signal
 import subprocess
 import threading
@@ -119,15 +129,35 @@ def run_baseline(method: str, lab, config: Path, count: int, port: int, tag: str
     return {"listen_s": listening - started, "returned_s": returned - started}
 
 
+PHASES = ("connect", "preflight", "admission", "start", "listening", "stop", "release", "logs")
+
+
+def phases(cwd: Path) -> dict[str, float]:
+    """From the job's summary.json timeline: per phase, its longest host's seconds (for the
+    instants such as 'listening', the last one's time since the job's start)."""
+    found: dict[str, float] = {}
+    for summary in cwd.glob("runs/*/summary.json"):
+        for entry in json.loads(summary.read_text()).get("timeline", []):
+            value = entry["seconds"] or (entry["start_s"] if entry["phase"] == "listening"
+                                         else 0.0)
+            found[entry["phase"]] = max(found.get(entry["phase"], 0.0), value)
+    return found
+
+
+def cache_env(cold: bool) -> dict[str, str]:
+    return {**os.environ, **({"HYPERTF_PREFLIGHT_CACHE_S": "0"} if cold else {})}
+
+
 def run_ours(kids: common.Children, lab, inventory: str, count: int, cwd: Path,
-             client) -> dict:
+             client, cold: bool = False) -> dict:
     """hypertf train until every port listens, then SIGINT; check it left nothing."""
     lines: queue.Queue[tuple[float, str]] = queue.Queue()
     started = time.monotonic()
     proc = kids.popen([common.PYTHON, "-m", "hypertf.cli", "train", "-i", inventory,
                        "--script", common.FAKE_TF, "--worker", str(count),
                        "--start-timeout", "60", "--", "--work_s", str(WORK_S)],
-                      cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                      cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                      env=cache_env(cold))
 
     def read() -> None:
         for line in proc.stdout:
@@ -172,7 +202,45 @@ def run_ours(kids: common.Children, lab, inventory: str, count: int, cwd: Path,
     if left or held:
         raise RuntimeError(f"job {key} left processes {left} / {held} matrix cells behind")
     return {"listen_s": listening - started, "started_line_s": started_line - started,
-            "announced_s": announced - started, "stop_s": exited - interrupted}
+            "announced_s": announced - started, "stop_s": exited - interrupted,
+            **{f"phase {k}": v for k, v in phases(cwd).items() if k in PHASES}}
+
+
+def short_ours(kids: common.Children, inventory: str, count: int, cwd: Path,
+               cold: bool = False) -> dict:
+    """A whole job of ``count`` workers that listen and exit: command to exit (0)."""
+    started = time.monotonic()
+    proc = kids.popen([common.PYTHON, "-m", "hypertf.cli", "train", "-i", inventory,
+                       "--script", common.FAKE_TF, "--worker", str(count), "--", "--work_s",
+                       "0"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                      text=True, env=cache_env(cold))
+    output, _ = proc.communicate(timeout=120)
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"the short job exited {proc.returncode}:\n{output[-2000:]}")
+    return {"wall_s": wall, **{f"phase {k}": v for k, v in phases(cwd).items()
+                               if k in PHASES}}
+
+
+def short_ssh(lab, config: Path, count: int, port: int, tag: str) -> dict:
+    """The same workers started by ssh in parallel (one per host) and waited for."""
+    hosts = lab.hosts[:count]
+    workers = [f"{h.address}:{port}" for h in hosts]
+    started = time.monotonic()
+    procs = []
+    for index, host in enumerate(hosts):
+        tf_config = json.dumps({"cluster": {"worker": workers},
+                                "task": {"type": "worker", "index": index}})
+        command = (f"mkdir -p /srv/bench && cd /srv/bench && BENCH_TAG={tag} "
+                   f"TF_CONFIG={shlex.quote(tf_config)} {common.PYTHON} {common.FAKE_TF} "
+                   f"--work_s 0 > /srv/bench/{tag}-{index}.log 2>&1 < /dev/null")
+        procs.append(subprocess.Popen(["ssh", "-F", str(config), host.address, command],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode:
+            raise RuntimeError(f"ssh worker failed ({proc.returncode}): {err.decode()}")
+    return {"wall_s": time.monotonic() - started}
 
 
 def main() -> int:
@@ -191,8 +259,8 @@ def main() -> int:
             port = 22000
             for rep in range(reps):
                 for count in sizes:
-                    methods = ["hypertf", "pdsh", "ssh"]
-                    methods = methods[rep % 3:] + methods[:rep % 3]  # rotate the order
+                    methods = ["hypertf", "pdsh", "ssh", "hypertf-cold"]
+                    methods = methods[rep % 4:] + methods[:rep % 4]  # rotate the order
                     if count == 1 and max(sizes) > 1 and not args.quick:
                         methods.append("hypertf-full-inventory")
                     for method in methods:
@@ -202,7 +270,8 @@ def main() -> int:
                                          else inventories[count])
                             cwd = home / f"runs-{method}-{count}-{rep}"
                             cwd.mkdir()
-                            result = run_ours(kids, lab, inventory, count, cwd, client)
+                            result = run_ours(kids, lab, inventory, count, cwd, client,
+                                              cold=method == "hypertf-cold")
                         else:
                             result = run_baseline(method, lab, config, count, port,
                                                   f"{method}-{count}-{rep}")
@@ -210,6 +279,22 @@ def main() -> int:
                         print(f"  rep {rep + 1} N={count} {method}: "
                               + ", ".join(f"{k} {v:.2f}" for k, v in result.items()),
                               flush=True)
+            short = 2 if args.quick else 4
+            short_inventory = inventories.get(short) or sub_inventory(lab, short)
+            for rep in range(reps):
+                methods = ["hypertf", "ssh", "hypertf-cold"]
+                for method in methods[rep % 3:] + methods[:rep % 3]:
+                    port += 1
+                    if method == "ssh":
+                        result = short_ssh(lab, config, short, port, f"short-{rep}")
+                    else:
+                        cwd = home / f"short-{method}-{rep}"
+                        cwd.mkdir()
+                        result = short_ours(kids, short_inventory, short, cwd,
+                                            cold=method == "hypertf-cold")
+                    results.setdefault((f"short {method}", short), []).append(result)
+                    print(f"  rep {rep + 1} short job, {short} workers, {method}: "
+                          + ", ".join(f"{k} {v:.2f}" for k, v in result.items()), flush=True)
         finally:
             store.close(client)
 
@@ -235,6 +320,15 @@ def main() -> int:
         report.add(f"N={count} hypertf: SIGINT to exit (tasks stopped, GPUs released)",
                    med("hypertf", count, "stop_s"), "s")
         report.add(f"N={count} pdsh: command returned", med("pdsh", count, "returned_s"), "s")
+        cold = med("hypertf-cold", count)
+        report.add(f"N={count} hypertf, preflight cache off: command to every port listening",
+                   cold, "s", method="hypertf-cold", n=count)
+        report.add(f"N={count} ratio hypertf (cache off)/pdsh", common.ratio(cold, pd), "x")
+        for method in ("hypertf", "hypertf-cold"):
+            timeline = ", ".join(
+                f"{phase} {med(method, count, f'phase {phase}'):.2f}" for phase in PHASES
+                if all(f"phase {phase}" in r for r in results.get((method, count), [])))
+            report.add(f"N={count} {method} timeline (s, longest host)", timeline)
     top, low = max(sizes), min(sizes)
     for method in ("hypertf", "pdsh", "ssh"):
         report.add(f"ratio N={top}/N={low} {method}",
@@ -244,6 +338,22 @@ def main() -> int:
         report.add(f"N=1 hypertf with the whole {top}-host inventory", full, "s")
         report.add(f"ratio N=1 {top}-host inventory / 1-host inventory",
                    common.ratio(full, med("hypertf", 1)), "x")
+    short = 2 if args.quick else 4
+    ours_short, ssh_short = med("short hypertf", short, "wall_s"), med("short ssh", short, "wall_s")
+    cold_short = med("short hypertf-cold", short, "wall_s")
+    report.add(f"short job, {short} workers that listen and exit: hypertf train, command to exit",
+               ours_short, "s")
+    report.add("short job: ssh in parallel, waited for", ssh_short, "s")
+    report.add("short job: ratio hypertf/ssh (target <= 1.5x)",
+               common.ratio(ours_short, ssh_short), "x")
+    report.add("short job: hypertf, preflight cache off", cold_short, "s")
+    report.add("short job: ratio hypertf (cache off)/ssh", common.ratio(cold_short, ssh_short),
+               "x")
+    for method in ("short hypertf", "short hypertf-cold"):
+        timeline = ", ".join(
+            f"{phase} {med(method, short, f'phase {phase}'):.2f}" for phase in PHASES
+            if all(f"phase {phase}" in r for r in results.get((method, short), [])))
+        report.add(f"{method} timeline (s, longest host)", timeline)
     report.note(f"median of {reps} run(s) each; one lab of {top} hosts x 1 static GPU; every "
                 f"hypertf run was stopped with SIGINT, exited 130 and left no process and no "
                 f"held GPU or port (checked)")

@@ -131,6 +131,7 @@ def _stamp_lines(process: subprocess.Popen[str], marks: dict[str, float],
             for name, needle in needles.items():
                 if needle in line and name not in marks:
                     marks[name] = time.monotonic()
+                    marks[f"{name} wall"] = time.time()  # beside the records' times
 
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
@@ -138,10 +139,11 @@ def _stamp_lines(process: subprocess.Popen[str], marks: dict[str, float],
 
 
 def one_start(lab, cwd: Path, children: common.Children, baseline: bool, gpus: int,
-              waiting: int) -> tuple[float, float]:
+              waiting: int) -> tuple[float, float, float]:
     """Seconds from the holder's end (its tasks told to finish) to the waiter's tasks
-    started (the holder's stop and release are inside both figures alike), and from the
-    holder's release to the waiter's GPUs granted (both as the job records say)."""
+    started (the holder's stop and release are inside both figures alike), from the
+    holder's release to the waiter's GPUs granted (both as the job records say), and from
+    the holder's release (its record) to the waiter's tasks started (its output line)."""
     finish = cwd / f"finish-{time.monotonic_ns()}"
     cli = [sys.executable, "-m", "hypertf.cli", "train", "-i", lab.inventory]
     holder = children.popen([*cli, "--script", common.FAKE_TF, "--worker", str(gpus), "--",
@@ -179,7 +181,8 @@ def one_start(lab, cwd: Path, children: common.Children, baseline: bool, gpus: i
     holder_record = next(r for r in records if len(r.get("placements", [])) == gpus)
     waiter_record = next(r for r in records if len(r.get("placements", [])) == waiting)
     granted = waiter_record.get("admitted", waiter_record["created"])
-    return seen["started"] - ended, granted - holder_record["released"]
+    return (seen["started"] - ended, granted - holder_record["released"],
+            seen["started wall"] - holder_record["released"])
 
 
 def part_two(home: Path, rounds: int, hosts: int, per_host: int, report: common.Report,
@@ -193,6 +196,8 @@ def part_two(home: Path, rounds: int, hosts: int, per_host: int, report: common.
         loop = [one_start(lab, cwd, children, True, hosts * per_host, per_host)
                 for _ in range(rounds)]
     for label, index in (("release of the GPUs -> granted to the waiting job", 1),
+                         ("holder released -> waiting job's tasks started (target <= 1.0 s)",
+                          2),
                          ("holder's tasks end -> waiting job's tasks started", 0)):
         queue_s, loop_s = [q[index] for q in queue], [b[index] for b in loop]
         report.add(f"queue: {label} (median)", common.median(queue_s), "s", samples=queue_s)

@@ -114,14 +114,6 @@ class RunDir:
     def code(self) -> PurePath:
         return self.path / "code"
 
-    @property
-    def start_request(self) -> PurePath:
-        return self.path.with_name(f"{self.task_key}.start.json")
-
-    @property
-    def code_archive(self) -> PurePath:
-        return self.path.with_name(f"{self.task_key}.code.tar.gz")
-
     def task_names(self) -> list[str]:
         """The tasks that have (had) a process here: those with a pidfile (on the node)."""
         return sorted(p.stem for p in self.local.glob("*.pid"))

@@ -1,9 +1,9 @@
 """Where a job's time goes: each phase of a launch, per host where it is per host.
 
-The launcher notes phases as they happen (inventory, connect, preflight, admission, upload,
-start, listening, first log line, run, stop, release, logs); summary.json keeps them and
-``hypertf train --timings`` prints them, so a slow launch is explained, not guessed at
-(the benches read the same entries). Pure: no clock but the one given, thread-safe
+The launcher notes phases as they happen (inventory, connect, preflight, admission, start
+(with the --sync upload), listening, first log line, run, stop, release, logs); summary.json
+keeps them and ``hypertf train --timings`` prints them, so a slow launch is explained, not
+guessed at (the benches read the same entries). Pure: no clock but the one given, thread-safe
 (hosts are handled in parallel).
 """
 
@@ -27,12 +27,16 @@ class Timeline:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _marked: set[tuple[str, str | None]] = field(default_factory=set, repr=False)
 
-    def add(self, phase: str, start: float, end: float, host: str | None = None) -> None:
-        """A phase from ``start`` to ``end`` (monotonic clock)."""
-        entry = {"phase": phase, "start_s": round(start - self.origin, 3),
-                 "seconds": round(max(0.0, end - start), 3)}
+    def add(self, phase: str, start: float, end: float, host: str | None = None,
+            note: str = "") -> None:
+        """A phase from ``start`` to ``end`` (monotonic clock); ``note`` says how (a
+        preflight answer taken from the cache: "cached")."""
+        entry: dict[str, Any] = {"phase": phase, "start_s": round(start - self.origin, 3),
+                                 "seconds": round(max(0.0, end - start), 3)}
         if host is not None:
             entry["host"] = host
+        if note:
+            entry["note"] = note
         with self._lock:
             self.entries.append(entry)
 
@@ -64,5 +68,7 @@ class Timeline:
         lines = [f"  {'phase':<16} {'host':<12} {'at s':>8} {'took s':>8}"]
         for e in self.to_json():
             took = f"{e['seconds']:8.3f}" if e["seconds"] else f"{'-':>8}"
-            lines.append(f"  {e['phase']:<16} {e.get('host', ''):<12} {e['start_s']:8.3f} {took}")
+            note = f"  ({e['note']})" if e.get("note") else ""
+            lines.append(f"  {e['phase']:<16} {e.get('host', ''):<12} {e['start_s']:8.3f} {took}"
+                         f"{note}")
         return lines

@@ -76,10 +76,13 @@ class Job(Protocol):
 
     def script_path(self) -> str: ...
 
+    def forget_preflight(self, hosts: Iterable[str]) -> None: ...
+
     def attempts_summary(self) -> list[dict[str, Any]]: ...
 
 LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow reads as TF_USE_LEGACY_KERAS set
 LATE_EXIT_WAIT_S = 5.0  # after the stop: how long the watchers may take to report the ends
+ENDED_WAIT_S = 0.5  # before the stop: how long a finished host's watcher may take to end it
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
 
@@ -168,6 +171,9 @@ class Attempt:
         self.offload_hosts: list[str] = []  # --offload-hosts: lent to the tasks' products
         self.offload: dict[str, dict[str, Any]] = {}  # what each task's runner offloaded
         self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
+        # per host: logs and metrics the stop sent, or the watcher when the node ended the
+        # run itself (then also "stopped": what a stop would have answered)
+        self.ended: dict[str, dict[str, Any]] = {}
         self.result = "failed"
         self.message = ""
         self._over = False
@@ -240,27 +246,27 @@ class Attempt:
         by_host: dict[str, list[specs.TaskSpec]] = {}
         for task_spec in specs.build(placements, addresses):
             by_host.setdefault(task_spec.placement.host, []).append(task_spec)
-        if job.request.sync_dir:
-            sync_dir = job.request.sync_dir
-            def upload(session: Session) -> None:
-                with job.timeline.phase("upload", session.node.name):
-                    NodeClient(session).upload(self.run_dir(session.node.name), sync_dir)
-
-            cluster.each(upload, list(by_host)).raise_failed("--sync upload")
         legacy_flags = job.announce_flags()
+        script = job.request.script if job.request.sync_dir else job.script_path()
 
         def launch(session: Session) -> None:
+            """Upload (--sync), start and watch in one command: one round trip per host,
+            whose channel then carries the tasks' events (logs, listening, exits)."""
             host = session.node.name
             requests = task_requests(self, session.node, by_host[host], legacy_flags)
             with job.timeline.phase("start", host):
-                NodeClient(session).start(self.run_dir(host), requests,
-                                          make_dirs=[job.checkpoint_dir(host)])
+                NodeClient(session).start_watching(
+                    self.run_dir(host), requests, self.events,
+                    make_dirs=[job.checkpoint_dir(host)], sync_dir=job.request.sync_dir,
+                    script=script, ended=self.ended)
+            self.watched.add(host)
 
         update_job(job.store, self.task_key, state="starting")
         results = cluster.each(launch, list(by_host))
         busy = {h: v.ports for h, v in results.failed.items() if isinstance(v, PortsBusy)}
         failed = {h: v for h, v in results.failed.items() if not isinstance(v, PortsBusy)}
         if failed:
+            job.forget_preflight(failed)  # a cached answer may be why: ask again next time
             raise JobFailed("could not start tasks: " +
                             "; ".join(f"{h}: {v}" for h, v in failed.items()))
         if busy:
@@ -271,10 +277,6 @@ class Attempt:
             for t in self.tasks.values())
             + (f"; their matrix products offloaded to {', '.join(self.offload_hosts)}"
                if self.offload_hosts else ""))
-        for host in by_host:
-            ports = {t.file_name: t.port for t in self.tasks.values() if t.placement.host == host}
-            NodeClient(cluster.sessions[host]).follow(self.run_dir(host), ports, self.events)
-            self.watched.add(host)
         return busy
 
     # -- watch ----------------------------------------------------------------------------
@@ -343,8 +345,18 @@ class Attempt:
             self.job.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
                          f"tasks there when it can reach ZooKeeper again (the lease is released)")
         grace = self.job.request.grace
-        results = cluster.each(
-            lambda s: NodeClient(s).stop(self.run_dir(s.node.name), grace), hosts)
+        done = self._ended_by_nodes(hosts)
+        hosts = [host for host in hosts if host not in done]
+
+        def stop(session: Session) -> dict[str, str]:
+            """Stop, the logs in the same answer (one round trip: collect_logs has them)."""
+            stopped, files = NodeClient(session).stop_with_logs(
+                self.run_dir(session.node.name), grace)
+            self.ended[session.node.name] = files
+            return stopped
+
+        results = cluster.each(stop, hosts)
+        results.update(done)
         for host, value in results.succeeded.items():
             for task in self.tasks.values():
                 if task.placement.host == host and task.file_name in value:
@@ -353,6 +365,19 @@ class Attempt:
             self.job.say(f"hypertf: warning: could not stop tasks on {host} ({err}); its "
                          f"agent stops them once the job's lease is released")
         return results
+
+    def _ended_by_nodes(self, hosts: list[str], wait_s: float = ENDED_WAIT_S,
+                        ) -> dict[str, dict[str, str]]:
+        """Hosts whose every task exited by itself: their watcher ends the run there and
+        says so right after the last exit (nothing of it left, logs attached), so they
+        need no stop. Waits briefly for that word; a host without it is stopped."""
+        finished = {host for host in hosts if all(
+            t.ended is not None for t in self.tasks.values() if t.placement.host == host)}
+        deadline = time.monotonic() + wait_s
+        while any(h not in self.ended for h in finished) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return {host: self.ended[host]["stopped"] for host in finished
+                if "stopped" in self.ended.get(host, {})}
 
     def late_exits(self, wait_s: float = LATE_EXIT_WAIT_S) -> None:
         """Record the exit codes the watchers report after the Monitor decided. A job ends
@@ -397,7 +422,8 @@ class Attempt:
                          f"this session and the next sync returns the GPUs")
 
     def collect_logs(self) -> None:
-        """Every task's log into the local copy of the run (hosts that answer)."""
+        """Every task's log into the local copy of the run (hosts that answer; the stop's
+        answer carried them, and the metrics, unless they were large)."""
         cluster = self.job.cluster
         if not cluster or not self.tasks:
             return
@@ -405,18 +431,36 @@ class Attempt:
         on = {host: [t.file_name for t in self.tasks.values() if t.placement.host == host]
               for host in {t.placement.host for t in self.tasks.values()} - self.lost_hosts}
         cluster.each(lambda s: NodeClient(s).fetch_logs(
-            self.run_dir(s.node.name), on[s.node.name], self.local), sorted(on))
+            self.run_dir(s.node.name), on[s.node.name], self.local,
+            self.ended.get(s.node.name, {}).get("logs")), sorted(on))
         if self.offload_hosts:
-            found = cluster.each(lambda s: NodeClient(s).fetch_offload(
-                self.run_dir(s.node.name), on[s.node.name]), sorted(on))
-            for host, per_task in found.succeeded.items():
-                self.offload |= {f"{t.name}": per_task[t.file_name] for t in self.tasks.values()
-                                 if t.placement.host == host and t.file_name in per_task}
+            self.collect_offload(on)
         reporter = self.tasks.get(self.reporter)
         if reporter and reporter.placement.host in on:
             host = reporter.placement.host
+            if host in self.ended:  # the stop's answer said (None: no metrics file)
+                metrics = self.ended[host]["metrics"]
+                if metrics and metrics.strip():
+                    Path(self.local.metrics).write_text(metrics)
+                return
             cluster.each(lambda s: NodeClient(s).fetch_metrics(self.run_dir(host), self.local),
                          [host])
+
+    def collect_offload(self, on: dict[str, list[str]]) -> None:
+        """What each task's offload runner did: from the node's end-of-run answer, else
+        asked (a host whose answer did not carry it: an older node side, a lost watcher)."""
+        cluster = self.job.cluster
+        assert cluster is not None
+        found = {host: self.ended[host]["offload"] for host in on
+                 if "offload" in self.ended.get(host, {})}
+        missing = sorted(set(on) - set(found))
+        if missing:
+            asked = cluster.each(lambda s: NodeClient(s).fetch_offload(
+                self.run_dir(s.node.name), on[s.node.name]), missing)
+            found |= asked.succeeded
+        for host, per_task in found.items():
+            self.offload |= {t.name: per_task[t.file_name] for t in self.tasks.values()
+                             if t.placement.host == host and t.file_name in per_task}
 
     def finish(self) -> None:
         """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""

@@ -14,7 +14,7 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from hypertf.launch.attempt import (
     uninterruptible,
 )
 from hypertf.launch.nodeclient import NodeClient
+from hypertf.launch.preflightcache import PreflightCache
 from hypertf.launch.remote import Cluster, GroupResult, Session
 from hypertf.launch.request import TrainRequest
 from hypertf.store import Layout, auth
@@ -145,21 +146,44 @@ class Job:
         self._check_hosts(hosts).raise_failed("preflight", "; nothing was started or allocated")
 
     def _check_hosts(self, hosts: list[str]) -> GroupResult[dict[str, Any]]:
-        """Preflight ``hosts``; what passed is remembered, what failed is returned."""
+        """Preflight ``hosts``; what passed is remembered, what failed is returned. A host
+        whose answer is in the preflight cache (same venv, script digest, host key file;
+        seconds old) is not asked again."""
         cluster = self._cluster(hosts)
         script = "" if self.request.sync_dir else self.script_path()
+        cache = self._preflight_cache()
+        results: GroupResult[dict[str, Any]] = GroupResult()
+        for host, answer in cache.get(self.inventory.node(h) for h in hosts).items():
+            now = time.monotonic()
+            self.timeline.add("preflight", now, now, host, note="cached")
+            results[host] = answer
 
         def check(session: Session) -> dict[str, Any]:
             with self.timeline.phase("preflight", session.node.name):
                 return NodeClient(session).preflight(
                     script, timeout=self.inventory.cluster.ssh_timeout * 3)
 
-        results = cluster.each(check, hosts)
+        asked = cluster.each(check, [host for host in hosts if host not in results])
+        results.update(asked)
+        cache.put((self.inventory.node(host), answer)
+                  for host, answer in asked.succeeded.items())
+        cache.forget(asked.failed)
         self.script_reads_flags |= any(v.get("legacy_flags") for v in results.succeeded.values())
         self.tf_keras.update({host: bool(v["tf_keras"]) for host, v in results.succeeded.items()
                               if "tf_keras" in v})
         self.preflighted.update(results.succeeded)
         return results
+
+    def _preflight_cache(self) -> PreflightCache:
+        script = "" if self.request.sync_dir else self.script_path()
+        return PreflightCache(self.inventory.cluster.known_hosts, script)
+
+    def forget_preflight(self, hosts: Iterable[str]) -> None:
+        """Hosts where a start failed: their cached preflight answers go, and this job
+        preflights them again if it places tasks there again."""
+        hosts = list(hosts)
+        self.preflighted.difference_update(hosts)
+        self._preflight_cache().forget(hosts)
 
     def _cluster(self, hosts: list[str]) -> Cluster:
         """The job's SSH sessions, with one for each of ``hosts`` (made in the caller's

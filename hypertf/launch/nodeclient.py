@@ -3,8 +3,9 @@
 Every verb runs ``<venv>/bin/python -m hypertf.node.tasknode <verb>`` on the node and reads its
 JSON answer: the first JSON object line of what the command printed after its frame (what
 the user's shell startup files print is dropped by ``remote.Session``). ``start`` sends its
-request as a file read on stdin: a command line is limited (128 KiB per argument on Linux),
-a job's task specs are not.
+request, and the ``--sync`` archive after it, on the command's stdin: one round trip per
+node, and a command line is limited (128 KiB per argument on Linux), a job's task specs
+are not.
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ class PortsBusy(Exception):
 
 
 class _LineSink(io.TextIOBase):
-    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue."""
+    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue. A 'done'
+    event's ``ended`` (the node ended the run itself) goes to ``ended[host]`` first."""
 
-    def __init__(self, host: str, events: queue.Queue[Event]) -> None:
+    def __init__(self, host: str, events: queue.Queue[Event],
+                 ended: dict[str, Any] | None = None) -> None:
         self.host, self.events, self.buffer = host, events, ""
+        self.ended = ended
 
     def write(self, text: str) -> int:
         self.buffer += text
@@ -45,9 +49,39 @@ class _LineSink(io.TextIOBase):
         for line in lines:
             if line.strip():
                 try:
-                    self.events.put(Event.from_node(self.host, json.loads(line)))
+                    payload = json.loads(line)
+                    if self.ended is not None and isinstance(payload.get("ended"), dict):
+                        self.ended[self.host] = payload["ended"]
+                    self.events.put(Event.from_node(self.host, payload))
                 except (json.JSONDecodeError, AttributeError):  # not a JSON object
                     self.events.put(Event("noise", self.host, line=line))
+        return len(text)
+
+
+class _StartSink(_LineSink):
+    """``start --watch``'s stdout: its first JSON object line is the start's answer (to
+    ``answered``); the lines after it are the watcher's events."""
+
+    def __init__(self, host: str, events: queue.Queue[Event],
+                 answered: queue.Queue[Any], ended: dict[str, Any] | None = None) -> None:
+        super().__init__(host, events, ended)
+        self.answered = answered
+        self.answer: dict[str, Any] | None = None
+
+    def write(self, text: str) -> int:
+        if self.answer is not None:
+            return super().write(text)
+        self.buffer += text
+        while self.answer is None and "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            with contextlib.suppress(json.JSONDecodeError):
+                answer = json.loads(line)
+                if isinstance(answer, dict):
+                    self.answer = answer
+                    self.answered.put(answer)
+        if self.answer is not None and self.buffer:
+            rest, self.buffer = self.buffer, ""
+            super().write(rest)
         return len(text)
 
 
@@ -92,34 +126,86 @@ class NodeClient:
             raise RemoteError("; ".join(report["problems"]))
         return report
 
-    def upload(self, run: RunDir, source_dir: str) -> None:
-        """``--sync``: the directory, unpacked as ``<run dir>/code``."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            archive.add(source_dir, arcname=run.code.name)
-        self.session.put(buffer.getvalue(), str(run.code_archive))
-        archive_file = quote(run.code_archive)
-        result = self.session.run(
-            f"mkdir -p {quote(run.path)} && tar -xzf {archive_file} -C {quote(run.path)}; "
-            f"code=$?; rm -f {archive_file}; exit $code", timeout=120)
-        if not result.ok:
-            raise RemoteError(f"--sync upload failed: {result.stderr.strip()}")
-
     def start(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
-              make_dirs: Sequence[str] = ()) -> dict[str, int]:
-        """Start ``tasks`` (name, port, cwd, env, argv) in ``run``, after making
-        ``make_dirs``; PortsBusy when a granted port is taken (nothing is started then).
-        Returns each task's PID."""
-        request = {"run_dir": str(run.path), "venv": self.node.settings.venv,
-                   "make_dirs": list(make_dirs), "tasks": list(tasks)}
-        self.session.put(json.dumps(request).encode(), str(run.start_request))
-        request_file = quote(run.start_request)
-        answer = self._answer(self.session.run(
-            f"{self._tasknode('start')} < {request_file}; code=$?; rm -f {request_file}; "
-            f"exit $code", timeout=60))
+              make_dirs: Sequence[str] = (), sync_dir: str | None = None,
+              script: str = "") -> dict[str, int]:
+        """Start ``tasks`` (name, port, cwd, env, argv) in ``run``, after making ``make_dirs``
+        and unpacking ``sync_dir`` (``--sync``) as ``<run dir>/code``: one command, one
+        round trip (the request and the archive travel on its stdin). ``script``, when
+        given, must be there (relative to the first task's cwd): preflight's answer may be
+        cached and the script gone since. PortsBusy when a granted port is taken (nothing
+        is started then). Returns each task's PID."""
+        request, payload = self._start_request(run, tasks, make_dirs, sync_dir, script)
+        answer = self._answer(self.session.feed(self._tasknode("start"), payload,
+                                                timeout=120 if "archive" in request else 60))
+        return self._started(answer)
+
+    def start_watching(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
+                       events: queue.Queue[Event], make_dirs: Sequence[str] = (),
+                       sync_dir: str | None = None, script: str = "",
+                       ended: dict[str, Any] | None = None) -> dict[str, int]:
+        """``start`` and ``follow`` in one command (``tasknode start --watch``): the answer
+        is its first line, the tasks' events follow on the same channel, so a host costs
+        one round trip and one Python start to launch and watch. Raises as ``start``
+        does; once started, every event goes to ``events``, then ``closed`` or ``lost``.
+        When every task ends by itself and nothing of the run is left, the node ends the
+        run and ``ended[host]`` gets the stop's answer, the logs and the metrics (before
+        the 'done' event is queued): the launcher then skips this host's stop."""
+        request, payload = self._start_request(run, tasks, make_dirs, sync_dir, script)
+        host = self.node.name
+        answered: queue.Queue[Any] = queue.Queue()
+        sink = _StartSink(host, events, answered, ended)
+        command = self._tasknode("start", "--watch")
+
+        def run_it() -> None:
+            try:
+                result = self.session.feed_stream(command, payload, sink)
+            except Exception as err:  # reported per host, as follow does
+                if sink.answer is None:
+                    answered.put(err)
+                elif "started" in sink.answer:
+                    events.put(Event("lost", host, why=str(err)))
+            else:
+                if sink.answer is None:  # it ended without answering: its exit says why
+                    answered.put(result)
+                elif "started" in sink.answer:
+                    events.put(Event("closed", host))
+
+        threading.Thread(target=run_it, daemon=True, name=f"start-watch-{host}").start()
+        try:
+            got = answered.get(timeout=120 if "archive" in request else 60)
+        except queue.Empty:
+            raise RemoteError(f"{host}: no answer to the start within "
+                              f"{120 if 'archive' in request else 60} s") from None
+        if isinstance(got, BaseException):
+            raise got
+        answer = got if isinstance(got, dict) else self._answer(got)
+        return self._started(answer)
+
+    def _start_request(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
+                       make_dirs: Sequence[str], sync_dir: str | None, script: str,
+                       ) -> tuple[dict[str, Any], bytes]:
+        """The start's request and the bytes sent on its stdin (the request's JSON line,
+        then the --sync archive)."""
+        request: dict[str, Any] = {"run_dir": str(run.path), "venv": self.node.settings.venv,
+                                   "make_dirs": list(make_dirs), "tasks": list(tasks),
+                                   "script": script}
+        archive = b""
+        if sync_dir:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w:gz") as packed:
+                packed.add(sync_dir, arcname=run.code.name)
+            archive = buffer.getvalue()
+            request["archive"] = len(archive)
+        return request, json.dumps(request).encode() + b"\n" + archive
+
+    @staticmethod
+    def _started(answer: Mapping[str, Any]) -> dict[str, int]:
+        if answer.get("problems"):
+            raise RemoteError("; ".join(answer["problems"]))
         if answer.get("busy"):
             raise PortsBusy(set(answer["busy"]))
-        return answer["started"]
+        return dict(answer["started"])
 
     def watch(self, run: RunDir, ports: Mapping[str, int], sink: io.TextIOBase) -> Result:
         """Stream ``tasknode watch`` events (one JSON line each) into ``sink`` until every
@@ -148,6 +234,16 @@ class NodeClient:
         return self._answer(self.session.run(
             self._tasknode("stop", run.path, "--grace", grace), timeout=grace + 30))
 
+    def stop_with_logs(self, run: RunDir, grace: float) -> tuple[dict[str, str], dict[str, Any]]:
+        """``stop``, and in the same answer the tasks' logs (up to 1 MiB in all: a larger
+        log is not in it; ``fetch_logs`` copies it) and the metrics file's text (None: no
+        file): a job's end in one round trip per host."""
+        answer = self._answer(self.session.run(
+            self._tasknode("stop", run.path, "--grace", grace, "--logs"), timeout=grace + 30))
+        return answer["stopped"], {"logs": answer["logs"], "metrics": answer.get("metrics"),
+                                   **({"offload": answer["offload"]} if "offload" in answer
+                                      else {})}
+
     def fetch_metrics(self, run: RunDir, local: RunDir) -> None:
         """The reporting task's metrics file, if it wrote one (sweeps read it)."""
         result = self.session.run(f"cat {quote(run.metrics)}", timeout=60)
@@ -164,8 +260,14 @@ class NodeClient:
                     found[task] = json.loads(result.stdout)
         return found
 
-    def fetch_logs(self, run: RunDir, tasks: Sequence[str], local: RunDir) -> None:
-        """Copy the tasks' logs into ``local`` (the same layout on this machine)."""
+    def fetch_logs(self, run: RunDir, tasks: Sequence[str], local: RunDir,
+                   have: Mapping[str, str] | None = None) -> None:
+        """Copy the tasks' logs into ``local`` (the same layout on this machine); those in
+        ``have`` (the stop's answer carried them) are written without asking the node."""
+        have = have or {}
         for task in tasks:
+            if task in have:
+                Path(local.log(task)).write_text(have[task])
+                continue
             log = self.session.run(f"cat {quote(run.log(task))}", timeout=60).stdout
             Path(local.log(task)).write_text(log)

@@ -14,14 +14,19 @@ set, ``SHLVL`` below 2). HyperTF cannot stop sshd from starting that shell, so:
   sshd_config, or ``SetEnv SHLVL=1`` as the lab does), bash skips ``~/.bashrc``, its time and
   its hangs (a stale pyenv lock made every command wait 60 s); elsewhere the file still
   runs, and a slow or hanging one is paid by every command (docs/provisioning.md);
-- files go to the node through ``cat`` on a command channel, not SFTP: a ``~/.bashrc``
-  that prints breaks the SFTP protocol unless sshd uses ``internal-sftp``.
+- files go to the node on a command's stdin (``feed``), not SFTP: a ``~/.bashrc`` that
+  prints breaks the SFTP protocol unless sshd uses ``internal-sftp``.
 """
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import io
+import os
 import shlex
+import subprocess
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -192,46 +197,120 @@ class Session:
             stdout, stderr = unframe(stdout), unframe(stderr)
         return Result(self.node.name, command, result.exited, stdout, stderr)
 
-    def put(self, data: bytes, path: str, timeout: float = 300.0) -> None:
-        """Write ``data`` to ``path`` on the node (a plain write for a local node).
-        Large payloads go this way: a command line is limited, and Invoke's stdin feeding
-        is slow and breaks on large inputs. Not SFTP, which startup files' output breaks:
-        ``cat`` on a channel of its own, fed with paramiko's ``sendall``."""
+    def feed(self, command: str, data: bytes, timeout: float = 300.0) -> Result:
+        """Run ``command`` with ``data`` on its stdin, in one round trip: how files reach a
+        node (``put``) and how ``tasknode start`` gets its request and the ``--sync``
+        archive with it. A non-zero exit is returned, never raised. Not Invoke's stdin
+        feeding (slow, and it breaks on large inputs): paramiko's ``sendall`` on a channel
+        of its own, framed like ``run`` (startup files' output is dropped)."""
         runner = self._open()
         if not isinstance(runner, Connection):
             try:
-                Path(path).write_bytes(data)
-            except OSError as err:
-                raise RemoteError(f"{self.node.name}: cannot write {path}: "
-                                  f"{err.strerror or err}") from None
-            return
-        why = ""
+                done = subprocess.run(["/bin/bash", "-c", command], input=data, timeout=timeout,
+                                      capture_output=True, check=False)
+            except subprocess.TimeoutExpired:
+                raise RemoteError(f"{self.node.name}: no answer within {timeout:.0f} s") from None
+            return Result(self.node.name, command, done.returncode,
+                          done.stdout.decode(errors="replace"),
+                          done.stderr.decode(errors="replace"))
         try:
             channel = runner.transport.open_session(timeout=self.cluster.ssh_timeout)
         except (OSError, EOFError, paramiko.SSHException) as err:
             self.close()
             raise RemoteError(f"{self.node.name}: connection lost: "
                               f"{err or type(err).__name__}") from None
+        errors: list[bytes] = []
         try:
             channel.settimeout(timeout)
             channel.update_environment(QUIET_SHELL)
-            channel.exec_command(framed(f"cat > {quote(path)}"))
+            channel.exec_command(framed(command))
+            # stderr read beside stdout: neither may fill the channel's window unread
+            reader = threading.Thread(
+                target=lambda: errors.append(channel.makefile_stderr("rb").read()), daemon=True)
+            reader.start()
+            why = ""
             try:
                 channel.sendall(data)
                 channel.shutdown_write()
-            except OSError as err:  # cat ended early: its exit and stderr say why
+            except OSError as err:  # the command ended early: its exit and stderr say why
                 why = str(err) or type(err).__name__
-            stderr = unframe(channel.makefile_stderr("rb").read().decode(errors="replace"))
+            stdout = channel.makefile("rb").read().decode(errors="replace")
             code = channel.recv_exit_status()
+            reader.join(timeout)
         except (OSError, EOFError, paramiko.SSHException) as err:
-            raise RemoteError(f"{self.node.name}: cannot write {path}: "
+            raise RemoteError(f"{self.node.name}: {command.split()[0]}: "
                               f"{err or type(err).__name__}") from None
         finally:
             channel.close()
-        if code != 0:
-            lines = stderr.strip().splitlines()
+        stderr = unframe(b"".join(errors).decode(errors="replace"))
+        if code != 0 and not stderr.strip() and why:
+            stderr = why
+        return Result(self.node.name, command, code, unframe(stdout), stderr)
+
+    def feed_stream(self, command: str, data: bytes, sink: io.TextIOBase) -> Result:
+        """``feed``, with the command's stdout going to ``sink`` as it arrives (after the
+        frame), for as long as the command runs: ``tasknode start --watch`` gets its
+        request and then streams the tasks' events on the same channel."""
+        runner = self._open()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        errors: list[bytes] = []
+        if not isinstance(runner, Connection):
+            process = subprocess.Popen(["/bin/bash", "-c", command], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+            assert stdin and stdout and stderr
+            reader = threading.Thread(target=lambda: errors.append(stderr.read()), daemon=True)
+            reader.start()
+            with contextlib.suppress(OSError):  # the command ended early: its exit says why
+                stdin.write(data)
+                stdin.close()
+            for chunk in iter(lambda: os.read(stdout.fileno(), 65536), b""):
+                sink.write(decoder.decode(chunk))
+            stdout.close()
+            code = process.wait()
+            reader.join()
+            return Result(self.node.name, command, code, "",
+                          b"".join(errors).decode(errors="replace"))
+        try:
+            channel = runner.transport.open_session(timeout=self.cluster.ssh_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            self.close()
+            raise RemoteError(f"{self.node.name}: connection lost: "
+                              f"{err or type(err).__name__}") from None
+        unframed = _Unframed(sink)
+        try:
+            channel.update_environment(QUIET_SHELL)
+            channel.exec_command(framed(command))
+            reader = threading.Thread(
+                target=lambda: errors.append(channel.makefile_stderr("rb").read()), daemon=True)
+            reader.start()
+            with contextlib.suppress(OSError):  # the command ended early: its exit says why
+                channel.sendall(data)
+                channel.shutdown_write()
+            for chunk in iter(lambda: channel.recv(65536), b""):
+                unframed.write(decoder.decode(chunk))
+            code = channel.recv_exit_status()
+            reader.join(self.cluster.ssh_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise RemoteError(f"{self.node.name}: connection lost: "
+                              f"{err or type(err).__name__}") from None
+        finally:
+            channel.close()
+        return Result(self.node.name, command, code, "" if unframed.open else unframe(
+            unframed.held), unframe(b"".join(errors).decode(errors="replace")))
+
+    def put(self, data: bytes, path: str, timeout: float = 300.0) -> None:
+        """Write ``data`` to ``path`` on the node (``cat`` fed by ``feed``: not SFTP, which
+        startup files' output breaks)."""
+        try:
+            result = self.feed(f"cat > {quote(path)}", data, timeout)
+        except RemoteError as err:
             raise RemoteError(f"{self.node.name}: cannot write {path}: "
-                              f"{lines[-1] if lines else why or f'exit {code}'}")
+                              f"{str(err).split(': ', 1)[-1]}") from None
+        if not result.ok:
+            lines = result.stderr.strip().splitlines()
+            raise RemoteError(f"{self.node.name}: cannot write {path}: "
+                              f"{lines[-1] if lines else f'exit {result.exited}'}")
 
     def stream(self, command: str, sink: io.TextIOBase) -> Result:
         """Run a long command whose stdout goes to ``sink`` as it arrives."""

@@ -45,7 +45,12 @@ from hypertf.node.probes import (
     select_address,
 )
 from hypertf.store import AgentRecord, HostWatch, Layout, Store
-from hypertf.store.allocation import confirm_drained, read_matrix, watch_matrix
+from hypertf.store.allocation import (
+    confirm_drained,
+    read_matrix,
+    watch_matrix,
+    watch_shard_of,
+)
 from hypertf.store.jobs import prune_jobs
 from hypertf.store.waitqueue import Admitter
 
@@ -53,6 +58,7 @@ KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at m
 KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
+QUIET_SWEEP_S = 30.0  # a pass nothing woke reads ZooKeeper (keep, reap, drain) this seldom
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +146,7 @@ class Agent:
             inventory.cluster, 30, identity=f"agent.{host}", long_lived=True,
             on_pause=log.warning))
         self._wake = threading.Event()
+        self._records_changed = threading.Event()  # the keeper: some host's record changed
         self._stop = threading.Event()
         self._disconnected_since: float | None = None
         self._waiting_for = ""  # why ZooKeeper cannot take this agent now, said once
@@ -321,16 +328,26 @@ class Agent:
         zk = Store(client, self.layout)
         record = None
         watching = False
+        shard_watched = False
         watched_users: set[str] = set()
         admitter: Admitter | None = None
         matrix_watched = False
         next_beat = 0.0
+        # Work proportional to change: every interval the node is probed (and its record
+        # written if that changed), but the keeper's pass, the reap and the drain check
+        # read ZooKeeper only when a watch woke the loop (a lease, a host's record, the
+        # keeper lease, the matrix), the record changed, or after QUIET_SWEEP_S (a net).
+        woken, sweep_due, swept_at = True, 0.0, 0.0
+        interval = self.node.settings.agent_interval
         while not self._stop.is_set():
-            self._wake.clear()
+            if self._wake.is_set():  # cleared only when seen: a watch firing now is kept
+                self._wake.clear()
+                woken = True
             if self._stale():
                 return record
             if not client.connected:
                 self._wake.wait(1.0)  # calls would queue and block until reconnected
+                woken = True
                 continue
             try:
                 if not watching:
@@ -340,43 +357,62 @@ class Agent:
                     client.ChildrenWatch(self.layout.user_leases(user), self._wake_up)
                     watched_users.add(user)
                 if self._republish or time.monotonic() >= next_beat:
+                    written = self._writes.due_at
                     record = self._publish_probe(zk)
+                    woken |= self._writes.due_at != written  # a new record: look around too
                     next_beat = time.monotonic() + self.node.settings.agent_interval
-                if self.is_keeper(zk):
-                    if not matrix_watched:  # only the keeper wakes when GPUs are freed
-                        # and when a host comes or goes (10,000 agents x 10,000 host
-                        # watches would be 10^8 watches in ZooKeeper)
-                        watch_matrix(zk, self._wake_up)
-                        HostWatch(client, self.layout, self._wake_up)
-                        matrix_watched = True
-                    admitter = admitter or Admitter(zk, self.inventory.cluster.user_gpu_limit)
-                    self.keep(zk, admitter)
-                else:
-                    admitter = None  # a later term starts from a fresh read
-                self.reap_orphans(zk)
-                self.confirm_drained(zk)
+                now = time.monotonic()
+                if woken or now >= sweep_due or (self._records_changed.is_set()
+                                                  and now >= swept_at + interval):
+                    woken, swept_at = False, now
+                    self._records_changed.clear()
+                    sweep_due = time.monotonic() + max(self.node.settings.agent_interval,
+                                                       QUIET_SWEEP_S)
+                    if not shard_watched:  # its own row: the keeper marked cells draining
+                        watch_shard_of(zk, self.node.name, self._wake_up)
+                        shard_watched = True
+                    if self.is_keeper(zk):
+                        if not matrix_watched:  # only the keeper wakes when GPUs are freed
+                            # and when a host comes or goes (10,000 agents x 10,000 host
+                            # watches would be 10^8 watches in ZooKeeper), and looks again,
+                            # at its next interval, when a record changed
+                            watch_matrix(zk, self._wake_up)
+                            hosts_watch = HostWatch(client, self.layout, self._wake_up)
+                            hosts_watch.watch_records(self._records_changed.set)
+                            matrix_watched = True
+                        admitter = admitter or Admitter(zk,
+                                                        self.inventory.cluster.user_gpu_limit)
+                        self.keep(zk, admitter)
+                    else:
+                        admitter = None  # a later term starts from a fresh read
+                    self.reap_orphans(zk)
+                    self.confirm_drained(zk)
             except NoNodeError:
                 log.error("ZooKeeper has no HyperTF root %s (did it lose its data?): the admin "
                           "runs 'hypertf auth init'; retrying", self.layout.root)
                 self._wake.wait(2.0)
+                woken = True
                 continue
             except (KazooException, KazooTimeoutError) as err:
                 log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
                 self._wake.wait(1.0)
+                woken = True
                 continue
             except (StoreError, OSError) as err:  # unreadable data, a full disk: keep serving
                 log.error("agent pass failed: %s; retrying", err)
                 self._wake.wait(1.0)
+                woken = True
                 continue
             except HyperTFError:
                 raise  # a setting to fix (a network that is not there...): say it and stop
             except Exception:  # a bug must not take every agent down in turn: log, go on
                 log.exception("agent pass failed unexpectedly; retrying")
                 self._wake.wait(5.0)
+                woken = True
                 continue
             if once:
                 return record
-            self._wake.wait(max(0.0, next_beat - time.monotonic()))
+            woken = self._wake.wait(max(0.0, next_beat - time.monotonic()))
         return record
 
     def _stop_requested_cleanup(self, client: KazooClient) -> None:

@@ -1,7 +1,8 @@
 """The node side of a job: preflight, start, watch and stop the tasks of one run directory.
 
 The launcher runs ``python -m hypertf.node.tasknode ...`` on each node over SSH. ``start`` reads
-the tasks to start as JSON on stdin (no command-line limit, no shell), refuses when a
+the tasks to start as a JSON line on stdin (no command-line limit, no shell), then the
+``--sync`` archive if any (upload and start: one round trip), refuses when a
 granted port is already taken, and starts each task in its own session. ``watch``
 streams one JSON event per line (log lines, port listening, exits, heartbeats) so a single
 SSH channel per node carries everything the launcher needs; ``stop`` signals each task's
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -22,9 +24,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from hypertf.core import diagnose
@@ -33,6 +36,7 @@ from hypertf.node import procs
 from hypertf.node.procs import alive
 
 WRAPPER = "task.sh"
+INLINE_LOGS_MAX = 1 << 20  # stop --logs: logs up to this many bytes ride on the answer
 log = logging.getLogger(__name__)
 
 
@@ -86,18 +90,26 @@ def wrapper_argv(run: RunDir, name: str, venv: str, cwd: str, argv: Sequence[str
             str(run.exit(name)), str(run.drained), venv, cwd, "--", *argv]
 
 
-def start(request: Mapping[str, Any]) -> dict[str, Any]:
+def start(request: Mapping[str, Any], archive: bytes = b"") -> dict[str, Any]:
     """Start the tasks of ``request`` (``run_dir``, ``venv``, ``make_dirs``, ``tasks``: each with
     ``name``, ``port``, ``cwd``, ``env``, ``argv``), each in its own session so its process
     group can be signalled whole; returns ``{"busy": [ports]}`` without starting anything
-    when a granted port is already in use (the launcher retries on fresh ports), else
-    ``{"started": {name: pid}}``."""
+    when a granted port is already in use (the launcher retries on fresh ports),
+    ``{"problems": [...]}`` when ``archive`` (``--sync``, a tar.gz) does not unpack or the
+    request's ``script`` is not there, else ``{"started": {name: pid}}``."""
     tasks = request["tasks"]
     busy = sorted(t["port"] for t in tasks if _listening(int(t["port"])))
     if busy:
         return {"busy": busy}
     run = RunDir(Path(request["run_dir"]))
     run.local.mkdir(parents=True, exist_ok=True)
+    problems = _unpack(run, archive) if archive else []
+    script = request.get("script") or ""
+    if script and tasks and not (Path(tasks[0]["cwd"]) / script).is_file():
+        problems.append(f"script {script} not found (relative paths start in "
+                        f"{tasks[0]['cwd']})")
+    if problems:
+        return {"problems": problems}
     for directory in request.get("make_dirs", ()):  # checkpoints: kept across attempts
         Path(directory).mkdir(parents=True, exist_ok=True)
     started = {}
@@ -110,8 +122,23 @@ def start(request: Mapping[str, Any]) -> dict[str, Any]:
     return {"started": started}
 
 
-def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2) -> None:
-    """Stream events until every task has exited (or the launcher goes away)."""
+def _unpack(run: RunDir, archive: bytes) -> list[str]:
+    """``--sync``: the archive into the run directory (only plain files and directories
+    inside it: tarfile's 'data' filter where this Python has it)."""
+    safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as packed:
+            packed.extractall(run.path, **safe)
+    except (tarfile.TarError, OSError, EOFError) as err:
+        return [f"--sync upload failed: {err}"]
+    return []
+
+
+def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2, end: bool = False) -> None:
+    """Stream events until every task has exited (or the launcher goes away). With ``end``
+    (``start --watch``), a run whose every task ended by itself is ended here too: when
+    no process of it is left, the 'done' event carries what a stop would answer, the logs
+    and the metrics (``ended``), so the launcher needs no stop round trip for this host."""
     offsets = dict.fromkeys(tasks, 0)
     partial = dict.fromkeys(tasks, b"")
     listening: set[str] = set()
@@ -154,13 +181,30 @@ def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2) -> None:
                 killed = code is None or code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
                 emit({"e": "exit", "task": name, "code": code, "killed": killed})
         if len(finished) == len(tasks):
-            emit({"e": "done"})
+            ended = _end(run, tasks) if end else None
+            emit({"e": "done", **({"ended": ended} if ended else {})})
             return
         now = time.monotonic()
         if now - last_beat >= 1.0:
             emit({"e": "beat"})
             last_beat = now
         time.sleep(interval)
+
+
+def _end(run: RunDir, names: Iterable[str]) -> dict[str, Any] | None:
+    """After every task exited: if nothing of the run lives here, mark it drained and
+    stopped (as a stop would) and return the stop's answer, the logs and the metrics."""
+    names = list(names)
+    if run_alive(run):
+        return None  # a task left a process behind: the launcher's stop handles it
+    try:
+        mark_drained(run)
+        Path(run.stopped).touch()
+    except OSError:
+        return None
+    unlink_offload_channels(run.task_key)
+    return {"stopped": dict.fromkeys(names, "not running"), "logs": logs(run, names),
+            "metrics": _text(run.metrics), "offload": offload_counts(run, names)}
 
 
 def mark_drained(run: RunDir) -> None:
@@ -219,6 +263,37 @@ def unlink_offload_channels(task_key: str, shm: Path = Path("/dev/shm")) -> None
         for path in shm.glob(pattern):
             with contextlib.suppress(OSError):
                 path.unlink()
+
+
+def logs(run: RunDir, names: Iterable[str] | None = None,
+         limit: int = INLINE_LOGS_MAX) -> dict[str, str]:
+    """The tasks' logs, for ``stop --logs``: the stop's answer carries them, so a job's
+    end is one round trip per host. Only while they total at most ``limit`` bytes: a
+    larger log is left out (the launcher copies it on its own)."""
+    found: dict[str, str] = {}
+    left = limit
+    for name in sorted(names or run.task_names()):
+        with contextlib.suppress(OSError):
+            size = Path(run.log(name)).stat().st_size
+            if size <= left:
+                found[name] = Path(run.log(name)).read_bytes().decode(errors="replace")
+                left -= size
+    return found
+
+
+def offload_counts(run: RunDir, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """What each task's offload runner wrote at its end (--offload-hosts), by task."""
+    found = {}
+    for name in sorted(names or run.task_names()):
+        with contextlib.suppress(OSError, ValueError):
+            found[name] = json.loads(Path(run.offload(name)).read_text())
+    return found
+
+
+def _text(path: PurePath) -> str | None:
+    with contextlib.suppress(OSError):
+        return Path(path).read_bytes()[:INLINE_LOGS_MAX].decode(errors="replace")
+    return None
 
 
 def drain(run: RunDir, grace: float) -> bool:
@@ -308,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("preflight")
     p.add_argument("--workdir", required=True)
     p.add_argument("--script", default="")
-    sub.add_parser("start", help="start the tasks a JSON request on stdin names")
+    p = sub.add_parser("start", help="start the tasks a JSON request on stdin names")
+    p.add_argument("--watch", action="store_true",
+                   help="then watch them, as 'watch' does (start and watch: one command)")
     p = sub.add_parser("watch")
     p.add_argument("run_dir")
     p.add_argument("tasks", nargs="+", help="NAME=PORT")
@@ -316,17 +393,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("names", nargs="*")
     p.add_argument("--grace", type=float, default=5.0)
+    p.add_argument("--logs", action="store_true", help='answer {"stopped": ..., "logs": '
+                   '{task: text} (up to 1 MiB), "metrics": text or null}')
     args = parser.parse_args(argv)
     if args.action == "preflight":
         print(json.dumps(preflight(args.workdir, args.script)))
-    elif args.action == "start":
-        print(json.dumps(start(json.load(sys.stdin))))
+    elif args.action == "start":  # the request's JSON line, then its archive's bytes
+        header, _, archive = sys.stdin.buffer.read().partition(b"\n")
+        request = json.loads(header)
+        answer = start(request, archive)
+        emit(answer)
+        if args.watch and "started" in answer:
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
+            watch(RunDir(Path(request["run_dir"])),
+                  {t["name"]: int(t["port"]) for t in request["tasks"]}, end=True)
     elif args.action == "watch":
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
         tasks = {name: int(port) for name, port in (t.rsplit("=", 1) for t in args.tasks)}
         watch(RunDir(Path(args.run_dir)), tasks)
     else:
-        print(json.dumps(stop(RunDir(Path(args.run_dir)), args.names, args.grace)))
+        run = RunDir(Path(args.run_dir))
+        stopped = stop(run, args.names, args.grace)
+        print(json.dumps({"stopped": stopped, "logs": logs(run, args.names),
+                          "metrics": _text(run.metrics),
+                          "offload": offload_counts(run, args.names)}
+                         if args.logs else stopped))
     return 0
 
 

@@ -220,6 +220,13 @@ def watch_matrix(store: Store, wake: Callable[..., Any]) -> None:
         store.client.DataWatch(store.layout.matrix_shard(i), wake)
 
 
+def watch_shard_of(store: Store, host: str, wake: Callable[..., Any]) -> None:
+    """Call ``wake`` whenever the shard holding ``host``'s row changes: its agent learns at
+    once that the keeper marked cells of its host draining (a reshard: at its next sweep)."""
+    _, version = read_matrix(store, hosts=())
+    store.client.DataWatch(store.layout.matrix_shard(shard_of(host, version.shards)), wake)
+
+
 def _commit_or_conflict(transaction: Any) -> bool:
     """kazoo's commit() returns errors in its result list instead of raising."""
     results = transaction.commit()

@@ -3,7 +3,7 @@
 sshd runs every command through the user's login shell, and Debian's bash sources
 ``~/.bashrc`` for it. A lab whose hosts' user has a ``.bashrc`` that prints a banner on
 stdout (the last one without a newline) and on stderr, and sleeps: the node protocol
-(preflight, put, upload, start, watch, stop, metrics and logs) still reads exactly what the
+(preflight, put, upload-and-start in one command, watch, stop, metrics and logs) reads what the
 node said. On h1 the file runs for every command (as on most real nodes); h2's sshd accepts
 SHLVL from the client (``AcceptEnv SHLVL``), so there HyperTF's commands skip it entirely.
 The lab has no ZooKeeper and no agents (the node protocol needs neither): it is up in
@@ -97,14 +97,13 @@ def node_protocol(inventory: Inventory, host: str, tmp_path: Path) -> None:
         code.mkdir(parents=True)
         (code / "task.py").write_text(TASK)
         run = RunDir.of(WORKDIR, f"startup-files-{host}")
-        client.upload(run, str(code))
         tasks = [{"name": name, "port": port, "cwd": str(run.code),
                   "env": {"HYPERTF_TASK": name,
                           **({"HYPERTF_METRICS_FILE": str(run.metrics)} if metrics else {})},
                   "argv": ["python", "task.py", how]}
                  for name, port, how, metrics in (("worker0", 23450, "exit", True),
                                                   ("worker1", 23451, "wait", False))]
-        pids = client.start(run, tasks)
+        pids = client.start(run, tasks, sync_dir=str(code), script="task.py")  # one command
         assert set(pids) == {"worker0", "worker1"}
 
         events: queue.Queue[Event] = queue.Queue()
@@ -128,6 +127,23 @@ def node_protocol(inventory: Inventory, host: str, tmp_path: Path) -> None:
         assert json.loads(Path(local.metrics).read_text()) == {"acc": 0.75}
         client.fetch_logs(run, ["worker0"], local)
         assert Path(local.log("worker0")).read_text() == "hello from worker0\nbye\n"
+
+        # start and watch in one command (the launcher's way): the answer, then the events
+        watched = RunDir.of(WORKDIR, f"startup-files-watch-{host}")
+        events: queue.Queue[Event] = queue.Queue()
+        task = {**tasks[0], "cwd": str(watched.code),
+                "env": {"HYPERTF_TASK": "worker0", "HYPERTF_METRICS_FILE": str(watched.metrics)}}
+        pids = client.start_watching(watched, [task], events, sync_dir=str(code),
+                                     script="task.py")
+        assert set(pids) == {"worker0"}
+        seen = events_until_closed(events)
+        assert [e.line for e in seen if e.kind == "noise"] == []
+        assert ("worker0", "bye") in [(e.task, e.line) for e in seen if e.kind == "log"]
+        assert [(e.task, e.code) for e in seen if e.kind == "exit"] == [("worker0", 0)]
+        stopped, ended = client.stop_with_logs(watched, grace=5)
+        assert stopped == {"worker0": "not running"}
+        assert ended["logs"] == {"worker0": "hello from worker0\nbye\n"}
+        assert json.loads(ended["metrics"]) == {"acc": 0.75}
     finally:
         session.close()
 
@@ -136,7 +152,7 @@ def test_node_commands_ignore_what_startup_files_print(banner_lab, tmp_path):
     built, inventory = banner_lab
     before = sourced(built, "h1")
     node_protocol(inventory, "h1", tmp_path)
-    assert sourced(built, "h1") - before >= 10  # the .bashrc ran for every command
+    assert sourced(built, "h1") - before >= 11  # the .bashrc ran for every command
     session = Session(inventory.node("h1"), inventory.cluster)
     try:  # a streamed command (hypertf logs) gets no banner either
         text = "".join(f"line {i}\n" for i in range(100))

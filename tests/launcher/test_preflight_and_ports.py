@@ -132,3 +132,31 @@ def test_taken_port_is_retried_on_a_fresh_one(lab, tmp_path):
     final = [s for s in summaries(tmp_path) if s["result"] == "succeeded"]
     assert [t["port"] for t in final[0]["tasks"]] == [23001]
     assert all_free(lab.inventory)
+
+
+def test_a_second_job_takes_preflight_from_the_cache_until_the_script_is_gone(lab, tmp_path):
+    """Preflight answers are kept per host, venv and script digest: a second job (a sweep's
+    next trial, a retried job) does not ask the nodes again; a script no longer there is
+    checked, and refused, again."""
+    import shutil
+
+    script = tmp_path / "train.py"  # a path of this test's own: the first job misses
+    shutil.copy(FAKE, script)
+    notes = []
+    for run in ("first", "second"):
+        cwd = tmp_path / run
+        cwd.mkdir()
+        done = hypertf("train", "-i", lab.inventory, "--script", str(script), "--worker", "2",
+                       "--", "--work_s", "0", cwd=cwd)
+        assert done.returncode == 0, done.stdout + done.stderr
+        (summary,) = summaries(cwd)
+        notes.append(sorted((e["host"], e.get("note", "")) for e in summary["timeline"]
+                            if e["phase"] == "preflight"))
+    assert notes == [[("h1", ""), ("h2", "")], [("h1", "cached"), ("h2", "cached")]]
+    script.unlink()
+    done = hypertf("train", "-i", lab.inventory, "--script", str(script), "--worker", "2",
+                   cwd=tmp_path)
+    assert done.returncode == 6, done.stderr
+    assert "preflight failed on 2 host(s)" in done.stderr
+    assert f"  h1: script {script} not found" in done.stderr
+    nothing_happened(lab)

@@ -348,6 +348,26 @@ def test_stop_cli_prints_the_result_as_json(node: Node) -> None:
     assert group_members(wrapper) == []
 
 
+def test_stop_with_logs_answers_the_logs_and_metrics_in_the_same_command(node: Node) -> None:
+    """'stop --logs': a job's end is one round trip per host (stop, logs, metrics); logs
+    past the inline limit are left for the launcher to copy on its own."""
+    run = node.run_dir()
+    wrapper = node.python_task(run, "worker0", SLEEPER)
+    log = Path(run.log("worker0"))
+    wait_for(lambda: log.exists() and "sleeping" in log.read_text(), 10, "its log")
+    Path(run.metrics).write_text('{"acc": 0.5}')
+    out = subprocess.run(
+        [sys.executable, "-m", "hypertf.node.tasknode", "stop", str(run.path), "--grace", "1",
+         "--logs"], cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer["stopped"] == {"worker0": "stopped"}
+    assert answer["logs"] == {"worker0": Path(run.log("worker0")).read_text()}
+    assert "sleeping" in answer["logs"]["worker0"]
+    assert answer["metrics"] == '{"acc": 0.5}'
+    assert group_members(wrapper) == []
+    assert tasknode.logs(run, limit=3) == {}  # too large to ride on the answer
+
+
 # -- reap and unstopped_runs ------------------------------------------------------------
 
 
@@ -454,3 +474,22 @@ def test_start_reads_its_request_on_stdin_and_refuses_a_taken_port(node: Node) -
     finally:
         assert tasknode.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
     assert not tasknode.run_alive(run)
+
+
+def test_start_watch_ends_a_run_whose_tasks_all_ended_by_themselves(node: Node) -> None:
+    """'start --watch': the answer, the events, and a 'done' that ends the run here (drained,
+    stopped, nothing left) with the logs, so the launcher needs no stop round trip."""
+    run = node.run_dir("20261124-120000-a1b2c3.alice")
+    script = node.script("worker0", 'print("bye", flush=True)\n')
+    request = {"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
+        {"name": "worker0", "port": free_port(), "cwd": str(node.root),
+         "argv": [sys.executable, str(script)], "env": {"HYPERTF_TASK_KEY": run.task_key}}]}
+    out = subprocess.run([sys.executable, "-m", "hypertf.node.tasknode", "start", "--watch"],
+                         input=json.dumps(request) + "\n", cwd=REPO, capture_output=True,
+                         text=True, timeout=30, check=True)
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert set(lines[0]["started"]) == {"worker0"}
+    assert {"e": "log", "task": "worker0", "line": "bye"} in lines
+    assert lines[-1] == {"e": "done", "ended": {"stopped": {"worker0": "not running"},
+                                                "logs": {"worker0": "bye\n"}, "metrics": None}}
+    assert Path(run.stopped).exists() and Path(run.drained).exists()
