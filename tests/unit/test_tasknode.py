@@ -491,5 +491,6 @@ def test_start_watch_ends_a_run_whose_tasks_all_ended_by_themselves(node: Node) 
     assert set(lines[0]["started"]) == {"worker0"}
     assert {"e": "log", "task": "worker0", "line": "bye"} in lines
     assert lines[-1] == {"e": "done", "ended": {"stopped": {"worker0": "not running"},
-                                                "logs": {"worker0": "bye\n"}, "metrics": None}}
+                                                "logs": {"worker0": "bye\n"}, "metrics": None,
+                                                "offload": {}}}
     assert Path(run.stopped).exists() and Path(run.drained).exists()
