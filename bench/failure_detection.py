@@ -1,6 +1,6 @@
 """Failure detection: from a crash, or a SIGKILLed launcher, to nothing running and GPUs back.
 
-On a 3-host lab (4 s ZooKeeper session timeout, agents every 1 s), a parameter-server shaped
+On a 3-host lab (6 s ZooKeeper session timeout, agents every 1 s), a parameter-server shaped
 job of tests/scripts/fake_tf.py (``--chief --worker 2 --ps 1``: the chief is the finisher,
 the workers and the ps serve until stopped) is run through ``hypertf train``:
 
@@ -39,7 +39,7 @@ from hypertf import store
 from hypertf.config.inventory import load_inventory
 from hypertf.store import Layout
 
-SESSION_TIMEOUT = 4.0  # the lab inventory's hypertf_zk_session_timeout
+SESSION_TIMEOUT = 6.0  # the lab inventory's hypertf_zk_session_timeout (hypertf.ops.lab.up)
 GRACE = 5.0  # hypertf train's default --grace, and the agents' reaping grace
 
 
