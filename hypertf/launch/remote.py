@@ -213,12 +213,7 @@ class Session:
             return Result(self.node.name, command, done.returncode,
                           done.stdout.decode(errors="replace"),
                           done.stderr.decode(errors="replace"))
-        try:
-            channel = runner.transport.open_session(timeout=self.cluster.ssh_timeout)
-        except (OSError, EOFError, paramiko.SSHException) as err:
-            self.close()
-            raise RemoteError(f"{self.node.name}: connection lost: "
-                              f"{err or type(err).__name__}") from None
+        channel = self._session_channel(runner)
         errors: list[bytes] = []
         try:
             channel.settimeout(timeout)
@@ -247,6 +242,16 @@ class Session:
             stderr = why
         return Result(self.node.name, command, code, unframe(stdout), stderr)
 
+    def _session_channel(self, runner: Connection) -> paramiko.Channel:
+        """A new session channel on the host's connection (a lost connection is closed, so
+        the next command opens another)."""
+        try:
+            return runner.transport.open_session(timeout=self.cluster.ssh_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            self.close()
+            raise RemoteError(f"{self.node.name}: connection lost: "
+                              f"{err or type(err).__name__}") from None
+
     def feed_stream(self, command: str, data: bytes, sink: io.TextIOBase) -> Result:
         """``feed``, with the command's stdout going to ``sink`` as it arrives (after the
         frame), for as long as the command runs: ``tasknode start --watch`` gets its
@@ -271,12 +276,7 @@ class Session:
             reader.join()
             return Result(self.node.name, command, code, "",
                           b"".join(errors).decode(errors="replace"))
-        try:
-            channel = runner.transport.open_session(timeout=self.cluster.ssh_timeout)
-        except (OSError, EOFError, paramiko.SSHException) as err:
-            self.close()
-            raise RemoteError(f"{self.node.name}: connection lost: "
-                              f"{err or type(err).__name__}") from None
+        channel = self._session_channel(runner)
         unframed = _Unframed(sink)
         try:
             channel.update_environment(QUIET_SHELL)
