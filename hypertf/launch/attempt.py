@@ -446,19 +446,11 @@ class Attempt:
             cluster.each(lambda s: NodeClient(s).fetch_metrics(self.run_dir(host), self.local),
                          [host])
 
-    def collect_offload(self, on: dict[str, list[str]]) -> None:
-        """What each task's offload runner did: from the node's end-of-run answer, else
-        asked (a host whose answer did not carry it: an older node side, a lost watcher)."""
-        cluster = self.job.cluster
-        assert cluster is not None
-        found = {host: self.ended[host]["offload"] for host in on
-                 if "offload" in self.ended.get(host, {})}
-        missing = sorted(set(on) - set(found))
-        if missing:
-            asked = cluster.each(lambda s: NodeClient(s).fetch_offload(
-                self.run_dir(s.node.name), on[s.node.name]), missing)
-            found |= asked.succeeded
-        for host, per_task in found.items():
+    def collect_offload(self, on: Iterable[str]) -> None:
+        """What each task's offload runner did, from its node's end-of-run answer (a host
+        that gave none, lost or not stopped, is left out of the counts)."""
+        for host in on:
+            per_task = self.ended.get(host, {}).get("offload", {})
             self.offload |= {t.name: per_task[t.file_name] for t in self.tasks.values()
                              if t.placement.host == host and t.file_name in per_task}
 

@@ -85,6 +85,11 @@ class _StartSink(_LineSink):
         return len(text)
 
 
+def start_timeout(request: Mapping[str, Any]) -> float:
+    """Seconds a start may take: longer when it unpacks a --sync archive."""
+    return 120.0 if "archive" in request else 60.0
+
+
 class NodeClient:
     """One node's preflight, start, watch, stop and logs for the jobs of this launcher."""
 
@@ -137,7 +142,7 @@ class NodeClient:
         is started then). Returns each task's PID."""
         request, payload = self._start_request(run, tasks, make_dirs, sync_dir, script)
         answer = self._answer(self.session.feed(self._tasknode("start"), payload,
-                                                timeout=120 if "archive" in request else 60))
+                                                timeout=start_timeout(request)))
         return self._started(answer)
 
     def start_watching(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
@@ -173,10 +178,10 @@ class NodeClient:
 
         threading.Thread(target=run_it, daemon=True, name=f"start-watch-{host}").start()
         try:
-            got = answered.get(timeout=120 if "archive" in request else 60)
+            got = answered.get(timeout=start_timeout(request))
         except queue.Empty:
             raise RemoteError(f"{host}: no answer to the start within "
-                              f"{120 if 'archive' in request else 60} s") from None
+                              f"{start_timeout(request):.0f} s") from None
         if isinstance(got, BaseException):
             raise got
         answer = got if isinstance(got, dict) else self._answer(got)
@@ -240,25 +245,13 @@ class NodeClient:
         file): a job's end in one round trip per host."""
         answer = self._answer(self.session.run(
             self._tasknode("stop", run.path, "--grace", grace, "--logs"), timeout=grace + 30))
-        return answer["stopped"], {"logs": answer["logs"], "metrics": answer.get("metrics"),
-                                   **({"offload": answer["offload"]} if "offload" in answer
-                                      else {})}
+        return answer.pop("stopped"), answer
 
     def fetch_metrics(self, run: RunDir, local: RunDir) -> None:
         """The reporting task's metrics file, if it wrote one (sweeps read it)."""
         result = self.session.run(f"cat {quote(run.metrics)}", timeout=60)
         if result.ok and result.stdout.strip():
             Path(local.metrics).write_text(result.stdout)
-
-    def fetch_offload(self, run: RunDir, tasks: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """What each task's offload runner wrote at its end (a task killed first wrote none)."""
-        found = {}
-        for task in tasks:
-            result = self.session.run(f"cat {quote(run.offload(task))} 2>/dev/null", timeout=60)
-            with contextlib.suppress(ValueError):
-                if result.ok and result.stdout.strip():
-                    found[task] = json.loads(result.stdout)
-        return found
 
     def fetch_logs(self, run: RunDir, tasks: Sequence[str], local: RunDir,
                    have: Mapping[str, str] | None = None) -> None:

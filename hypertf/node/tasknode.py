@@ -203,8 +203,7 @@ def _end(run: RunDir, names: Iterable[str]) -> dict[str, Any] | None:
     except OSError:
         return None
     unlink_offload_channels(run.task_key)
-    return {"stopped": dict.fromkeys(names, "not running"), "logs": logs(run, names),
-            "metrics": _text(run.metrics), "offload": offload_counts(run, names)}
+    return ended_answer(run, dict.fromkeys(names, "not running"), names)
 
 
 def mark_drained(run: RunDir) -> None:
@@ -279,6 +278,15 @@ def logs(run: RunDir, names: Iterable[str] | None = None,
                 found[name] = Path(run.log(name)).read_bytes().decode(errors="replace")
                 left -= size
     return found
+
+
+def ended_answer(run: RunDir, stopped: dict[str, str], names: Iterable[str] | None,
+                 ) -> dict[str, Any]:
+    """A run's end as the launcher takes it in one answer: the stop's result, the logs, the
+    metrics file's text and the offload counts (``stop --logs``, the watcher's 'done')."""
+    names = list(names or ())
+    return {"stopped": stopped, "logs": logs(run, names), "metrics": _text(run.metrics),
+            "offload": offload_counts(run, names)}
 
 
 def offload_counts(run: RunDir, names: Iterable[str] | None = None) -> dict[str, Any]:
@@ -414,10 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run = RunDir(Path(args.run_dir))
         stopped = stop(run, args.names, args.grace)
-        print(json.dumps({"stopped": stopped, "logs": logs(run, args.names),
-                          "metrics": _text(run.metrics),
-                          "offload": offload_counts(run, args.names)}
-                         if args.logs else stopped))
+        print(json.dumps(ended_answer(run, stopped, args.names) if args.logs else stopped))
     return 0
 
 

@@ -29,9 +29,8 @@ from typing import Any
 
 import psutil
 
-from hypertf.offload.hook import ENV_CHANNEL, ENV_MIN_FLOPS, ENV_STATS
 from hypertf.offload.taskspec import Spec
-from hypertf.offload.world import BOOT, World
+from hypertf.offload.world import World
 
 
 def ssh_config(spec: Spec) -> str:
@@ -73,17 +72,6 @@ def prepare(spec: Spec, private: Path) -> World:
                  remote_python=tuple(h.python for h in spec.hosts), own_session=False)
 
 
-def task_env(spec: Spec, world: World | None, hook_stats: Path) -> dict[str, str]:
-    """The task's environment: the hook's (when the world runs) and the boot folder."""
-    env = dict(os.environ)
-    if world is None:
-        return env
-    env |= {ENV_CHANNEL: spec.channel, ENV_MIN_FLOPS: str(spec.min_flops),
-            ENV_STATS: str(hook_stats)}
-    env["PYTHONPATH"] = os.pathsep.join([str(BOOT), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
 def counts(spec: Spec, hook_stats: Path, failed: str, seconds: float) -> dict[str, Any]:
     """What summary.json's ``offload`` gets from this task."""
     result: dict[str, Any] = {"hosts": [h.address for h in spec.hosts], "ops": 0, "bytes": 0,
@@ -102,17 +90,16 @@ def run(spec: Spec, argv: Sequence[str], private: Path, out: Path) -> int:
     """Start the world, run ``argv`` beside it, stop it; write ``out``; the task's code."""
     started = time.monotonic()
     hook_stats = private / "hook.json"
-    world: World | None = prepare(spec, private)
+    world: World | None = None
     failed = ""
     try:
-        assert world is not None
-        world.start(spec.start_timeout)
+        world = prepare(spec, private).start(spec.start_timeout)
     except (RuntimeError, OSError) as exc:
         failed = f"the offload world did not start ({exc})"
         print(f"hypertf offload: {failed}; matrix products stay local", file=sys.stderr,
               flush=True)
-        world = None
-    child = subprocess.Popen(list(argv), env=task_env(spec, world, hook_stats))
+    env = {**os.environ, **(world.task_env(spec.min_flops, hook_stats) if world else {})}
+    child = subprocess.Popen(list(argv), env=env)
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):

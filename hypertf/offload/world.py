@@ -156,7 +156,8 @@ class World:
     def task_env(self, min_flops: int, stats: Path | None = None) -> dict[str, str]:
         """What a task's environment needs for the hook to route its products here."""
         env = {ENV_CHANNEL: self.channel, ENV_MIN_FLOPS: str(min_flops),
-               "PYTHONPATH": os.pathsep.join([str(BOOT), str(REPO)])}
+               "PYTHONPATH": os.pathsep.join(
+                   [str(BOOT), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
         if stats:
             env[ENV_STATS] = str(stats)
         return env
