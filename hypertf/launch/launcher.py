@@ -150,7 +150,7 @@ class Job:
         whose answer is in the preflight cache (same venv, script digest, host key file;
         seconds old) is not asked again."""
         cluster = self._cluster(hosts)
-        script = "" if self.request.sync_dir else self.script_path()
+        script = self._preflight_script()
         cache = self._preflight_cache()
         results: GroupResult[dict[str, Any]] = GroupResult()
         for host, answer in cache.get(self.inventory.node(h) for h in hosts).items():
@@ -174,9 +174,12 @@ class Job:
         self.preflighted.update(results.succeeded)
         return results
 
+    def _preflight_script(self) -> str:
+        """The script preflight looks for on a node ("" with --sync: the start brings it)."""
+        return "" if self.request.sync_dir else self.script_path()
+
     def _preflight_cache(self) -> PreflightCache:
-        script = "" if self.request.sync_dir else self.script_path()
-        return PreflightCache(self.inventory.cluster.known_hosts, script)
+        return PreflightCache(self.inventory.cluster.known_hosts, self._preflight_script())
 
     def forget_preflight(self, hosts: Iterable[str]) -> None:
         """Hosts where a start failed: their cached preflight answers go, and this job

@@ -58,11 +58,9 @@ class PreflightCache:
         self.ttl = ttl_s() if ttl is None else ttl
         self.path = path
         self.clock = clock
-        self._known_hosts = _digest(known_hosts) if known_hosts else ""
-        script_file = Path(script) if script else None
+        self._known_hosts = _digest(known_hosts)
         # a relative script is a path on the node (its work dir): no local content to key by
-        self._script = (_digest(script_file) if script_file and script_file.is_absolute()
-                        else ("" if not script else None))
+        self._script = _digest(script) if not script or Path(script).is_absolute() else None
         self.script = script
 
     @property

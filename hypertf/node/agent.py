@@ -335,8 +335,9 @@ class Agent:
         next_beat = 0.0
         # Work proportional to change: every interval the node is probed (and its record
         # written if that changed), but the keeper's pass, the reap and the drain check
-        # read ZooKeeper only when a watch woke the loop (a lease, a host's record, the
-        # keeper lease, the matrix), the record changed, or after QUIET_SWEEP_S (a net).
+        # read ZooKeeper only when a watch woke the loop (a lease, the keeper lease, its
+        # own row's shard; the keeper: every shard, a host's folder or record), the record
+        # changed, or after QUIET_SWEEP_S (a net).
         woken, sweep_due, swept_at = True, 0.0, 0.0
         interval = self.node.settings.agent_interval
         while not self._stop.is_set():
@@ -366,8 +367,7 @@ class Agent:
                                                   and now >= swept_at + interval):
                     woken, swept_at = False, now
                     self._records_changed.clear()
-                    sweep_due = time.monotonic() + max(self.node.settings.agent_interval,
-                                                       QUIET_SWEEP_S)
+                    sweep_due = now + max(interval, QUIET_SWEEP_S)
                     if not shard_watched:  # its own row: the keeper marked cells draining
                         watch_shard_of(zk, self.node.name, self._wake_up)
                         shard_watched = True
