@@ -469,7 +469,8 @@ def test_start_reads_its_request_on_stdin_and_refuses_a_taken_port(node: Node) -
         wait_for(lambda: Path(run.pid("worker0")).exists(), 10, "the pidfile")
         assert int(Path(run.pid("worker0")).read_text()) == pid
         assert os.getpgid(pid) == pid, "each task leads its own process group"
-        wait_for(lambda: "sleeping" in Path(run.log("worker0")).read_text(), 10, "its log")
+        log = Path(run.log("worker0"))  # made by task.sh after the pidfile: may not exist yet
+        wait_for(lambda: log.exists() and "sleeping" in log.read_text(), 10, "its log")
         assert tasknode.run_alive(run)
     finally:
         assert tasknode.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
