@@ -59,6 +59,7 @@ KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is soone
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
 QUIET_SWEEP_S = 30.0  # a pass nothing woke reads ZooKeeper (keep, reap, drain) this seldom
+ADDRESSES_EVERY_S = 10.0  # the NIC addresses are read again this often (and when reconnected)
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +74,21 @@ def gpu_source(node: Node) -> GpuSource:
 
 
 class Prober:
-    """Builds the node's record; the port stays the same while it is free."""
+    """Builds the node's record; the port stays the same while it is free.
+
+    Work proportional to change: an idle node's probe reads its GPUs and checks its port,
+    and gives back the last record itself when nothing changed, so the agent serialises and
+    compares only what did. The NIC addresses (a netifaces walk of every interface) are read
+    again every ``ADDRESSES_EVERY_S`` and for a new session; a GPU with a process on it is
+    always judged afresh (its process's job is read from /proc)."""
 
     def __init__(self, node: Node, source: GpuSource) -> None:
         self.node = node
         self.source = source
         self._port: int | None = None
+        self._addresses: dict[str, list[str]] = {}
+        self._addresses_due = 0.0
+        self._last: tuple[object, AgentRecord] | None = None
 
     def _port_still_free(self) -> int:
         if self._port is not None:
@@ -89,15 +99,29 @@ class Prober:
         self._port = free_port(self.node.settings.port_range)
         return self._port
 
-    def probe(self) -> AgentRecord:
+    def _addresses_now(self, fresh: bool) -> dict[str, list[str]]:
+        now = time.monotonic()
+        if fresh or now >= self._addresses_due:
+            self._addresses = ipv4_addresses()
+            self._addresses_due = now + ADDRESSES_EVERY_S
+        return self._addresses
+
+    def probe(self, fresh: bool = False) -> AgentRecord:
+        """The node's record now (the last one itself when nothing in it changed);
+        ``fresh`` reads the NICs again too."""
         settings = self.node.settings
-        addresses = ipv4_addresses()
-        gpus = judge(self.source.read(), settings.gpu_util_max, settings.gpu_mem_max)
-        return AgentRecord(
+        addresses = self._addresses_now(fresh)
+        readings = self.source.read()
+        port = self._port_still_free()
+        key = (readings, addresses, port)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        gpus = judge(readings, settings.gpu_util_max, settings.gpu_mem_max)
+        record = AgentRecord(
             host=self.node.name,
             mgmt_addr=select_address(settings.mgmt_network, addresses, self.node.address),
             data_addr=select_address(settings.data_network, addresses, self.node.address),
-            port=self._port_still_free(),
+            port=port,
             gpu=len(gpus),
             gpu_avail_list=[g.index for g in gpus if g.available],
             gpus=gpus,
@@ -107,6 +131,9 @@ class Prober:
             pid=os.getpid(),
             hostname=socket.gethostname(),
         )
+        # a process's job comes from /proc, not from the readings: judged again each time
+        self._last = None if any(r.processes for r in readings) else (key, record)
+        return record
 
 
 @dataclass
@@ -152,6 +179,7 @@ class Agent:
         self._waiting_for = ""  # why ZooKeeper cannot take this agent now, said once
         self._republish = True
         self._writes = WritePolicy(self.node.settings.agent_interval)
+        self._content: tuple[AgentRecord | None, bytes] = (None, b"")  # a record, serialised
         self._next_prune = 0.0
         self._users: set[str] = set()
         self.metrics = AgentCollector(host)
@@ -179,13 +207,17 @@ class Agent:
         self._users = set(users)
         self._wake.set()
 
-    def publish(self, zk: Store, record: AgentRecord, force: bool = False) -> None:
+    def publish(self, zk: Store, record: AgentRecord, force: bool = False) -> bool:
         """Write the record (Store.publish_record) when it changed (the heartbeat aside) or
-        the keep-alive is due, or when ``force``d; try again next pass if it cannot yet."""
-        content = replace(record, heartbeat=0.0).to_json()
+        the keep-alive is due, or when ``force``d; try again next pass if it cannot yet.
+        True when what it says changed (not a mere keep-alive)."""
+        if self._content[0] is not record:  # the prober gives back an unchanged record
+            self._content = (record, replace(record, heartbeat=0.0).to_json())
+        content = self._content[1]
+        changed = content != self._writes.written
         if not force and not self._writes.due(content, time.monotonic()):
-            return
-        outcome = zk.publish_record(record)
+            return False
+        outcome = zk.publish_record(replace(record, heartbeat=time.time()))
         if outcome in ("created", "updated"):
             self._writes.wrote(content, time.monotonic())
         if outcome == "created":
@@ -196,15 +228,17 @@ class Agent:
                      "waiting for it to expire")
         if outcome in ("older-session", "taken"):
             self._republish = True  # look again next pass
+        return changed and outcome in ("created", "updated")
 
-    def _publish_probe(self, zk: Store) -> AgentRecord:
-        """Probe the node, publish the record, and serve it as metrics."""
+    def _publish_probe(self, zk: Store) -> tuple[AgentRecord, bool]:
+        """Probe the node, publish the record, and serve it as metrics; True when the
+        record's content changed."""
         force, self._republish = self._republish, False
-        record = self.prober.probe()
-        self.publish(zk, record, force)
+        record = self.prober.probe(fresh=force)
+        changed = self.publish(zk, record, force)
         self.metrics.update(record=record)
         self.metrics_server.start(record.mgmt_addr, self.node.settings.metrics_port)
-        return record
+        return record, changed
 
     def reap_orphans(self, zk: Store) -> None:
         """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
@@ -358,9 +392,8 @@ class Agent:
                     client.ChildrenWatch(self.layout.user_leases(user), self._wake_up)
                     watched_users.add(user)
                 if self._republish or time.monotonic() >= next_beat:
-                    written = self._writes.due_at
-                    record = self._publish_probe(zk)
-                    woken |= self._writes.due_at != written  # a new record: look around too
+                    record, changed = self._publish_probe(zk)
+                    woken |= changed  # a new record (not a keep-alive): look around too
                     next_beat = time.monotonic() + self.node.settings.agent_interval
                 now = time.monotonic()
                 if woken or now >= sweep_due or (self._records_changed.is_set()
