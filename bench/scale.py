@@ -251,6 +251,8 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
             lambda: load_inventory(inventory_path), 5)
         inventory = load_inventory(inventory_path)
         rows["status: collect"] = timed(lambda: status.collect(client, inventory))
+        rows["status: collect, compact view (no GPU details: what the command does past "
+             "64 hosts)"] = timed(lambda: status.collect(client, inventory, gpu_details=False))
         report = status.collect(client, inventory)
         console = Console(file=io.StringIO(), width=250, color_system=None)
         rows["status: render"] = timed(lambda: status.render(report, console), 1)

@@ -29,7 +29,8 @@ def status(inventory: str, as_json: bool = False) -> int:
     inv = load_inventory(inventory)
     client = store.connect(inv.cluster)
     try:
-        report = cluster_status.collect(client, inv)
+        report = cluster_status.collect(
+            client, inv, gpu_details=as_json or len(inv.nodes) <= cluster_status.COMPACT_FROM_HOSTS)
     finally:
         store.close(client)
     if as_json:

@@ -6,7 +6,7 @@ or read them need no ZooKeeper client.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from hypertf.core.errors import StoreError
@@ -91,14 +91,30 @@ class AgentRecord:
 
     @classmethod
     def from_json(cls, data: bytes) -> AgentRecord:
-        payload = decode(data, "agent record")
+        record, gpus = cls.without_gpus(data)
         try:
-            payload["gpus"] = [GpuInfo.from_dict(gpu) for gpu in payload.get("gpus", [])]
-            return cls(**payload)
+            return replace(record, gpus=[GpuInfo.from_dict(gpu) for gpu in gpus])
         except (TypeError, AttributeError) as err:  # missing or unknown fields, wrong shapes
-            host = payload.get("host", "?")
-            raise StoreError(f"ZooKeeper holds an unreadable agent record (host {host!r}): "
-                             f"{err}; restart that host's agent to rewrite it") from None
+            raise _unreadable(record.host, err) from None
+
+    @classmethod
+    def without_gpus(cls, data: bytes) -> tuple[AgentRecord, list[dict[str, Any]]]:
+        """The record with no GpuInfo built (``gpus`` empty; ``gpu`` and
+        ``gpu_avail_list`` kept) and its GPUs as the JSON's mappings: at 10,000 hosts,
+        building 80,000 GpuInfo was most of a ``hypertf status`` that shows a few fields."""
+        payload = decode(data, "agent record")
+        gpus = payload.pop("gpus", [])
+        try:
+            if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
+                raise TypeError("'gpus' is not a list of objects")
+            return cls(**payload), gpus
+        except (TypeError, AttributeError) as err:  # missing or unknown fields, wrong shapes
+            raise _unreadable(payload.get("host", "?"), err) from None
+
+
+def _unreadable(host: object, err: Exception) -> StoreError:
+    return StoreError(f"ZooKeeper holds an unreadable agent record (host {host!r}): "
+                      f"{err}; restart that host's agent to rewrite it")
 
 
 def encode(payload: dict[str, Any], fmt: int = FORMAT) -> bytes:

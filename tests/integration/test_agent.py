@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -129,6 +130,14 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
         console = Console(record=True, width=300)
         status.render(view, console)
         assert f"busy-with-foreign-process pid {foreign.pid}" in console.export_text()
+        # the compact view of a large cluster reads no GPU detail it does not show
+        compact = status.collect(client, inventory, gpu_details=False)
+        out = io.StringIO()
+        status.render_compact(compact, Console(file=out, width=300))
+        line = out.getvalue().splitlines()[3]
+        assert f"unavailable (foreign process pid {foreign.pid}) busy-with-foreign-process " \
+               f"pid {foreign.pid} 0" in line and line.endswith("; free 2")
+        assert "name" not in compact["hosts"][0]["gpus"][2]  # shared, details left out
 
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
             text = reply.read().decode()
