@@ -55,7 +55,7 @@ def collect(client: KazooClient, inventory: Inventory,
     zk = Store(client, layout)
     stored, _ = read_matrix(zk)
     records: dict[str, AgentRecord] = {}
-    details: dict[str, dict[int, dict[str, Any]]] = {}  # the GPUs as the records' JSON says
+    details: dict[str, dict[Any, dict[str, Any]]] = {}  # the GPUs as the records' JSON says
     for host, data in zk.raw_records(zk.hosts()).items():
         records[host], gpu_list = AgentRecord.without_gpus(data)
         details[host] = {gpu.get("index"): gpu for gpu in gpu_list}
