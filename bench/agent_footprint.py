@@ -118,9 +118,9 @@ def main() -> int:
     report.start()
     churn = "agent 5 s, a job starting or ending every 1 s"
     subjects = {"agent 1 s": 1.0, "agent 5 s": 5.0, churn: 5.0, "bare kazoo 1 s": 1.0}
-    before = "agent 1 s, earlier code"
+    earlier = "agent 1 s, earlier code"
     if args.before_code:
-        subjects[before] = 1.0
+        subjects[earlier] = 1.0
     with common.bench_home("footprint") as home, common.children() as kids:
         servers = {}
         try:
@@ -144,7 +144,7 @@ def main() -> int:
                     clusters[name] = load_inventory(inv).cluster
                     store.secure_cluster(clusters[name], ["localhost"])  # a secured root
                     env = dict(os.environ)
-                    if name == before:  # the earlier checkout's package comes first
+                    if name == earlier:  # the earlier checkout's package comes first
                         env["PYTHONPATH"] = str(Path(args.before_code).resolve())
                     pids[name] = kids.popen(
                         [common.PYTHON, "-m", "hypertf.cli", "agent", "--inventory", inv,
@@ -232,13 +232,13 @@ def main() -> int:
                common.ratio(a1["cpu_per_interval_ms"], b["cpu_per_interval_ms"]), "x")
     report.add("ratio agent/bare kazoo (1 s): requests per probe interval",
                common.ratio(a1["requests_per_interval"], b["requests_per_interval"]), "x")
-    if before in figures:
-        report.add(f"ratio {before}/bare kazoo (1 s): CPU per probe interval",
-                   common.ratio(figures[before]["cpu_per_interval_ms"],
+    if earlier in figures:
+        report.add(f"ratio {earlier}/bare kazoo (1 s): CPU per probe interval",
+                   common.ratio(figures[earlier]["cpu_per_interval_ms"],
                                 b["cpu_per_interval_ms"]), "x")
-        report.add(f"ratio agent 1 s / {before}: CPU per probe interval",
+        report.add(f"ratio agent 1 s / {earlier}: CPU per probe interval",
                    common.ratio(a1["cpu_per_interval_ms"],
-                                figures[before]["cpu_per_interval_ms"]), "x")
+                                figures[earlier]["cpu_per_interval_ms"]), "x")
     report.add("ratio agent 1 s / agent 5 s: writes per minute",
                common.ratio(a1["writes_min"], a5["writes_min"]), "x")
     report.add("ratio agent 1 s / agent 5 s: CPU share",
