@@ -173,12 +173,19 @@ TRANSACTION_BYTES = 512 * 1024  # far below ZooKeeper's 1 MiB request (jute.maxb
 
 
 def write_matrix(store: Store, old: Matrix, new: Matrix, version: MatrixVersion) -> bool:
+    return written_version(store, old, new, version) is not None
+
+
+def written_version(store: Store, old: Matrix, new: Matrix,
+                    version: MatrixVersion) -> MatrixVersion | None:
     """Store ``new`` over ``old`` (read at ``version``): the changed shards, each against
     the version it was read at, with a check of the index, in transactions of at most
     512 KB (one, usually; every row of 10,000 busy hosts changing at once is 2.4 MB, and a
     larger request makes ZooKeeper drop the connection). Not atomic across those: for the
     sync, the drains and tools, whose writes converge (a later pass finishes what a lost
-    race left). False when another writer changed a shard (read again, decide again)."""
+    race left). False when another writer changed a shard (read again, decide again).
+    ``written_version``: the versions the matrix has once written (each shard set once),
+    None on a conflict, so the keeper's admission need not read it again."""
     batches: list[list[tuple[int, bytes]]] = [[]]
     size = 0
     for i, part in changed_shards(old, new, version.shards).items():
@@ -198,8 +205,12 @@ def write_matrix(store: Store, old: Matrix, new: Matrix, version: MatrixVersion)
         for i, data in batch:
             tx.set_data(store.layout.matrix_shard(i), data, version=version.versions[i])
         if not _commit_or_conflict(tx):
-            return False
-    return True
+            return None
+    versions = dict(version.versions)
+    for batch in batches:
+        for i, _ in batch:
+            versions[i] += 1
+    return MatrixVersion(version.index, version.shards, versions)
 
 
 def overwrite_matrix(store: Store, matrix: Matrix) -> None:
@@ -330,6 +341,17 @@ def ended_job_hosts(job: Mapping[str, Any] | None) -> tuple[bool, list[str] | No
     return True, None if hosts == "all" else [str(h) for h in hosts]
 
 
+@dataclass(frozen=True)
+class Synced:
+    """What a sync left: the matrix as stored now and the versions it is stored at, the
+    records it read, and the leases it went by."""
+
+    matrix: Matrix
+    version: MatrixVersion
+    records: dict[str, AgentRecord]
+    leases: set[str]
+
+
 def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
                 cache: RecordCache | None = None) -> tuple[Matrix, dict[str, AgentRecord]]:
     """Bring the stored matrix in line with the records, the leases and the ended jobs'
@@ -337,7 +359,15 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
     and without a release are recorded as ``lost`` (unless killed) as their cells turn
     draining. ``grants`` (the keeper's admissions): running jobs get back granted cells that
     another write took. ``cache``: the keeper's records, read again only where changed."""
-    def attempt(_retries: int) -> tuple[Matrix, dict[str, AgentRecord], set[str]]:
+    done = sync(store, grants, cache)
+    return done.matrix, done.records
+
+
+def sync(store: Store, grants: Mapping[str, Held] | None = None,
+         cache: RecordCache | None = None) -> Synced:
+    """``sync_matrix``, saying also the stored versions and the leases read (after the
+    matrix: a job admitted in between is in both), which the keeper's admission goes by."""
+    def attempt(_retries: int) -> tuple[Synced, set[str]]:
         matrix, version = read_matrix(store)
         registered = store.hosts()
         records = cache.records(registered) if cache else store.records(only=registered)
@@ -357,15 +387,16 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
             for line in repairs:
                 log.warning("matrix repaired: %s", line)
         if same(matrix, current):
-            return current, records, set()
-        if not write_matrix(store, matrix, current, version):
+            return Synced(current, version, records, leases), set()
+        written = written_version(store, matrix, current, version)
+        if written is None:
             raise ForceRetryError()
-        return current, records, lost
+        return Synced(current, written, records, leases), lost
 
-    current, records, lost = until_committed(attempt, "syncing the matrix")
+    done, lost = until_committed(attempt, "syncing the matrix")
     for task_key in lost:
         mark_lost(store, task_key)
-    return current, records
+    return done
 
 
 def confirm_drained(store: Store, host: str,

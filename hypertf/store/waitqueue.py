@@ -72,13 +72,14 @@ from hypertf.store.allocation import (
     matrix_writes,
     owner_info,
     read_matrix,
-    sync_matrix,
+    sync,
 )
 from hypertf.store.jobs import mark_lost, read_job
 from hypertf.store.zkclient import get_many
 
 QUEUED = JobState.QUEUED
 DEFAULT_PORT_RANGE = (20000, 20999)
+LIMITS_READ_S = 5.0  # the admin's limits read again at least this often
 
 
 # -- the request as the record keeps it --------------------------------------------------
@@ -196,8 +197,12 @@ class QueueReader:
     records: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
     grants: dict[str, Held] = field(default_factory=dict)
 
-    def waiting(self) -> list[Waiting]:
-        leases = self.store.leases()
+    read_once: bool = False  # a first read: the running jobs' grants come from their records
+
+    def waiting(self, leases: set[str] | None = None) -> list[Waiting]:
+        """The waiting jobs among the ``leases`` (read here when not given)."""
+        leases = self.store.leases() if leases is None else leases
+        self.read_once = True
         self.settled &= leases
         self.grants = {key: held for key, held in self.grants.items() if key in leases}
         gone = set(self.records) - leases
@@ -232,11 +237,14 @@ class QueueReader:
         return found
 
 
-def read_limits(store: Store) -> Limits:
-    """The admin's per-user ceilings (defaults when the root has none yet)."""
+def read_limits(store: Store, watch: Callable[..., Any] | None = None) -> Limits:
+    """The admin's per-user ceilings (defaults when the root has none yet); ``watch``:
+    called once when they are set, created or deleted."""
     try:
-        data, _ = store.client.get(store.layout.limits)
+        data, _ = store.client.get(store.layout.limits, watch=watch)
     except NoNodeError:
+        if watch is not None and store.client.exists(store.layout.limits, watch=watch):
+            return read_limits(store, watch)  # created in between: read it
         return Limits()
     try:
         return Limits.from_json(data)
@@ -257,18 +265,28 @@ class Admitter:
     published: bytes | None = None
     _synced_live: list[str] | None = None
     _read_waiting: list[Waiting] | None = None
+    _read_matrix: tuple[Matrix, MatrixVersion] | None = None
+    _limits: Limits | None = None  # the admin's, until the watch on them fires
+    _limits_read: float = 0.0
 
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
         self.cache = RecordCache(self.store)
 
     def keep(self) -> list[Decision]:
-        """Sync (free ended jobs, repair running ones), then admit."""
-        waiting = self.reader.waiting()  # fresh grants before the repair (a new keeper)
-        _, records = sync_matrix(self.store, self.reader.grants, self.cache)
-        # The admission's first try reads neither again (its commit checks every record's
-        # version, so a stale read only costs a second try).
-        self._synced_live, self._read_waiting = sorted(records), waiting
+        """Sync (free ended jobs, repair running ones), then admit. Once the reader knows
+        the running jobs' grants, the sync goes first and the queue is read with the
+        leases it read (one listing of every user's leases per pass, not two)."""
+        if not self.reader.read_once:  # fresh grants before the repair (a new keeper)
+            waiting = self.reader.waiting()
+            done = sync(self.store, self.reader.grants, self.cache)
+        else:
+            done = sync(self.store, self.reader.grants, self.cache)
+            waiting = self.reader.waiting(done.leases)
+        # The admission's first try reads none of these again (its commit checks the
+        # matrix's versions, so a stale read only costs a second try).
+        self._synced_live, self._read_waiting = sorted(done.records), waiting
+        self._read_matrix = (done.matrix, done.version)
         return self.admit()
 
     def live_hosts(self) -> list[str]:
@@ -280,12 +298,13 @@ class Admitter:
     def admit(self) -> list[Decision]:
         """One pass; returns the decisions (admitted and refused ones committed)."""
         def attempt(_retries: int) -> list[Decision]:
-            matrix, version = read_matrix(self.store)
+            seen, self._read_matrix = self._read_matrix, None
+            matrix, version = seen or read_matrix(self.store)
             waiting, self._read_waiting = self._read_waiting, None
             if waiting is None:
                 waiting = self.reader.waiting()
             live = self.live_hosts()
-            limits = read_limits(self.store)
+            limits = self.limits()
             decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
             settled = [d for d in decisions if d.admitted or d.refused]
             if settled:
@@ -296,6 +315,18 @@ class Admitter:
             return decisions
 
         return until_committed(attempt, "admitting waiting jobs")
+
+    def limits(self) -> Limits:
+        """The admin's limits, read again after they changed (a watch) and at least every
+        LIMITS_READ_S (a watch set in an expired session never fires)."""
+        limits = self._limits
+        if limits is None or time.monotonic() - self._limits_read > LIMITS_READ_S:
+            self._limits_read = time.monotonic()
+            limits = self._limits = read_limits(self.store, watch=self._limits_changed)
+        return limits
+
+    def _limits_changed(self, _event: object) -> None:
+        self._limits = None
 
     def _commit(self, matrix: Matrix, version: MatrixVersion, settled: list[Decision],
                 live: list[str], limits: Limits) -> str:
@@ -339,6 +370,7 @@ class Admitter:
             return "conflict"  # a cancel, a lost waiter or another writer: decide again
         for decision in settled:
             self.reader.settled.add(decision.task_key)
+            self.reader.records.pop(decision.task_key, None)  # no longer waiting
             if decision.admitted:
                 self.reader.grants[decision.task_key] = Held.of(decision.placements,
                                                                 decision.ports)
