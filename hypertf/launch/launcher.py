@@ -113,13 +113,16 @@ class Job:
 
     # -- plan ---------------------------------------------------------------------------
     def connect_soon(self, hosts: Iterable[str]) -> None:
-        """Open the SSH connections to ``hosts`` in the background: the handshakes overlap
-        ZooKeeper, the dry run and the admission instead of opening the start round."""
+        """Open the SSH connections to ``hosts`` in the background, and start each node's
+        ``tasknode start --watch`` there, waiting for its request: the handshakes and the
+        nodes' Python starts overlap ZooKeeper, the dry run and the admission instead of
+        opening the start round."""
         todo = [host for host in hosts if host not in self.connecting]
         cluster = self._cluster(todo)
         for host in todo:
             self.connecting.add(host)
-            cluster.sessions[host].open_soon()
+            session = cluster.sessions[host]
+            session.open_soon(NodeClient(session).start_command())
 
     def likely_hosts(self) -> list[str]:
         """The hosts this job surely uses, known before ZooKeeper is asked: every GPU node

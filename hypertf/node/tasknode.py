@@ -470,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(preflight(args.workdir, args.script)))
     elif args.action == "start":  # the request's JSON line, then its archive's bytes
         header, _, archive = sys.stdin.buffer.read().partition(b"\n")
+        if not header.strip():
+            return 0  # started early by a launcher that then had nothing for this node
         request = json.loads(header)
         answer = start(request, archive)
         emit(answer)
