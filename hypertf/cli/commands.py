@@ -7,10 +7,13 @@ a HyperTFError is turned into one message and its code by ``exits.run``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +23,20 @@ from hypertf.launch.request import TrainRequest
 
 if TYPE_CHECKING:
     from hypertf.core.jobrecord import JobRecord
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: importing modules makes many objects and hardly
+    any garbage, and the collector's passes over them were ~10% of a launcher's start
+    (0.02 of 0.2 s of CPU here)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def status(inventory: str, as_json: bool = False) -> int:
@@ -337,10 +354,11 @@ def train(inventory: str, request: TrainRequest, detach: bool = False) -> int:
         from hypertf.launch.detach import start_detached
 
         return start_detached(inventory, request)
-    from hypertf.launch.launcher import train as run_job
+    with _collector_paused():  # the launcher's imports (kazoo, paramiko) and the inventory
+        from hypertf.launch.launcher import train as run_job
 
-    started = time.monotonic()
-    inv = load_inventory(inventory)
+        started = time.monotonic()
+        inv = load_inventory(inventory)
     run_job(inv, request, say=lambda line: print(line, flush=True),
             inventory_s=time.monotonic() - started)
     return 0

@@ -9,6 +9,7 @@ keys); Ansible's own messages for such mistakes are warnings that are easy to mi
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import os
@@ -352,7 +353,7 @@ def _parse(path: Path, files: list[Path]) -> Inventory:
         zookeeper_hosts = ",".join(parts)
 
     known_hosts = str(Path(first["hypertf_known_hosts"]).expanduser())
-    return Inventory(
+    return _plain(Inventory(
         path=path,
         nodes=nodes,
         cluster=ClusterSettings(**{  # every cluster setting, by the table
@@ -365,4 +366,26 @@ def _parse(path: Path, files: list[Path]) -> Inventory:
             "zk_tls_ca": _beside(path, first["hypertf_zk_tls_ca"]),
         }),
         zookeeper_nodes=zk_members,
-    )
+    ))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with Ansible's tagged strings and numbers (subclasses of str and int that
+    carry their origin) made plain, through dataclasses, dicts, lists and tuples. The cached
+    inventory is unpickled by every command: a tagged value in it imported ansible-core's
+    data tagging (~30 ms) before any job could start."""
+    if isinstance(value, bool) or value is None:
+        return value
+    for kind in (str, int, float):
+        if isinstance(value, kind):
+            return value if type(value) is kind else kind(value)
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
+        return type(value)(*map(_plain, value))
+    if isinstance(value, (list, tuple)):
+        return (list if isinstance(value, list) else tuple)(map(_plain, value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _plain(getattr(value, f.name))
+                                            for f in dataclasses.fields(value) if f.init})
+    return value

@@ -22,7 +22,6 @@ as an argument (it spells nothing itself).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 
 RUNS = "runs"
@@ -42,11 +41,33 @@ def tensorboard_dir(workdir: str, job_id: str) -> str:
     return str(PurePosixPath(workdir) / TENSORBOARD / job_id)
 
 
-@dataclass(frozen=True)
 class RunDir:
-    """Paths of one run; ``PurePosixPath`` for a remote node, ``Path`` on the node itself."""
+    """Paths of one run; ``PurePosixPath`` for a remote node, ``Path`` on the node itself.
 
+    An immutable value, written out rather than a frozen dataclass: ``tasknode start``
+    imports this module on every node of every job, and ``dataclasses`` (with ``inspect``
+    and ``ast``) was a fifth of that Python start."""
+
+    __match_args__ = ("path",)
     path: PurePath
+
+    def __init__(self, path: PurePath) -> None:
+        object.__setattr__(self, "path", path)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"RunDir is immutable: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"RunDir is immutable: cannot delete {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return other.path == self.path if isinstance(other, RunDir) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __repr__(self) -> str:
+        return f"RunDir(path={self.path!r})"
 
     @classmethod
     def of(cls, workdir: str | PurePath, task_key: str, local: bool = False) -> RunDir:

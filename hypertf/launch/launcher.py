@@ -101,6 +101,7 @@ class Job:
         self.result = "failed"
         self.message = ""
         self.preflighted: set[str] = set()
+        self.connecting: set[str] = set()  # hosts whose SSH connection is being made early
         self.script_reads_flags = False
         self.tf_keras: dict[str, bool] = {}  # preflight: tf-keras in each host's venv
         self.flags_announced = False
@@ -111,6 +112,30 @@ class Job:
         self.timeline = Timeline()
 
     # -- plan ---------------------------------------------------------------------------
+    def connect_soon(self, hosts: Iterable[str]) -> None:
+        """Open the SSH connections to ``hosts`` in the background, and start each node's
+        ``tasknode start --watch`` there, waiting for its request: the handshakes and the
+        nodes' Python starts overlap ZooKeeper, the dry run and the admission instead of
+        opening the start round."""
+        todo = [host for host in hosts if host not in self.connecting]
+        cluster = self._cluster(todo)
+        for host in todo:
+            self.connecting.add(host)
+            session = cluster.sessions[host]
+            session.open_soon(NodeClient(session).start_command())
+
+    def likely_hosts(self) -> list[str]:
+        """The hosts this job surely uses, known before ZooKeeper is asked: every GPU node
+        of a small inventory that has no more nodes than the job has tasks, placed round
+        robin (a GPU per server per round reaches each node). Otherwise none: the dry run
+        names them later (``place``)."""
+        nodes = list(self.inventory.nodes)
+        tasks = len(self.request.slots(cpu_only=False)) - self.request.offload_hosts
+        if self.request.policy != "round_robin" or len(nodes) > min(tasks,
+                                                                   EARLY_PREFLIGHT_HOSTS):
+            return []
+        return nodes
+
     def plan(self) -> list[str]:
         """Connect, and find the candidate hosts (inventory GPU nodes with a live agent)."""
         with self.timeline.phase("connect"):
@@ -281,6 +306,7 @@ class Job:
                     raise  # the message names what is free where
                 expect_wait = True
             else:
+                self.connect_soon(chosen)
                 new = [host for host in chosen if host not in self.preflighted]
                 if new:
                     self.preflight(new)
@@ -350,6 +376,7 @@ class Job:
         every attempt stops and releases what it took whatever goes wrong."""
         with interrupted_by_signals():
             try:
+                self.connect_soon(self.likely_hosts())
                 outcome = self._attempts(self.plan())
                 self.result, self.message = "succeeded", outcome.message
             except HyperTFError as err:

@@ -100,6 +100,11 @@ class NodeClient:
     def run_dir(self, task_key: str) -> RunDir:
         return RunDir.of(self.node.settings.workdir, task_key)
 
+    def start_command(self) -> str:
+        """``start_watching``'s command: the same for every job on this node, so the launcher
+        can start it early (``Session.open_soon``) and send the request once it has one."""
+        return self._tasknode("start", "--watch")
+
     def _tasknode(self, verb: str, *args: object) -> str:
         return command_line([f"{self.node.settings.venv}/bin/python", "-m", "hypertf.node.tasknode",
                              verb, *args])
@@ -160,7 +165,7 @@ class NodeClient:
         host = self.node.name
         answered: queue.Queue[Any] = queue.Queue()
         sink = _StartSink(host, events, answered, ended)
-        command = self._tasknode("start", "--watch")
+        command = self.start_command()
 
         def run_it() -> None:
             try:

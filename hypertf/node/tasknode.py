@@ -8,36 +8,33 @@ streams one JSON event per line (log lines, port listening, exits, heartbeats) s
 SSH channel per node carries everything the launcher needs; ``stop`` signals each task's
 process group (TERM, then KILL after a grace period: MultiWorkerMirroredStrategy catches
 TERM). Only processes whose pidfile is in the run directory and whose command line is our
-task wrapper are signalled. Standard library only (and hypertf.node.procs), so it starts fast.
+task wrapper are signalled. Standard library only (and hypertf.node.procs), so it starts fast:
+``start`` is on every job's critical path (one Python start per host), so what only other
+verbs need (psutil through procs, tarfile, logging, diagnose) is imported where it is used.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib.util
-import io
 import json
-import logging
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hypertf.core import diagnose
 from hypertf.core.rundir import RunDir
-from hypertf.node import procs
-from hypertf.node.procs import alive
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 WRAPPER = "task.sh"
 INLINE_LOGS_MAX = 1 << 20  # stop --logs: logs up to this many bytes ride on the answer
-log = logging.getLogger(__name__)
 
 
 def wrapper_path() -> str:
@@ -49,6 +46,8 @@ def _ours(pid: int, task_key: str = "") -> bool:
     a file of this job's run directory, or (the wrapper already gone) a member still carries
     the job's HYPERTF_TASK_KEY. A process group id is not reused while any member lives, so
     a live group found this way is ours; a reused PID of another job's wrapper is not."""
+    from hypertf.node import procs
+
     args = procs.cmdline_args(pid)
     if any(arg.endswith(WRAPPER) for arg in args) and (
             not task_key or any(Path(arg).parent.name == task_key for arg in args)):
@@ -125,6 +124,9 @@ def start(request: Mapping[str, Any], archive: bytes = b"") -> dict[str, Any]:
 def _unpack(run: RunDir, archive: bytes) -> list[str]:
     """``--sync``: the archive into the run directory (only plain files and directories
     inside it: tarfile's 'data' filter where this Python has it)."""
+    import io
+    import tarfile
+
     safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     try:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as packed:
@@ -138,7 +140,56 @@ def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2, end: bool =
     """Stream events until every task has exited (or the launcher goes away). With ``end``
     (``start --watch``), a run whose every task ended by itself is ended here too: when
     no process of it is left, the 'done' event carries what a stop would answer, the logs
-    and the metrics (``ended``), so the launcher needs no stop round trip for this host."""
+    and the metrics (``ended``), so the launcher needs no stop round trip for this host.
+    There the tasks' wrappers are this process's children: their end wakes the loop at
+    once (a short job's end waited for the next poll, up to ``interval``)."""
+    with _child_exits() if end else contextlib.nullcontext() as wake:
+        _watch(run, tasks, interval, end, wake)
+
+
+@contextlib.contextmanager
+def _child_exits() -> Iterator[int | None]:
+    """A descriptor that becomes readable when a child of this process ends (SIGCHLD
+    through ``signal.set_wakeup_fd``); None where that cannot be set up (not the main
+    thread). The previous handler and wakeup descriptor come back after."""
+    try:
+        read, write = os.pipe()
+    except OSError:
+        yield None
+        return
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    try:
+        previous_fd = signal.set_wakeup_fd(write)
+        previous = signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+    except ValueError:  # not the main thread
+        os.close(read)
+        os.close(write)
+        yield None
+        return
+    try:
+        yield read
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(read)
+        os.close(write)
+
+
+def _pause(wake: int | None, seconds: float) -> None:
+    """Sleep ``seconds``, or less when ``wake`` (``_child_exits``) says a child ended."""
+    if wake is None:
+        time.sleep(seconds)
+        return
+    if select.select([wake], [], [], seconds)[0]:
+        with contextlib.suppress(OSError):
+            os.read(wake, 4096)
+
+
+def _watch(run: RunDir, tasks: dict[str, int], interval: float, end: bool,
+           wake: int | None) -> None:
+    from hypertf.node.procs import alive
+
     offsets = dict.fromkeys(tasks, 0)
     partial = dict.fromkeys(tasks, b"")
     listening: set[str] = set()
@@ -188,7 +239,7 @@ def watch(run: RunDir, tasks: dict[str, int], interval: float = 0.2, end: bool =
         if now - last_beat >= 1.0:
             emit({"e": "beat"})
             last_beat = now
-        time.sleep(interval)
+        _pause(wake, interval)
 
 
 def _end(run: RunDir, names: Iterable[str]) -> dict[str, Any] | None:
@@ -307,6 +358,9 @@ def _text(path: PurePath) -> str | None:
 def drain(run: RunDir, grace: float) -> bool:
     """For the agent, a job whose GPUs it frees: mark the run drained (before looking: see
     task.sh), stop whatever of it is left here; True once nothing of it lives here."""
+    import logging
+
+    log = logging.getLogger(__name__)
     try:
         mark_drained(run)
     except OSError as err:  # a full or read-only disk: cannot be sure, keep draining
@@ -336,6 +390,8 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
+    from hypertf.node import procs
+
     return bool(procs.group_members(pgid))
 
 
@@ -364,6 +420,10 @@ def reap(runs: Iterable[RunDir], leases: set[str], grace: float = 5.0,
 
 def preflight(workdir: str, script: str) -> dict:
     """Can this node run the job? Checked before anything is allocated or started."""
+    import importlib.util
+
+    from hypertf.core import diagnose
+
     problems = []
     work = Path(workdir)
     runs = RunDir.runs(workdir)
@@ -386,6 +446,8 @@ def preflight(workdir: str, script: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     parser = argparse.ArgumentParser(prog="python -m hypertf.node.tasknode")
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("preflight")
@@ -408,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(preflight(args.workdir, args.script)))
     elif args.action == "start":  # the request's JSON line, then its archive's bytes
         header, _, archive = sys.stdin.buffer.read().partition(b"\n")
+        if not header.strip():
+            return 0  # started early by a launcher that then had nothing for this node
         request = json.loads(header)
         answer = start(request, archive)
         emit(answer)

@@ -125,6 +125,16 @@ def test_multi_node_hosts_ranges_and_groups(cluster):
     assert "zk1" not in inventory.nodes  # only the GPU group's hosts run tasks
 
 
+def test_parsed_values_are_plain_python_types(cluster):
+    """Ansible's tagged str/int subclasses are not kept: unpickling the cached inventory
+    would import ansible-core's data tagging in every command."""
+    node = load_inventory(cluster).node("node02")
+    assert type(node.name) is str and type(node.user) is str
+    assert all(type(group) is str for group in node.groups)
+    assert type(node.settings.gpu_util_max) is float
+    assert all(type(name) is str for name in load_inventory(cluster).nodes)
+
+
 def test_variable_precedence_all_then_group_then_host(cluster):
     nodes = load_inventory(cluster).nodes
     # all (file) < group_vars/all < group (group_vars/gpu_nodes) < host (file, host_vars/)

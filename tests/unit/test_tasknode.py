@@ -477,6 +477,24 @@ def test_start_reads_its_request_on_stdin_and_refuses_a_taken_port(node: Node) -
     assert not tasknode.run_alive(run)
 
 
+def test_start_with_nothing_on_stdin_starts_nothing_and_says_nothing() -> None:
+    """A launcher starts 'tasknode start --watch' on a node before it knows the job's
+    placement (Session.open_soon); a node it then does not use gets an empty stdin."""
+    out = subprocess.run([sys.executable, "-m", "hypertf.node.tasknode", "start", "--watch"],
+                         input="", cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
+
+
+def test_start_imports_nothing_that_only_other_verbs_need() -> None:
+    """'start' is on every job's critical path: one Python start per node."""
+    code = ("import sys, hypertf.node.tasknode; print(sorted(m for m in "
+            "('psutil', 'tarfile', 'logging', 'argparse', 'hypertf.core.diagnose') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=30, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_start_watch_ends_a_run_whose_tasks_all_ended_by_themselves(node: Node) -> None:
     """'start --watch': the answer, the events, and a 'done' that ends the run here (drained,
     stopped, nothing left) with the logs, so the launcher needs no stop round trip."""
