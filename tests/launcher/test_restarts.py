@@ -38,7 +38,10 @@ def test_restart_on_failure_gives_new_attempts_and_leaves_out_a_host_failing_twi
                                                                                     tmp_path):
     done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
                    "--max-restarts", "2", "--restart-on-failure", "--",
-                   "--fail_on", "worker:1", "--fail_s", "0", cwd=tmp_path)
+                   # 1 s: worker 0 has written its attempt line before worker 1 fails (the
+                   # launcher learns of an exit at once and stops the rest; at 0 s worker 0
+                   # could be stopped before its first line)
+                   "--fail_on", "worker:1", "--fail_s", "1", cwd=tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert "restart 1 of 2 in 1 s" in out and "restart 2 of 2 in 2 s" in out
