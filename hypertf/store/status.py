@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 
 from hypertf.config.inventory import Inventory
 from hypertf.core.matrix import Cell, job_of, state_of, synced
-from hypertf.store import AgentRecord, Layout, Store, fourletter
+from hypertf.store import AgentRecord, GpuInfo, Layout, Store, fourletter
 from hypertf.store.allocation import read_matrix
 
 if TYPE_CHECKING:  # rich is the operator's (hypertf[controller]): `status --json` needs none
@@ -86,9 +86,8 @@ def collect(client: KazooClient, inventory: Inventory,
                 continue
             entry = {"index": index, "state": state, "task_key": key, **GPU_DEFAULTS, **gpu}
             del entry["available"]  # the matrix's state says it
-            processes = entry.pop("processes", None)
-            entry["foreign_pids"] = [p.get("pid") for p in processes if key is None
-                                     or p.get("task_key") != key] if processes else []
+            entry["foreign_pids"] = [p.pid for p in GpuInfo.from_dict(
+                dict(gpu)).foreign_processes(key)] if entry.pop("processes", None) else []
             gpus.append(entry)
         hosts.append({
             "name": name,
