@@ -513,3 +513,44 @@ def test_start_watch_ends_a_run_whose_tasks_all_ended_by_themselves(node: Node) 
                                                 "logs": {"worker0": "bye\n"}, "metrics": None,
                                                 "offload": {}}}
     assert Path(run.stopped).exists() and Path(run.drained).exists()
+
+
+def test_start_watch_of_tasks_that_end_needs_no_process_scan(node: Node) -> None:
+    """Every node of every job runs 'start --watch': its wrappers are its children, reaped
+    as they end, so neither psutil (14 ms to import) nor a scan of the node's processes is
+    needed to know they and their groups are gone."""
+    run = node.run_dir("20261125-120000-b2c3d4.alice")
+    script = node.script("worker0", 'print("bye", flush=True)\n')
+    request = {"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
+        {"name": "worker0", "port": free_port(), "cwd": str(node.root),
+         "argv": [sys.executable, str(script)], "env": {"HYPERTF_TASK_KEY": run.task_key}}]}
+    code = ("import sys; from hypertf.node import tasknode; tasknode.main(['start', '--watch']); "
+            "print('psutil' in sys.modules, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(request) + "\n",
+                         cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
+    assert out.stderr.strip() == "False"
+    assert json.loads(out.stdout.splitlines()[-1])["ended"]["stopped"] == {
+        "worker0": "not running"}
+
+
+def test_start_watch_leaves_a_run_with_a_process_behind_to_the_launchers_stop(
+        node: Node) -> None:
+    """A task that ends but leaves a process in its group: 'done' carries no 'ended' (the
+    run is not marked stopped here), so the launcher's stop deals with what is left."""
+    run = node.run_dir("20261125-120000-c3d4e5.alice")
+    script = node.script("worker0", (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"))
+    request = {"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
+        {"name": "worker0", "port": free_port(), "cwd": str(node.root),
+         "argv": [sys.executable, str(script)], "env": {"HYPERTF_TASK_KEY": run.task_key}}]}
+    out = subprocess.run([sys.executable, "-m", "hypertf.node.tasknode", "start", "--watch"],
+                         input=json.dumps(request) + "\n", cwd=REPO, capture_output=True,
+                         text=True, timeout=30, check=True)
+    pgid = int(Path(run.pid("worker0")).read_text())
+    try:
+        assert json.loads(out.stdout.splitlines()[-1]) == {"e": "done"}
+        assert not Path(run.stopped).exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
