@@ -10,7 +10,10 @@ TF_CONFIG, listens on its port, then sleeps) started three ways, side by side in
 * a plain serial ``ssh`` loop doing the same;
 * ``hypertf-cold``: ``hypertf train`` with the preflight cache off
   (``HYPERTF_PREFLIGHT_CACHE_S=0``): every run preflights its hosts over SSH first, as a
-  first job on a cluster (or one more than 2 minutes after the last) does.
+  first job on a cluster (or one more than 2 minutes after the last) does;
+* ``hypertf-warm``: ``hypertf train`` through the user's warm launcher
+  (``HYPERTF_WARM_S``, hypertf.cli.warm): a fork of a process with the launcher's modules
+  imported, started once before the runs (``warm_up``) and stopped after them.
 
 Then a whole short job (``--short``, on by default): 4 workers (2 with ``--quick``), one per
 host, that listen and exit at once (``fake_tf.py --work_s 0``), through ``hypertf train``
@@ -44,6 +47,7 @@ from hypertf import store
 from hypertf.config.inventory import load_inventory
 
 WORK_S = 600  # the task sleeps this long: it must outlive the measurement
+WARM_S = 600  # hypertf-warm: the warm launcher's idle life (stopped at the end anyway)
 
 
 def sub_inventory(lab, count: int) -> str:
@@ -144,12 +148,32 @@ def phases(cwd: Path) -> dict[str, float]:
     return found
 
 
-def cache_env(cold: bool) -> dict[str, str]:
-    return {**os.environ, **({"HYPERTF_PREFLIGHT_CACHE_S": "0"} if cold else {})}
+def method_env(method: str) -> dict[str, str]:
+    """``hypertf-cold``: the preflight cache off; ``hypertf-warm``: through the warm launcher
+    (``HYPERTF_WARM_S``, started by ``warm_up`` before the runs); else as it is."""
+    extra = {"hypertf-cold": {"HYPERTF_PREFLIGHT_CACHE_S": "0"},
+             "hypertf-warm": {"HYPERTF_WARM_S": str(WARM_S)}}.get(method, {})
+    return {**{k: v for k, v in os.environ.items() if k != "HYPERTF_WARM_S"}, **extra}
+
+
+def warm_up(inventory: str, cwd: Path) -> None:
+    """Start the warm launcher: one short job with HYPERTF_WARM_S runs cold and starts it,
+    then wait until it listens."""
+    cwd.mkdir()
+    subprocess.run([common.PYTHON, "-m", "hypertf.cli", "train", "-i", inventory, "--script",
+                    common.FAKE_TF, "--worker", "1", "--", "--work_s", "0"], cwd=cwd,
+                   env=method_env("hypertf-warm"), capture_output=True, timeout=120, check=True)
+    common.wait_until(lambda: "warm launcher " in warm_cli("status"), 60,
+                      "the warm launcher to listen")
+
+
+def warm_cli(verb: str) -> str:
+    return subprocess.run([common.PYTHON, "-m", "hypertf.cli", "warm", verb],
+                          capture_output=True, text=True, timeout=60, check=True).stdout
 
 
 def run_ours(kids: common.Children, lab, inventory: str, count: int, cwd: Path,
-             client, cold: bool = False) -> dict:
+             client, method: str = "hypertf") -> dict:
     """hypertf train until every port listens, then SIGINT; check it left nothing."""
     lines: queue.Queue[tuple[float, str]] = queue.Queue()
     started = time.monotonic()
@@ -157,7 +181,7 @@ def run_ours(kids: common.Children, lab, inventory: str, count: int, cwd: Path,
                        "--script", common.FAKE_TF, "--worker", str(count),
                        "--start-timeout", "60", "--", "--work_s", str(WORK_S)],
                       cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                      env=cache_env(cold))
+                      env=method_env(method))
 
     def read() -> None:
         for line in proc.stdout:
@@ -207,13 +231,13 @@ def run_ours(kids: common.Children, lab, inventory: str, count: int, cwd: Path,
 
 
 def short_ours(kids: common.Children, inventory: str, count: int, cwd: Path,
-               cold: bool = False) -> dict:
+               method: str = "hypertf") -> dict:
     """A whole job of ``count`` workers that listen and exit: command to exit (0)."""
     started = time.monotonic()
     proc = kids.popen([common.PYTHON, "-m", "hypertf.cli", "train", "-i", inventory,
                        "--script", common.FAKE_TF, "--worker", str(count), "--", "--work_s",
                        "0"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                      text=True, env=cache_env(cold))
+                      text=True, env=method_env(method))
     output, _ = proc.communicate(timeout=120)
     wall = time.monotonic() - started
     if proc.returncode != 0:
@@ -256,11 +280,12 @@ def main() -> int:
         inventories = {n: sub_inventory(lab, n) for n in sizes}
         client = store.connect(load_inventory(lab.inventory).cluster)
         try:
+            warm_up(inventories[1], home / "warm-up")
             port = 22000
             for rep in range(reps):
                 for count in sizes:
-                    methods = ["hypertf", "pdsh", "ssh", "hypertf-cold"]
-                    methods = methods[rep % 4:] + methods[:rep % 4]  # rotate the order
+                    methods = ["hypertf", "pdsh", "ssh", "hypertf-cold", "hypertf-warm"]
+                    methods = methods[rep % 5:] + methods[:rep % 5]  # rotate the order
                     if count == 1 and max(sizes) > 1 and not args.quick:
                         methods.append("hypertf-full-inventory")
                     for method in methods:
@@ -271,7 +296,8 @@ def main() -> int:
                             cwd = home / f"runs-{method}-{count}-{rep}"
                             cwd.mkdir()
                             result = run_ours(kids, lab, inventory, count, cwd, client,
-                                              cold=method == "hypertf-cold")
+                                              method="hypertf" if method.endswith(
+                                                  "inventory") else method)
                         else:
                             result = run_baseline(method, lab, config, count, port,
                                                   f"{method}-{count}-{rep}")
@@ -282,20 +308,20 @@ def main() -> int:
             short = 2 if args.quick else 4
             short_inventory = inventories.get(short) or sub_inventory(lab, short)
             for rep in range(reps):
-                methods = ["hypertf", "ssh", "hypertf-cold"]
-                for method in methods[rep % 3:] + methods[:rep % 3]:
+                methods = ["hypertf", "ssh", "hypertf-cold", "hypertf-warm"]
+                for method in methods[rep % 4:] + methods[:rep % 4]:
                     port += 1
                     if method == "ssh":
                         result = short_ssh(lab, config, short, port, f"short-{rep}")
                     else:
                         cwd = home / f"short-{method}-{rep}"
                         cwd.mkdir()
-                        result = short_ours(kids, short_inventory, short, cwd,
-                                            cold=method == "hypertf-cold")
+                        result = short_ours(kids, short_inventory, short, cwd, method)
                     results.setdefault((f"short {method}", short), []).append(result)
                     print(f"  rep {rep + 1} short job, {short} workers, {method}: "
                           + ", ".join(f"{k} {v:.2f}" for k, v in result.items()), flush=True)
         finally:
+            warm_cli("stop")
             store.close(client)
 
     def med(method: str, count: int, key: str = "listen_s") -> float:
@@ -324,7 +350,11 @@ def main() -> int:
         report.add(f"N={count} hypertf, preflight cache off: command to every port listening",
                    cold, "s", method="hypertf-cold", n=count)
         report.add(f"N={count} ratio hypertf (cache off)/pdsh", common.ratio(cold, pd), "x")
-        for method in ("hypertf", "hypertf-cold"):
+        warm = med("hypertf-warm", count)
+        report.add(f"N={count} hypertf, warm launcher: command to every port listening", warm,
+                   "s", method="hypertf-warm", n=count)
+        report.add(f"N={count} ratio hypertf (warm launcher)/pdsh", common.ratio(warm, pd), "x")
+        for method in ("hypertf", "hypertf-cold", "hypertf-warm"):
             timeline = ", ".join(
                 f"{phase} {med(method, count, f'phase {phase}'):.2f}" for phase in PHASES
                 if all(f"phase {phase}" in r for r in results.get((method, count), [])))
@@ -349,7 +379,11 @@ def main() -> int:
     report.add("short job: hypertf, preflight cache off", cold_short, "s")
     report.add("short job: ratio hypertf (cache off)/ssh", common.ratio(cold_short, ssh_short),
                "x")
-    for method in ("short hypertf", "short hypertf-cold"):
+    warm_short = med("short hypertf-warm", short, "wall_s")
+    report.add("short job: hypertf, warm launcher", warm_short, "s")
+    report.add("short job: ratio hypertf (warm launcher)/ssh",
+               common.ratio(warm_short, ssh_short), "x")
+    for method in ("short hypertf", "short hypertf-cold", "short hypertf-warm"):
         timeline = ", ".join(
             f"{phase} {med(method, short, f'phase {phase}'):.2f}" for phase in PHASES
             if all(f"phase {phase}" in r for r in results.get((method, short), [])))

@@ -2,6 +2,6 @@
 
 import sys
 
-from hypertf.cli.main import main
+from hypertf.cli.warm import main
 
 sys.exit(main())

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def state_home_str() -> str:
+    """``$HYPERTF_HOME`` or ``~/.hypertf``; created with 0700 because it holds private keys.
+    As a string, for the command's entry (hypertf.cli.warm), which imports no pathlib."""
+    home = os.environ.get("HYPERTF_HOME") or os.path.join(os.path.expanduser("~"), ".hypertf")
+    os.makedirs(home, mode=0o700, exist_ok=True)
+    return home
 
 
 def state_home() -> Path:
-    """``$HYPERTF_HOME`` or ``~/.hypertf``; created with 0700 because it holds private keys."""
-    home = Path(os.environ.get("HYPERTF_HOME") or Path.home() / ".hypertf")
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return home
+    """``state_home_str()`` as a Path."""
+    from pathlib import Path
 
+    return Path(state_home_str())

@@ -1,0 +1,239 @@
+"""The ``hypertf`` command's entry: ``train`` through a warm launcher when one is wanted.
+
+A launcher's Python start is most of a short job's fixed cost: importing paramiko, Fabric,
+Invoke and kazoo takes ~0.16 s before anything happens (docs/benchmarks.md, section 2).
+With ``HYPERTF_WARM_S=<seconds>`` set, ``hypertf train`` hands its command line, working
+directory, environment and terminal (stdin, stdout, stderr, passed as descriptors) to a
+*warm launcher* of this user (``hypertf.cli.warmserver``): a process that has those modules
+imported and forks one launcher per command. The fork runs the command exactly as a cold
+start would, writes to this terminal and gives its exit code back; Ctrl-C, SIGTERM and
+SIGHUP are passed on to it, and if this command is killed outright the fork stops its job
+as for a SIGTERM. The warm launcher ends after that many seconds without a command, as
+OpenSSH's ``ControlPersist`` does. The first command starts it and runs cold; it serves only
+its own user (a 0700 directory and the peer's uid checked) and only commands of the same
+interpreter, search path and HyperTF files (their stamp is in the socket's name), so an
+upgrade is never served by the old code.
+
+Standard library only: this module runs before every command, warm or not.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Sequence
+
+ENV = "HYPERTF_WARM_S"  # idle seconds before the warm launcher ends; unset or 0: off
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+VERBS = ("train",)  # what goes through it: the launch path, where the start is the cost
+PID = struct.Struct("!q")
+CODE = struct.Struct("!i")
+
+
+def idle_seconds(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
+    """``HYPERTF_WARM_S`` as seconds; 0 (off) when unset, empty, not a number or <= 0."""
+    try:
+        return max(0.0, float(env.get(ENV) or 0))
+    except ValueError:
+        return 0.0
+
+
+def run_dir() -> str:
+    """``<state home>/run``, 0700 and ours: where warm launchers' sockets and pidfiles are.
+    Refused (OSError) when it is someone else's or open to others."""
+    from hypertf.config.paths import state_home_str
+
+    path = os.path.join(state_home_str(), "run")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.stat(path)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{path} must be a 0700 directory of uid {os.getuid()}")
+    return path
+
+
+def stamp() -> str:
+    """A digest of what a launcher's code depends on: the interpreter, ``sys.path`` (with
+    its package directories' modification times: installing a package changes them) and
+    every file of the hypertf package (path, size, modification time). Equal: same code."""
+    import hypertf
+
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(f"{sys.executable}\0{os.getuid()}\0".encode())
+    for entry in sys.path[1:]:  # [0] is the script's or working directory: not the code
+        digest.update(f"{entry}\0".encode())
+        if entry.endswith(("site-packages", "dist-packages")):
+            with contextlib.suppress(OSError):
+                digest.update(f"{os.stat(entry).st_mtime_ns}\0".encode())
+    for top in hypertf.__path__:
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                info = os.stat(os.path.join(folder, name))
+                digest.update(f"{folder}/{name}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
+def socket_path(directory: str, code_stamp: str) -> str:
+    return os.path.join(directory, f"warm-{code_stamp}.sock")
+
+
+def main() -> int:
+    """The ``hypertf`` console script and ``python -m hypertf.cli``."""
+    argv = sys.argv[1:]
+    if argv[:1] == ["warm"]:
+        return warm_command(argv[1:])
+    idle = idle_seconds()
+    if idle and argv[:1] and argv[0] in VERBS:
+        code = through_warm(argv, idle)
+        if code is not None:
+            return code
+    from hypertf.cli.main import main as cold_main
+
+    return cold_main()
+
+
+def through_warm(argv: Sequence[str], idle: float) -> int | None:
+    """Run ``argv`` in this user's warm launcher and return its exit code; None when there
+    is none to use (then one is started for the next command, and this one runs cold)."""
+    try:
+        directory = run_dir()
+        path = socket_path(directory, stamp())
+    except OSError as err:
+        print(f"hypertf: warm launcher off ({err})", file=sys.stderr)
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        spawn(path, idle)
+        return None
+    with conn:
+        return _served(conn, argv)
+
+
+def _served(conn: socket.socket, argv: Sequence[str]) -> int | None:
+    request = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ),
+                          "umask": _umask()}).encode()
+    forward = _Forward()
+    previous = {sig: signal.signal(sig, forward.handle) for sig in FORWARDED}
+    try:
+        try:
+            conn.sendmsg([struct.pack("!I", len(request))],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (0, 1, 2)))])
+            conn.sendall(request)
+            forward.to(PID.unpack(_exactly(conn, PID.size))[0])
+        except (OSError, EOFError):
+            if forward.pending:  # interrupted before anything ran
+                return 128 + forward.pending[0]
+            return None  # it went away before forking: nothing ran, run cold
+        try:
+            return CODE.unpack(_exactly(conn, CODE.size))[0]
+        except (OSError, EOFError):
+            print(f"hypertf: error: the warm launcher's process {forward.pid} ended without "
+                  "an exit code", file=sys.stderr)
+            return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Forward:
+    """Ctrl-C, SIGTERM and SIGHUP of this command, passed on to the fork running it; those
+    that come before its PID is known are held and passed on then."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.pending: list[int] = []
+
+    def handle(self, signum: int, _frame: object) -> None:
+        if self.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+        else:
+            self.pending.append(signum)
+
+    def to(self, pid: int) -> None:
+        self.pid = pid
+        for signum in self.pending:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+
+def _exactly(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        try:
+            chunk = conn.recv(size - len(data))
+        except InterruptedError:
+            continue
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def _umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def spawn(path: str, idle: float) -> None:
+    """Start the warm launcher for ``path`` in a session of its own (no terminal), detached;
+    it binds ``path`` once its imports are done. Two commands racing here start two: the
+    second finds the socket taken and ends."""
+    with open(os.devnull, "rb") as nothing_in, open(os.devnull, "wb") as nothing_out:
+        subprocess.Popen([sys.executable, "-m", "hypertf.cli.warmserver", path, str(idle)],
+                         stdin=nothing_in, stdout=nothing_out, stderr=nothing_out,
+                         start_new_session=True, close_fds=True, cwd="/")
+
+
+def warm_command(argv: Sequence[str]) -> int:
+    """``hypertf warm status`` lists this user's warm launchers; ``hypertf warm stop`` ends
+    them (SIGTERM, by the PID in each one's pidfile, checked to be a warm launcher)."""
+    if list(argv) not in (["status"], ["stop"]):
+        print("usage: hypertf warm {status,stop}  (HYPERTF_WARM_S=<idle seconds> turns the "
+              "warm launcher on for 'hypertf train')", file=sys.stderr)
+        return 2
+    directory = run_dir()
+    found = 0
+    for name in sorted(os.listdir(directory)):
+        if not (name.startswith("warm-") and name.endswith(".pid")):
+            continue
+        pid = _warm_pid(os.path.join(directory, name))
+        if pid is None:
+            continue
+        found += 1
+        if argv[0] == "stop":
+            os.kill(pid, signal.SIGTERM)
+            print(f"stopped warm launcher {pid}")
+        else:
+            base = os.path.join(directory, name[:-4])
+            served = 0
+            with contextlib.suppress(OSError), open(f"{base}.log") as log:
+                served = sum(1 for _ in log)
+            print(f"warm launcher {pid}: {base}.sock, {served} commands served")
+    if not found and argv[0] == "status":
+        print(f"no warm launcher ({ENV}={os.environ.get(ENV, '')!s})")
+    return 0
+
+
+def _warm_pid(pidfile: str) -> int | None:
+    """The PID in ``pidfile`` if that process is a warm launcher now (a PID is reused)."""
+    try:
+        with open(pidfile) as handle:
+            pid = int(handle.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            args = handle.read().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return pid if b"hypertf.cli.warmserver" in args else None
