@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import array
 import contextlib
-import hashlib
 import json
 import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
+import zlib
 from collections.abc import Sequence
 
 ENV = "HYPERTF_WARM_S"  # idle seconds before the warm launcher ends; unset or 0: off
@@ -65,20 +64,21 @@ def stamp() -> str:
     every file of the hypertf package (path, size, modification time). Equal: same code."""
     import hypertf
 
-    digest = hashlib.blake2b(digest_size=8)
-    digest.update(f"{sys.executable}\0{os.getuid()}\0".encode())
+    parts = [sys.executable, str(os.getuid())]
     for entry in sys.path[1:]:  # [0] is the script's or working directory: not the code
-        digest.update(f"{entry}\0".encode())
+        parts.append(entry)
         if entry.endswith(("site-packages", "dist-packages")):
             with contextlib.suppress(OSError):
-                digest.update(f"{os.stat(entry).st_mtime_ns}\0".encode())
+                parts.append(str(os.stat(entry).st_mtime_ns))
     for top in hypertf.__path__:
         for folder, dirs, files in os.walk(top):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for name in sorted(files):
                 info = os.stat(os.path.join(folder, name))
-                digest.update(f"{folder}/{name}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
-    return digest.hexdigest()
+                parts.append(f"{folder}/{name} {info.st_size} {info.st_mtime_ns}")
+    data = "\0".join(parts).encode()
+    # zlib, not hashlib: importing OpenSSL's hashes took 5 ms of every command's start
+    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
 
 
 def socket_path(directory: str, code_stamp: str) -> str:
@@ -191,6 +191,8 @@ def spawn(path: str, idle: float) -> None:
     """Start the warm launcher for ``path`` in a session of its own (no terminal), detached;
     it binds ``path`` once its imports are done. Two commands racing here start two: the
     second finds the socket taken and ends."""
+    import subprocess
+
     with open(os.devnull, "rb") as nothing_in, open(os.devnull, "wb") as nothing_out:
         subprocess.Popen([sys.executable, "-m", "hypertf.cli.warmserver", path, str(idle)],
                          stdin=nothing_in, stdout=nothing_out, stderr=nothing_out,
