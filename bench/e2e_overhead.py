@@ -35,7 +35,6 @@ import common
 import yaml
 
 from hypertf import store
-from hypertf.config.inventory import load_inventory
 from hypertf.core import spec as specs
 from hypertf.core.scheduler import Placement
 from hypertf.launch.attempt import QUIET_ENV
@@ -75,7 +74,7 @@ def agent_ctl(action: str, inventory: str) -> None:
 def wait_agent(inventory: str) -> None:
     from hypertf import store
 
-    inv = load_inventory(inventory)
+    inv = common.inventory_of(str(inventory))
     client = store.connect(inv.cluster)
     try:
         layout = store.Layout(inv.cluster.zk_root)
@@ -158,7 +157,7 @@ def main() -> int:
     with common.bench_home("e2e") as home, common.zookeeper(home) as zk, \
             common.lab(home, 2, 1) as lab, common.children() as kids:
         inventory = local_inventory(home, zk.hosts)
-        inv = load_inventory(inventory)
+        inv = common.inventory_of(str(inventory))
         store.secure_cluster(inv.cluster, list(inv.nodes))  # an authenticated store, as ever
         agent_ctl("start", inventory)
         try:

@@ -44,7 +44,6 @@ import common
 import yaml
 
 from hypertf import store
-from hypertf.config.inventory import load_inventory
 
 WORK_S = 600  # the task sleeps this long: it must outlive the measurement
 WARM_S = 600  # hypertf-warm: the warm launcher's idle life (stopped at the end anyway)
@@ -222,7 +221,7 @@ def run_ours(kids: common.Children, lab, inventory: str, count: int, cwd: Path,
         raise RuntimeError(f"hypertf train exited {proc.returncode} on SIGINT, not 130:\n"
                            + "\n".join(output[-20:]))
     left = common.remote_processes(inventory, key)
-    held = common.job_cells(client, load_inventory(inventory).cluster.zk_root, key)
+    held = common.job_cells(client, common.inventory_of(inventory).cluster.zk_root, key)
     if left or held:
         raise RuntimeError(f"job {key} left processes {left} / {held} matrix cells behind")
     return {"listen_s": listening - started, "started_line_s": started_line - started,
@@ -281,7 +280,9 @@ def main() -> int:
             common.children() as kids:
         config = ssh_config(lab, home)
         inventories = {n: sub_inventory(lab, n) for n in sizes}
-        client = store.connect(load_inventory(lab.inventory).cluster)
+        for path in [lab.inventory, *inventories.values()]:
+            common.inventory_of(str(path))  # read once, before any run (inventory_of)
+        client = store.connect(common.inventory_of(str(lab.inventory)).cluster)
         try:
             if not args.no_warm:
                 warm_up(inventories[1], home / "warm-up")
