@@ -86,7 +86,10 @@ def _verb(sub: argparse._SubParsersAction, name: str, func: Callable[..., int], 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hypertf", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="hypertf", description=__doc__.splitlines()[0],
+        epilog="hypertf warm {status,stop}: this user's warm launchers, which HYPERTF_WARM_S="
+               "<idle seconds> turns on for 'hypertf train' (README, 'A warm launcher')")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = _verb(sub, "status", commands.status, "hosts x GPUs, agents and ZooKeeper health")

@@ -175,6 +175,8 @@ def _child(conn: socket.socket, fds: list[int], request: dict) -> None:
         code = cli_main.main(list(request["argv"]))
     except SystemExit as done:  # argparse's --help and usage errors
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+    except KeyboardInterrupt:  # Ctrl-C before the command's own handling began
+        code = 130
     except BaseException:
         import traceback
 
