@@ -495,17 +495,28 @@ def test_start_imports_nothing_that_only_other_verbs_need() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def one_task_request(node: Node, run: RunDir, script: Path) -> dict:
+    """A 'start' request for one task, worker0, running ``script``."""
+    return {"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
+        {"name": "worker0", "port": free_port(), "cwd": str(node.root),
+         "argv": [sys.executable, str(script)], "env": {"HYPERTF_TASK_KEY": run.task_key}}]}
+
+
+def start_watch(request: dict, *python: str) -> subprocess.CompletedProcess[str]:
+    """``tasknode start --watch`` (or ``python`` given) fed ``request``, run to its end."""
+    return subprocess.run([sys.executable, *(python or ("-m", "hypertf.node.tasknode", "start",
+                                                         "--watch"))],
+                          input=json.dumps(request) + "\n", cwd=REPO, capture_output=True,
+                          text=True, timeout=30, check=True)
+
+
 def test_start_watch_ends_a_run_whose_tasks_all_ended_by_themselves(node: Node) -> None:
     """'start --watch': the answer, the events, and a 'done' that ends the run here (drained,
     stopped, nothing left) with the logs, so the launcher needs no stop round trip."""
     run = node.run_dir("20261124-120000-a1b2c3.alice")
     script = node.script("worker0", 'print("bye", flush=True)\n')
-    request = {"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
-        {"name": "worker0", "port": free_port(), "cwd": str(node.root),
-         "argv": [sys.executable, str(script)], "env": {"HYPERTF_TASK_KEY": run.task_key}}]}
-    out = subprocess.run([sys.executable, "-m", "hypertf.node.tasknode", "start", "--watch"],
-                         input=json.dumps(request) + "\n", cwd=REPO, capture_output=True,
-                         text=True, timeout=30, check=True)
+    request = one_task_request(node, run, script)
+    out = start_watch(request)
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert set(lines[0]["started"]) == {"worker0"}
     assert {"e": "log", "task": "worker0", "line": "bye"} in lines
@@ -521,13 +532,10 @@ def test_start_watch_of_tasks_that_end_needs_no_process_scan(node: Node) -> None
     needed to know they and their groups are gone."""
     run = node.run_dir("20261125-120000-b2c3d4.alice")
     script = node.script("worker0", 'print("bye", flush=True)\n')
-    request = {"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
-        {"name": "worker0", "port": free_port(), "cwd": str(node.root),
-         "argv": [sys.executable, str(script)], "env": {"HYPERTF_TASK_KEY": run.task_key}}]}
+    request = one_task_request(node, run, script)
     code = ("import sys; from hypertf.node import tasknode; tasknode.main(['start', '--watch']); "
             "print('psutil' in sys.modules, file=sys.stderr)")
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(request) + "\n",
-                         cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
+    out = start_watch(request, "-c", code)
     assert out.stderr.strip() == "False"
     assert json.loads(out.stdout.splitlines()[-1])["ended"]["stopped"] == {
         "worker0": "not running"}
@@ -541,12 +549,8 @@ def test_start_watch_leaves_a_run_with_a_process_behind_to_the_launchers_stop(
     script = node.script("worker0", (
         "import subprocess, sys\n"
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"))
-    request = {"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
-        {"name": "worker0", "port": free_port(), "cwd": str(node.root),
-         "argv": [sys.executable, str(script)], "env": {"HYPERTF_TASK_KEY": run.task_key}}]}
-    out = subprocess.run([sys.executable, "-m", "hypertf.node.tasknode", "start", "--watch"],
-                         input=json.dumps(request) + "\n", cwd=REPO, capture_output=True,
-                         text=True, timeout=30, check=True)
+    request = one_task_request(node, run, script)
+    out = start_watch(request)
     pgid = int(Path(run.pid("worker0")).read_text())
     try:
         assert json.loads(out.stdout.splitlines()[-1]) == {"e": "done"}
