@@ -238,11 +238,17 @@ def leave(code: int) -> NoReturn:
     paramiko, cryptography, Ansible's modules...) took another 0.05-0.07 s of every job.
     Only for a command line (``main()`` without ``argv``: tests and callers that pass one
     keep their process)."""
+    flush_output()
+    os._exit(code)
+
+
+def flush_output() -> None:
+    """Everything the command wrote, out: logging's handlers and stdout/stderr (before an
+    ``os._exit``, which skips the interpreter's own flushing)."""
     logging.shutdown()
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(code)
 
 
 def _dispatch(argv: list[str]) -> int:

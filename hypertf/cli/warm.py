@@ -14,7 +14,8 @@ its own user (a 0700 directory and the peer's uid checked) and only commands of 
 interpreter, search path and HyperTF files (their stamp is in the socket's name), so an
 upgrade is never served by the old code.
 
-Standard library only: this module runs before every command, warm or not.
+Standard library only on the way to a command: this module runs before every one, warm or
+not (``hypertf warm status|stop`` reads PIDs with psutil, through hypertf.node.procs).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from collections.abc import Sequence
 ENV = "HYPERTF_WARM_S"  # idle seconds before the warm launcher ends; unset or 0: off
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 VERBS = ("train",)  # what goes through it: the launch path, where the start is the cost
-PID = struct.Struct("!q")
-CODE = struct.Struct("!i")
+SIZE = struct.Struct("!I")  # the request's length, sent with the descriptors
+PID = struct.Struct("!q")  # the fork's PID, its first answer
+CODE = struct.Struct("!i")  # the command's exit code, its last
 
 
 def idle_seconds(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
@@ -85,6 +87,12 @@ def socket_path(directory: str, code_stamp: str) -> str:
     return os.path.join(directory, f"warm-{code_stamp}.sock")
 
 
+def sibling(path: str, suffix: str) -> str:
+    """The warm launcher's other files beside its socket ``warm-<stamp>.sock``: ``.pid``
+    (its PID) and ``.log`` (a line per command served)."""
+    return os.path.splitext(path)[0] + suffix
+
+
 def main() -> int:
     """The ``hypertf`` console script and ``python -m hypertf.cli``."""
     argv = sys.argv[1:]
@@ -127,16 +135,16 @@ def _served(conn: socket.socket, argv: Sequence[str]) -> int | None:
     previous = {sig: signal.signal(sig, forward.handle) for sig in FORWARDED}
     try:
         try:
-            conn.sendmsg([struct.pack("!I", len(request))],
+            conn.sendmsg([SIZE.pack(len(request))],
                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (0, 1, 2)))])
             conn.sendall(request)
-            forward.to(PID.unpack(_exactly(conn, PID.size))[0])
+            forward.to(PID.unpack(read_exactly(conn, PID.size))[0])
         except (OSError, EOFError):
             if forward.pending:  # interrupted before anything ran
                 return 128 + forward.pending[0]
             return None  # it went away before forking: nothing ran, run cold
         try:
-            return CODE.unpack(_exactly(conn, CODE.size))[0]
+            return CODE.unpack(read_exactly(conn, CODE.size))[0]
         except (OSError, EOFError):
             print(f"hypertf: error: the warm launcher's process {forward.pid} ended without "
                   "an exit code", file=sys.stderr)
@@ -168,7 +176,8 @@ class _Forward:
                 os.kill(pid, signum)
 
 
-def _exactly(conn: socket.socket, size: int) -> bytes:
+def read_exactly(conn: socket.socket, size: int) -> bytes:
+    """``size`` bytes from ``conn``; EOFError when it closes first."""
     data = b""
     while len(data) < size:
         try:
@@ -219,11 +228,11 @@ def warm_command(argv: Sequence[str]) -> int:
             os.kill(pid, signal.SIGTERM)
             print(f"stopped warm launcher {pid}")
         else:
-            base = os.path.join(directory, name[:-4])
+            path = sibling(os.path.join(directory, name), ".sock")
             served = 0
-            with contextlib.suppress(OSError), open(f"{base}.log") as log:
+            with contextlib.suppress(OSError), open(sibling(path, ".log")) as log:
                 served = sum(1 for _ in log)
-            print(f"warm launcher {pid}: {base}.sock, {served} commands served")
+            print(f"warm launcher {pid}: {path}, {served} commands served")
     if not found and argv[0] == "status":
         print(f"no warm launcher ({ENV}={os.environ.get(ENV, '')!s})")
     return 0
@@ -231,11 +240,11 @@ def warm_command(argv: Sequence[str]) -> int:
 
 def _warm_pid(pidfile: str) -> int | None:
     """The PID in ``pidfile`` if that process is a warm launcher now (a PID is reused)."""
+    from hypertf.node.procs import cmdline_args
+
     try:
         with open(pidfile) as handle:
             pid = int(handle.read().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            args = handle.read().split(b"\0")
     except (OSError, ValueError):
         return None
-    return pid if b"hypertf.cli.warmserver" in args else None
+    return pid if "hypertf.cli.warmserver" in cmdline_args(pid) else None

@@ -27,7 +27,7 @@ import time
 
 import hypertf.cli.main as cli_main
 from hypertf.cli import commands  # noqa: F401 - imported here, inherited by every fork
-from hypertf.cli.warm import CODE, PID
+from hypertf.cli.warm import CODE, PID, SIZE, read_exactly, sibling
 from hypertf.launch import launcher  # noqa: F401 - paramiko, Fabric, Invoke, kazoo
 
 REQUEST_TIMEOUT_S = 5.0  # a client that connected but does not send its request
@@ -37,7 +37,7 @@ def serve(path: str, idle: float) -> int:
     listener = _bind(path)
     if listener is None:
         return 0  # another one serves this path
-    pidfile, log = (path[: -len(".sock")] + suffix for suffix in (".pid", ".log"))
+    pidfile, log = sibling(path, ".pid"), sibling(path, ".log")
     bound = os.stat(path).st_ino  # a successor may bind the same path: remove only ours
     signal.signal(signal.SIGTERM, _stop)
     try:
@@ -120,26 +120,19 @@ def _accept(conn: socket.socket, listener: socket.socket, log: str) -> None:
     fds = array.array("i")
     try:
         header, ancillary, _flags, _addr = conn.recvmsg(
-            4, socket.CMSG_SPACE(3 * fds.itemsize))
+            SIZE.size, socket.CMSG_SPACE(3 * fds.itemsize))
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        if len(header) != 4 or len(fds) != 3:
+        if len(header) != SIZE.size or len(fds) != 3:
             return
-        size = struct.unpack("!I", header)[0]
-        body = b""
-        while len(body) < size:
-            chunk = conn.recv(size - len(body))
-            if not chunk:
-                return
-            body += chunk
-        request = json.loads(body)
+        request = json.loads(read_exactly(conn, SIZE.unpack(header)[0]))
         pid = os.fork()
         if pid == 0:
             listener.close()
             _child(conn, list(fds), request)  # never returns
         _served(log, pid, request)
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):
         return
     finally:
         for fd in fds:
@@ -183,8 +176,7 @@ def _child(conn: socket.socket, fds: list[int], request: dict) -> None:
         traceback.print_exc()
     finally:
         with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
+            cli_main.flush_output()  # all of it out before the client, given the code, ends
         with contextlib.suppress(OSError):
             conn.sendall(CODE.pack(code))
         os._exit(code)
