@@ -9,7 +9,7 @@ A ZooKeeper of our own (loopback, tickTime 500 ms) holds real agent records for 
 
 * latency, one client: allocate 1 GPU + release it, K times (median, p99), beside K plain
   ``set`` calls of a payload as large as the matrix on the same server;
-* concurrency: C = 1, 8, 32, 64 allocators, each a thread with its own ZooKeeper session,
+* concurrency: C = 1, 8, 32, 64 submitters, each a thread with its own ZooKeeper session,
   spread over up to 8 processes, cycling allocate -> hold 10 ms -> release for a fixed
   time; throughput (cycles/s), conflict retries (Grant.retries), latency under contention,
   and double-bookings: for every GPU the intervals [granted, release called] of all its
@@ -242,8 +242,13 @@ def main() -> int:
             for count in levels:
                 rounds = {}
                 for mode in ("alloc", "set"):
+                    before = common.zk_stat(zk)
                     rounds[mode] = concurrent(zk.hosts, root, mode, count, duration, kids,
                                               matrix_bytes)
+                    if mode == "alloc":
+                        after = common.zk_stat(zk)
+                        sent = {f: int(after[f]) - int(before[f])
+                                for f in ("zk_packets_received", "zxid")}
                 alloc, sets = rounds["alloc"]["events"], rounds["set"]["events"]
                 grants = [e for e in alloc if "key" in e]
                 failed = [e for e in alloc if "failed" in e]
@@ -253,6 +258,10 @@ def main() -> int:
                 tag = f"C={count}"
                 report.add(f"{tag} allocate+release cycles/s ({rounds['alloc']['processes']} "
                            f"processes, own sessions)", through, "/s", n=count)
+                report.add(f"{tag} ZooKeeper requests / transactions per cycle "
+                           f"(server's count, with connects and pings)",
+                           f"{common.ratio(sent['zk_packets_received'], len(grants)):.1f} / "
+                           f"{common.ratio(sent['zxid'], len(grants)):.2f}")
                 report.add(f"{tag} plain set/s, same clients", set_rate, "/s")
                 report.add(f"{tag} ratio set/s / cycles/s", common.ratio(set_rate, through), "x")
                 report.add(f"{tag} conflict retries per grant, mean",

@@ -278,45 +278,53 @@ def release(store: Store, task_key: str, state: str = "released",
     in one transaction. The keeper frees the cells on those hosts and drains the others
     for their agents to confirm; this waits up to ``wait_s`` for the keeper to have done
     so, so that a command that ends here leaves the matrix as it says."""
-    def attempt(_retries: int) -> bool:
-        lease_stat = store.client.exists(store.layout.lease(task_key))
+    lease_gone = False  # learnt from a transaction that failed on its delete
+
+    def attempt(_retries: int) -> tuple[bool, list[str] | None]:
+        nonlocal lease_gone
         try:
             data, job_stat = store.client.get(store.layout.job(task_key))
         except NoNodeError:
             data, job_stat = b"", None
-        if lease_stat is None and job_stat is None:
-            return False
+        if lease_gone and job_stat is None:
+            return False, None
         tx = store.client.transaction()
+        hosts = None
         if job_stat is not None:
             job = decode(data, "job record")
+            hosts = sorted({str(p.get("host")) for p in job.get("placements") or ()
+                            if isinstance(p, dict)})
             ended = job.get("state") if job.get("state") in ENDED_BY_OTHERS else state
             job.update({"released": time.time(), **(extra or {}), "state": ended})
-            if lease_stat is not None:  # after a kill the agents confirm every host
+            if not lease_gone:  # after a kill the agents confirm every host
                 job["stopped_on"] = "all" if stopped_on is None else sorted(stopped_on)
             tx.set_data(store.layout.job(task_key), encode(job), version=job_stat.version)
-        if lease_stat is not None:
+        if not lease_gone:
             tx.delete(store.layout.lease(task_key))
-        try:
-            if _commit_or_conflict(tx):
-                return lease_stat is not None
-        except StoreError:
-            pass  # the lease or the job vanished between the reads: read again
-        raise ForceRetryError()
+        results = tx.commit()
+        if not any(isinstance(r, Exception) for r in results):
+            return not lease_gone, hosts
+        if not lease_gone and isinstance(results[-1], NoNodeError):
+            lease_gone = True  # killed, lost or released already: record the end only
+        raise ForceRetryError()  # or the record changed between the read and the write
 
-    released = until_committed(attempt, f"releasing {task_key}")
+    released, hosts = until_committed(attempt, f"releasing {task_key}")
     if released and wait_s > 0:
-        wait_settled(store, task_key, wait_s)
+        wait_settled(store, task_key, wait_s, hosts)
     return released
 
 
-def wait_settled(store: Store, task_key: str, timeout: float) -> bool:
+def wait_settled(store: Store, task_key: str, timeout: float,
+                 hosts: Sequence[str] | None = None) -> bool:
     """Wait until the matrix no longer shows ``task_key`` holding anything (the keeper has
-    freed or drained its cells). False after ``timeout`` (no keeper yet: it will)."""
+    freed or drained its cells): with ``hosts`` (where it ran), their shards only, read
+    once and again when the watch on them fires. False after ``timeout`` (no keeper yet:
+    it will)."""
     deadline = time.monotonic() + timeout
     while True:
         changed = threading.Event()
         try:
-            matrix, _ = read_matrix(store, watch=_setter(changed))
+            matrix = read_shards(store, hosts, watch=_setter(changed))
         except RootMissing:
             return True
         if task_key not in matrix.task_keys():
@@ -325,6 +333,28 @@ def wait_settled(store: Store, task_key: str, timeout: float) -> bool:
         if left <= 0:
             return False
         changed.wait(min(left, 1.0))
+
+
+def read_shards(store: Store, hosts: Sequence[str] | None,
+                watch: Callable[..., Any] | None = None) -> Matrix:
+    """The rows of ``hosts`` (every row: None), for reading only: once this client knows
+    the shard count, just their shards, without the index (a reshard between two reads is
+    an admin's rare act; a shard gone sends it to ``read_matrix``)."""
+    count = _shard_counts.get(store.client)
+    if hosts is None or not hosts or count is None:
+        return read_matrix(store, hosts, watch=watch)[0]
+    wanted = sorted({shard_of(h, count) for h in hosts})
+    with pipelined(store.client):
+        pending = [store.client.get_async(store.layout.matrix_shard(i), watch=watch)
+                   for i in wanted]
+    parts = []
+    for result in pending:
+        try:
+            parts.append(Matrix.from_json(result.get(timeout=30)[0]))
+        except NoNodeError:
+            _shard_counts.pop(store.client, None)
+            return read_matrix(store, hosts, watch=watch)[0]
+    return joined(parts)
 
 
 def _setter(event: threading.Event) -> Callable[[Any], None]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
+from kazoo.protocol.states import WatchedEvent
 from kazoo.retry import ForceRetryError
 
 from hypertf.core.errors import StoreError
@@ -31,10 +32,15 @@ def mark_lost(store: Store, task_key: str) -> None:
             store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
 
 
-def read_job(store: Store, task_key: str) -> JobRecord | None:
+def read_job(store: Store, task_key: str,
+             watch: Callable[[WatchedEvent], Any] | None = None) -> JobRecord | None:
+    """The record, None if there is none; ``watch``: a one-shot watch on it (on a missing
+    record too: its creation fires it)."""
     try:
-        data, _ = store.client.get(store.layout.job(task_key))
+        data, _ = store.client.get(store.layout.job(task_key), watch=watch)
     except NoNodeError:
+        if watch is not None and store.client.exists(store.layout.job(task_key), watch=watch):
+            return read_job(store, task_key, watch)  # created in between
         return None
     return cast(JobRecord, decode(data, "job record"))
 

@@ -234,11 +234,40 @@ def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents, ke
     submit(Store(zk, layout), one_gpu(), key)
     assert kill(Store(zk, layout), key) is True
     update_job(Store(zk, layout), key, state="starting", note="still here")
-    release(Store(zk, layout), key, state="failed")
+    assert release(Store(zk, layout), key, state="failed") is False  # the kill dropped it
     job = read_job(Store(zk, layout), key)
     assert job["state"] == "killed" and job["note"] == "still here"
+    assert "stopped_on" not in job and job["released"] > 0
     assert job["killed_by"]["pid"] > 0 and job["killed"] > 0
     assert kill(Store(zk, layout), key) is False
+
+
+def test_a_waiter_whose_lease_goes_without_a_record_or_a_keeper_is_cancelled(
+        zk, layout, fake_agents):
+    """A waiter learns of its end from its own record (a cancel, a kill, the keeper's
+    ``lost``); with no keeper to write ``lost``, its lease's check every LEASE_CHECK_S ends
+    the wait when the lease was deleted behind its back."""
+    from hypertf.core.errors import Cancelled
+    from hypertf.store.waitqueue import LEASE_CHECK_S
+
+    fake_agents({"n1": 1})
+    key = new_task_key("root")
+    ended: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            submit(Store(zk, layout), one_gpu(), key)
+        except BaseException as err:  # the test reads it
+            ended.append(err)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    wait_for(lambda: zk.exists(layout.lease(key)), 10, "the request queued")
+    zk.delete(layout.lease(key))  # no keeper runs: nobody marks the record
+    waiter.join(LEASE_CHECK_S + 5)
+    assert not waiter.is_alive(), "the waiter did not notice its lease was gone"
+    assert len(ended) == 1 and isinstance(ended[0], Cancelled), ended
+    assert f"job {key} was cancelled while it waited" in str(ended[0])
 
 
 def test_two_no_wait_requests_for_the_last_gpu_one_runs_the_other_hears_it_is_taken(
