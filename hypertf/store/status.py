@@ -48,9 +48,8 @@ def collect(client: KazooClient, inventory: Inventory,
     A read: it writes nothing (bringing the stored matrix in line is the keeper agent's
     job), so a dead job's GPUs already show as draining here before the keeper has run.
 
-    Without ``gpu_details`` (the compact view of a large cluster, never the JSON), a GPU
-    with no reason and no process is one shared entry of its index, state and job: at
-    10,000 hosts, 80,000 detailed entries were a third of the command's time."""
+    Without ``gpu_details`` (the compact view of a large cluster, never the JSON), equal
+    plain GPUs and rows are shared entries (``_GpuEntries``)."""
     layout = Layout(inventory.cluster.zk_root)
     zk = Store(client, layout)
     stored, _ = read_matrix(zk)
@@ -63,32 +62,11 @@ def collect(client: KazooClient, inventory: Inventory,
     matrix = synced(stored, records, leases)
     now = time.time()
     hosts = []
-    cells: dict[Cell, tuple[str, str | None]] = {}  # a few distinct values in 80,000 cells
-    plain: dict[tuple[int, Cell], dict[str, Any]] = {}  # shared entries (no gpu_details)
+    entries = _GpuEntries(gpu_details)
     for name, node in inventory.nodes.items():
         record = records.get(name)
-        row = matrix.gpus.get(name, [])
-        shown = details.get(name, {})
-        gpus = []
-        for index, cell in enumerate(row):  # 80,000 GPUs at 10,000 hosts: dict literals
-            gpu = shown.get(index)
-            seen = cells.get(cell)
-            if seen is None:
-                seen = cells[cell] = (state_of(cell), job_of(cell))
-            state, key = seen
-            if gpu is None or not (gpu_details or gpu.get("reason") or gpu.get("processes")):
-                entry = plain.get((index, cell)) if not gpu_details else None
-                if entry is None:
-                    entry = {"index": index, "state": state, "task_key": key}
-                    if not gpu_details:
-                        plain[index, cell] = entry
-                gpus.append(entry)
-                continue
-            entry = {"index": index, "state": state, "task_key": key, **GPU_DEFAULTS, **gpu}
-            del entry["available"]  # the matrix's state says it
-            entry["foreign_pids"] = [p.pid for p in GpuInfo.from_dict(
-                dict(gpu)).foreign_processes(key)] if entry.pop("processes", None) else []
-            gpus.append(entry)
+        gpus = entries.row(matrix.gpus.get(name, []), details.get(name, {}))
+        ports = matrix.ports.get(name, {})
         hosts.append({
             "name": name,
             "address": node.address,
@@ -99,11 +77,10 @@ def collect(client: KazooClient, inventory: Inventory,
             "gpu_source": record.gpu_source if record else None,
             "gpu_driver": record.gpu_driver if record else {},
             "gpus": gpus,
-            "ports_reserved": len(matrix.ports.get(name, {})),
+            "ports_reserved": len(ports),
             # jobs here without a GPU of this host: parameter servers, offload hosts
-            "cpu_jobs": sorted({key for cell in matrix.ports.get(name, {}).values()
-                                if (key := job_of(str(cell)))}
-                               - {g["task_key"] for g in gpus}),
+            "cpu_jobs": sorted({key for cell in ports.values() if (key := job_of(str(cell)))}
+                               - {g["task_key"] for g in gpus}) if ports else [],
         })
     return {
         "inventory": str(inventory.path),
@@ -112,6 +89,60 @@ def collect(client: KazooClient, inventory: Inventory,
         "hosts": hosts,
         "jobs": sorted(leases),
     }
+
+
+class _GpuEntries:
+    """A host's GPUs as status lists them: the matrix's cell with the record's details.
+    Without ``gpu_details`` (the compact view of a large cluster, never the JSON), a GPU
+    with no reason and no process is one shared entry of its index, state and job, and a
+    row of such GPUs seen before is the same list again: at 10,000 hosts, building 80,000
+    entries one by one was a third of the command's time."""
+
+    def __init__(self, gpu_details: bool) -> None:
+        self.gpu_details = gpu_details
+        self.cells: dict[Cell, tuple[str, str | None]] = {}  # a few distinct values
+        self.plain: dict[tuple[int, Cell], dict[str, Any]] = {}
+        self.plain_rows: dict[tuple[Cell, ...], list[dict[str, Any]]] = {}
+
+    def row(self, row: list[Cell], shown: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
+        """The entries of one host's ``row``; ``shown``: its record's GPUs by index."""
+        if not self.gpu_details and not any(gpu.get("reason") or gpu.get("processes")
+                                            for gpu in shown.values()):
+            shared = self.plain_rows.get(cells := tuple(row))
+            if shared is None:
+                shared = self.plain_rows[cells] = [self._plain(index, cell)
+                                                 for index, cell in enumerate(row)]
+            return shared
+        gpus = []
+        for index, cell in enumerate(row):
+            gpu = shown.get(index)
+            if gpu is None or not (self.gpu_details or gpu.get("reason")
+                                   or gpu.get("processes")):
+                gpus.append(self._plain(index, cell))
+                continue
+            state, key = self._state(cell)
+            entry = {"index": index, "state": state, "task_key": key, **GPU_DEFAULTS, **gpu}
+            del entry["available"]  # the matrix's state says it
+            entry["foreign_pids"] = [p.pid for p in GpuInfo.from_dict(
+                dict(gpu)).foreign_processes(key)] if entry.pop("processes", None) else []
+            gpus.append(entry)
+        return gpus
+
+    def _state(self, cell: Cell) -> tuple[str, str | None]:
+        seen = self.cells.get(cell)
+        if seen is None:
+            seen = self.cells[cell] = (state_of(cell), job_of(cell))
+        return seen
+
+    def _plain(self, index: int, cell: Cell) -> dict[str, Any]:
+        """``{"index", "state", "task_key"}``: shared by equal GPUs unless ``gpu_details``."""
+        entry = None if self.gpu_details else self.plain.get((index, cell))
+        if entry is None:
+            state, key = self._state(cell)
+            entry = {"index": index, "state": state, "task_key": key}
+            if not self.gpu_details:
+                self.plain[index, cell] = entry
+        return entry
 
 
 def _gpu_cell(gpu: dict[str, Any]) -> str:
@@ -180,12 +211,15 @@ def render_compact(status: dict[str, Any], console: Console) -> None:
              "GPU driver: " + "; ".join(f"{name} ({count} hosts)"
                                         for name, count in sorted(drivers.items())),
              f"{'host':<{name_w}}  {'agent':<11}  {'data address':<{addr_w}}  GPUs"]
+    said: dict[tuple[int, str], str] = {}  # hosts that share a row (collect) share its text
     for host in hosts:
         agent = f"up {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == "up" else "down"
         address = host["data_addr"] or host["address"] or ""
         cpu = "; CPU only " + ",".join(host["cpu_jobs"]) if host.get("cpu_jobs") else ""
-        lines.append(f"{host['name']:<{name_w}}  {agent:<11}  {address:<{addr_w}}  "
-                     f"{_compact_gpus(host)}{cpu}")
+        gpus = said.get(shared := (id(host["gpus"]), host["agent"]))
+        if gpus is None:
+            gpus = said[shared] = _compact_gpus(host)
+        lines.append(f"{host['name']:<{name_w}}  {agent:<11}  {address:<{addr_w}}  {gpus}{cpu}")
     console.file.write("\n".join(lines) + "\n")  # plain text: rich's wrapping of 10,000
     console.file.flush()  # lines took longer than building them
 

@@ -46,3 +46,19 @@ def test_a_large_cluster_gets_one_line_per_host_with_gpus_grouped():
 
 def test_a_small_cluster_keeps_the_table():
     assert "GPU 7" in rendered(3)  # a column per GPU: the rich table
+
+
+def test_equal_plain_rows_are_shared_and_say_what_the_detailed_entries_say():
+    """The compact view builds a row of plain GPUs once per distinct row (10,000 hosts
+    have a few): the same list again, with the detailed view's index, state and job."""
+    row = [1, KEY, f"draining:{KEY}", 0]
+    plain_gpus = {index: {"index": index, "name": "GPU", "utilization": 0.0} for index in range(4)}
+    compact = status._GpuEntries(gpu_details=False)
+    first = compact.row(row, plain_gpus)
+    assert compact.row(list(row), {}) is first  # a host without details: the same row
+    detailed = status._GpuEntries(gpu_details=True).row(row, plain_gpus)
+    assert [{k: e[k] for k in ("index", "state", "task_key")} for e in detailed] == first
+    assert [e["state"] for e in first] == ["free", "busy", "draining", "unavailable"]
+    # a GPU with something to say keeps its own entry, and its row is not shared
+    said = compact.row(row, {**plain_gpus, 3: {"index": 3, "reason": "ECC errors"}})
+    assert said is not first and said[3]["reason"] == "ECC errors" and said[0] is first[0]
