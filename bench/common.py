@@ -35,6 +35,7 @@ if str(REPO) not in sys.path:
 
 from hypertf import store  # noqa: E402
 from hypertf.config.inventory import Inventory  # noqa: E402
+from hypertf.core import gctune  # noqa: E402
 from hypertf.node import procs  # noqa: E402
 from hypertf.ops import lab as lab_module  # noqa: E402
 from hypertf.ops.zkserver import ZooKeeperServer, free_port  # noqa: E402
@@ -68,6 +69,7 @@ def bench_home(name: str) -> Iterator[Path]:
     """
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminate)
+    gctune.tune()  # what a bench runs in its own process, HyperTF's processes run so
     home = REPO / ".hypertf" / f"bench-{name}-{secrets.token_hex(3)}"
     home.mkdir(parents=True, mode=0o700)
     os.environ["HYPERTF_HOME"] = str(home)

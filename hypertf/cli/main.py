@@ -24,6 +24,7 @@ from hypertf.cli.trainargs import (
     script_args_note,
     train_request,
 )
+from hypertf.core import gctune
 from hypertf.launch.exits import SIGPIPE_EXIT as SIGPIPE_EXIT  # re-exported for Invoke's tasks
 from hypertf.launch.exits import quiet_kazoo, reader_gone, run
 
@@ -220,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its output flushed here so that a closed pipe is caught here."""
+    gctune.tune()
     try:
         try:
             code = _dispatch(list(sys.argv[1:] if argv is None else argv))

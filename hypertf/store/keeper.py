@@ -15,6 +15,7 @@ import threading
 
 from hypertf import store
 from hypertf.config.settings import ClusterSettings
+from hypertf.core import gctune
 from hypertf.store import HostWatch, Layout, Store
 from hypertf.store.allocation import watch_matrix
 from hypertf.store.waitqueue import Admitter
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import sys
 
+    gctune.tune()
     args = sys.argv[1:] if argv is None else argv
     cluster = ClusterSettings("gpu_nodes", args[0], args[1],
                               float(args[2]) if len(args) > 2 else 10.0, "/nonexistent", 5.0)
