@@ -341,7 +341,7 @@ def read_shards(store: Store, hosts: Sequence[str] | None,
     the shard count, just their shards, without the index (a reshard between two reads is
     an admin's rare act; a shard gone sends it to ``read_matrix``)."""
     count = _shard_counts.get(store.client)
-    if hosts is None or not hosts or count is None:
+    if not hosts or count is None:
         return read_matrix(store, hosts, watch=watch)[0]
     wanted = sorted({shard_of(h, count) for h in hosts})
     with pipelined(store.client):

@@ -106,8 +106,7 @@ class _GpuEntries:
 
     def row(self, row: list[Cell], shown: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
         """The entries of one host's ``row``; ``shown``: its record's GPUs by index."""
-        if not self.gpu_details and not any(gpu.get("reason") or gpu.get("processes")
-                                            for gpu in shown.values()):
+        if not self.gpu_details and not any(map(_says_something, shown.values())):
             shared = self.plain_rows.get(cells := tuple(row))
             if shared is None:
                 shared = self.plain_rows[cells] = [self._plain(index, cell)
@@ -116,8 +115,7 @@ class _GpuEntries:
         gpus = []
         for index, cell in enumerate(row):
             gpu = shown.get(index)
-            if gpu is None or not (self.gpu_details or gpu.get("reason")
-                                   or gpu.get("processes")):
+            if gpu is None or not (self.gpu_details or _says_something(gpu)):
                 gpus.append(self._plain(index, cell))
                 continue
             state, key = self._state(cell)
@@ -143,6 +141,11 @@ class _GpuEntries:
             if not self.gpu_details:
                 self.plain[index, cell] = entry
         return entry
+
+
+def _says_something(gpu: dict[str, Any]) -> bool:
+    """A GPU the compact view shows with its own entry: a reason or a process on it."""
+    return bool(gpu.get("reason") or gpu.get("processes"))
 
 
 def _gpu_cell(gpu: dict[str, Any]) -> str:

@@ -477,6 +477,8 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
         lease_gone = False
         if time.monotonic() - lease_checked >= LEASE_CHECK_S:
             lease_checked = time.monotonic()
+            # the record too, as if its watch fired: across a ZooKeeper outage a waiter's
+            # watch can be lost (test_outage waited forever without this read)
             fired.add(job_path)
             lease_gone = store.client.exists(store.layout.lease(task_key)) is None
         if job_path in fired:
