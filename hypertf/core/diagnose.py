@@ -110,7 +110,7 @@ def _script_frame(lines: Sequence[str], frames: Sequence[int]) -> str:
 def last_traceback(lines: Sequence[str]) -> Raised | None:
     """The last Python traceback of a log, or None. The error is the first unindented line
     after the last frame (Python's format) with the lines that continue its message up to
-    a blank line, joined: a message cut at its first line hides what it says
+    a blank line outside a tensor dump, joined: a message cut at its first line hides what it says
     (``ValueError: Attempt to convert a value (PerReplica:{``)."""
     start = max((i for i, line in enumerate(lines)
                  if line.startswith("Traceback (most recent call last)")), default=-1)
@@ -123,13 +123,32 @@ def last_traceback(lines: Sequence[str]) -> Raised | None:
     if error_at is None:  # not Python's format: the last line that reads like an error
         error_at = next((i for i in range(len(lines) - 1, start, -1)
                          if _CAUSE.match(lines[i].strip())), None)
-    message: list[str] = []
-    if error_at is not None:
-        for line in lines[error_at:error_at + MAX_ERROR_LINES]:
-            if not line.strip() or (message and _NEW_RECORD.match(line)):
-                break
-            message.append(line.strip())
+    message = _message(lines, error_at) if error_at is not None else []
     return Raised(_script_frame(lines, frames), shorten(" ".join(message)))
+
+
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _message(lines: Sequence[str], at: int) -> list[str]:
+    """The exception line at ``at`` and the lines that continue it, up to a blank line; a
+    blank line inside an open bracket whose dump goes on (numpy prints a 3-d tensor with a
+    blank line between its slices) does not end it."""
+    message: list[str] = []
+    depth = 0
+    end = min(len(lines), at + MAX_ERROR_LINES)
+    for index in range(at, end):
+        line = lines[index]
+        if message and _NEW_RECORD.match(line):
+            break
+        if not line.strip():
+            after = next((later for later in lines[index + 1:end] if later.strip()), "")
+            if depth > 0 and (after[:1].isspace() or after[:1] in _CLOSE):
+                continue
+            break
+        message.append(line.strip())
+        depth += sum(line.count(c) for c in _OPEN) - sum(line.count(c) for c in _CLOSE)
+    return message
 
 
 def cause_lines(lines: Sequence[str], limit: int = 4) -> list[str]:
@@ -162,6 +181,8 @@ KERAS3_ERRORS = (
     (re.compile(r"Attempt to convert a value \(PerReplica"),
      "model.fit under a distribution strategy"),
     (re.compile(r"has no attribute 'reset_states'"), "reset_states() is reset_state() in Keras 3"),
+    (re.compile(r"module 'keras[\w.]*\.layers' has no attribute 'experimental'"),
+     "layers.experimental is gone from Keras 3"),
     (re.compile(r"A KerasTensor cannot be used as input to a TensorFlow function"),
      "a TensorFlow op on a Keras input"),
     (re.compile(r"ModelCheckpoint.*must end in `\.(?:weights\.h5|keras)`"),
@@ -213,8 +234,8 @@ def hints(lines: Sequence[str], facts: JobFacts = JobFacts()) -> list[str]:
         found.append("TensorBoard is not on the nodes (tensorflow-cpu no longer depends on "
                      "it): add tensorboard to hypertf_python_packages in the inventory and run "
                      "invoke cluster.setup")
-    elif missing:
-        module = missing.group(1).split(".")[0]
+    elif missing:  # named whole: 'google' is protobuf's namespace, 'google.cloud' is not
+        module = missing.group(1)
         found.append(f"module {module!r} is not on the nodes: add its package to "
                      f"hypertf_python_packages in the inventory and run invoke cluster.setup")
     return found

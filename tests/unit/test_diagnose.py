@@ -204,3 +204,32 @@ def ended(exit_code, stop_result=None):
 ])
 def test_every_task_end_is_named(state, lost, end):
     assert state.end(lost) == end
+
+
+# -- issue 39: items 4, 5 and 6 (real logs, TensorFlow 2.21 / Keras 3.15) --------------------
+def test_a_missing_submodule_is_named_whole_not_by_its_namespace():
+    """'google' is protobuf's namespace and is installed; google.cloud is what is missing."""
+    (hint,) = hints(log_of("google_cloud"))
+    assert "module 'google.cloud' is not on the nodes" in hint
+
+
+def test_keras_layers_experimental_names_the_legacy_keras_fix():
+    """Google Cloud's image-classification sample: tf.keras.layers.experimental is gone in
+    Keras 3 and is back with TF_USE_LEGACY_KERAS=1 (tf-keras)."""
+    (hint,) = hints(log_of("layers_experimental"))
+    assert "--env TF_USE_LEGACY_KERAS=1" in hint
+    assert "layers.experimental" in hint
+
+
+def test_the_cause_keeps_the_end_of_an_error_across_the_blank_lines_of_a_tensor_dump():
+    """numpy prints a 3-d tensor with a blank line between its slices: the message goes on."""
+    _, error = cause_lines(log_of("per_replica_3d"))
+    assert error.startswith("ValueError: Attempt to convert a value (PerReplica:{")
+    assert error.endswith("PerReplica'>) to a Tensor."), error
+    assert len(error) <= MAX_ERROR_CHARS
+
+
+def test_a_blank_line_after_a_whole_message_still_ends_it():
+    log = ["Traceback (most recent call last):", '  File "/w/train.py", line 1, in <module>',
+           "    f(x)", "ValueError: shape (2, 3) is wrong", "", "  indented noise (after"]
+    assert cause_lines(log)[-1] == "ValueError: shape (2, 3) is wrong"
