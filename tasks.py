@@ -19,7 +19,10 @@ from hypertf.cli import main as cli
 from hypertf.cli import sweep as sweepcli
 from hypertf.cli.sweep import TRIAL_OPTIONS
 from hypertf.export.targets import EXPORT_OPTIONS
+from hypertf.launch.exits import quiet_uncaught_broken_pipe
 from hypertf.launch.request import TRAIN_OPTIONS, Option, TrainRequest
+
+quiet_uncaught_broken_pipe()  # invoke --help train | head -1: no traceback
 
 INVENTORY_HELP = {"inventory": "inventory YAML (default $HYPERTF_INVENTORY or inventory/local.yml)"}
 

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hypertf.core import taskenv
+
 DEFAULT_INVENTORY = "inventory/local.yml"
 
 
@@ -65,10 +67,7 @@ def _gpu_source(key: str, value: Any) -> str:
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by HyperTF for every task: a user value would break the job's wiring.
-RESERVED_ENV = frozenset({"TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-                          "HYPERTF_GPUS", "HYPERTF_TASK_KEY", "HYPERTF_TASK",
-                          "HYPERTF_ATTEMPT", "HYPERTF_CHECKPOINT_DIR",
-                          "HYPERTF_METRICS_FILE"})
+RESERVED_ENV = taskenv.RESERVED_ENV  # what the launcher sets for every task: one list
 
 
 def check_env(name: str, value: Any, where: str) -> str:

@@ -19,10 +19,12 @@ ROLE_ORDER = ("chief", "worker", "ps")
 
 
 def slots_for(ps: int, workers: int, chief: bool, worker_gpus: int, ps_gpus: int,
-              offload_hosts: int = 0) -> tuple[TaskSlot, ...]:
+              offload_hosts: int = 0, chief_gpus: int | None = None) -> tuple[TaskSlot, ...]:
     """The job's tasks, chief first, in the order TF_CONFIG lists them, then the offload
-    hosts (no task of TF_CONFIG: they compute the tasks' matrix products)."""
-    slots = [TaskSlot("chief", 0, worker_gpus)] if chief else []
+    hosts (no task of TF_CONFIG: they compute the tasks' matrix products). The chief takes
+    ``chief_gpus``, else as many as a worker."""
+    slots = [TaskSlot("chief", 0, worker_gpus if chief_gpus is None else chief_gpus)] \
+        if chief else []
     slots += [TaskSlot("worker", i, worker_gpus) for i in range(workers)]
     slots += [TaskSlot("ps", i, ps_gpus) for i in range(ps)]
     slots += [TaskSlot(OFFLOAD, i, 0) for i in range(offload_hosts)]

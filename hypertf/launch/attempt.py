@@ -23,7 +23,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf.config.inventory import Inventory, Node
-from hypertf.core import diagnose
+from hypertf.core import diagnose, taskenv
 from hypertf.core import spec as specs
 from hypertf.core.errors import Cancelled, HyperTFError, StoreError
 from hypertf.core.layout import Layout
@@ -488,14 +488,16 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
     requests = []
     for task_spec in task_specs:
         task = attempt.tasks[task_spec.placement.name]
-        env = {**QUIET_ENV, **job.request.task_env(node), "TF_CONFIG": task_spec.tf_config,
-               **specs.gpu_env(task_spec.placement.gpus, job.records[node.name].gpus),
-               "HYPERTF_TASK_KEY": attempt.task_key, "HYPERTF_TASK": task.name,
-               "HYPERTF_ATTEMPT": str(attempt.number),
-               "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name),
-               "HYPERTF_TENSORBOARD_DIR": tensorboard_dir(node.settings.workdir, job.job_id)}
-        if task.name == attempt.reporter:
-            env["HYPERTF_METRICS_FILE"] = str(run.metrics)
+        metrics = {"HYPERTF_METRICS_FILE": str(run.metrics)} if task.name == attempt.reporter \
+            else {}
+        env = {**QUIET_ENV, **job.request.task_env(node), **taskenv.ours({
+            "TF_CONFIG": task_spec.tf_config,
+            **specs.gpu_env(task_spec.placement.gpus, job.records[node.name].gpus),
+            "HYPERTF_TASK_KEY": attempt.task_key, "HYPERTF_TASK": task.name,
+            "HYPERTF_ATTEMPT": str(attempt.number),
+            "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name),
+            "HYPERTF_TENSORBOARD_DIR": tensorboard_dir(node.settings.workdir, job.job_id),
+            **metrics})}
         argv = ["python", script, *(task_spec.flags if legacy_flags else ()), *job.request.args]
         if attempt.offload_hosts:
             argv = offload_command(

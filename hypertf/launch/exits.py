@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from types import TracebackType
 
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
@@ -52,3 +53,18 @@ def reader_gone() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return SIGPIPE_EXIT
+
+
+def quiet_uncaught_broken_pipe() -> None:
+    """Let a BrokenPipeError that reaches the top (Invoke prints a task's help itself, after
+    loading tasks.py: ``invoke --help train | head -1``) end quietly with 141, as ``cat``
+    does, instead of a traceback and exit 1. Every other exception keeps its traceback."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if issubclass(kind, BrokenPipeError):
+            sys.stderr.flush()
+            os._exit(reader_gone())  # SystemExit is not honoured inside an excepthook
+        previous(kind, value, tb)
+
+    sys.excepthook = hook

@@ -145,7 +145,7 @@ class Job:
             self.client.add_listener(self._on_state)
             hosts = self.live_hosts()
         self.cpu_only = sum(self.records[h].gpu for h in hosts) == 0
-        if self.cpu_only and (self.request.gpus_per_worker or self.request.gpus_per_ps):
+        if self.cpu_only and any(slot.gpus for slot in self.request.slots(cpu_only=False)):
             self.say("hypertf: notice: no GPU on any node of this cluster: every task runs on CPU")
         return hosts
 

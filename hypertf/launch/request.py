@@ -41,6 +41,7 @@ class TrainRequest:
     policy: str = "round_robin"
     gpus_per_worker: int = 1
     gpus_per_ps: int = 0
+    gpus_per_chief: int | None = None  # None: as many as a worker
     sync_dir: str | None = None
     start_timeout: float = 120.0
     timeout: float | None = None
@@ -85,6 +86,7 @@ class TrainRequest:
             script=values["script"], workers=values["worker"], ps=values["ps"],
             chief=values["chief"], policy=values["policy"],
             gpus_per_worker=values["gpus_per_worker"], gpus_per_ps=values["gpus_per_ps"],
+            gpus_per_chief=values["gpus_per_chief"],
             sync_dir=values["sync"], start_timeout=values["start_timeout"],
             timeout=values["timeout"], grace=values["grace"], legacy_flags=legacy,
             env=tuple(values["env"] or ()), idle_timeout=values["idle_timeout"] or None,
@@ -117,7 +119,13 @@ class TrainRequest:
         """The tasks to place (no GPUs asked on a cluster without any)."""
         return slots_for(self.ps, self.workers, self.chief,
                          0 if cpu_only else self.gpus_per_worker,
-                         0 if cpu_only else self.gpus_per_ps, self.offload_hosts)
+                         0 if cpu_only else self.gpus_per_ps, self.offload_hosts,
+                         chief_gpus=0 if cpu_only else self.chief_gpus)
+
+    @property
+    def chief_gpus(self) -> int:
+        """The chief's GPUs: --gpus-per-chief, else as many as a worker."""
+        return self.gpus_per_worker if self.gpus_per_chief is None else self.gpus_per_chief
 
     def passes_legacy_flags(self, script_reads_flags: bool) -> bool:
         """Pass --ps_hosts/--worker_hosts/--job_name/--task_index? In ``auto`` only when the
@@ -156,8 +164,12 @@ class TrainRequest:
                 "a collective stuck on a dead peer, or a script that only serves")
 
     def validate(self) -> None:
-        if self.workers < 0 or self.ps < 0 or self.gpus_per_worker < 0 or self.gpus_per_ps < 0:
+        if self.workers < 0 or self.ps < 0 or self.gpus_per_worker < 0 or self.gpus_per_ps < 0 \
+                or self.chief_gpus < 0:
             raise UsageError("--worker, --ps and the GPU counts cannot be negative")
+        if self.gpus_per_chief is not None and not self.chief:
+            raise UsageError("--gpus-per-chief needs --chief (a job without a chief has none "
+                             "to give GPUs to)")
         if self.workers == 0 and not self.chief:
             raise UsageError("a job needs at least one worker (--worker N) or --chief")
         if self.workers + self.ps + self.chief > 1024:
@@ -233,10 +245,14 @@ TRAIN_OPTIONS: tuple[Option, ...] = (
            "PATH", required=True),
     Option("worker", int, R.workers, "number of workers (default 1)", "N"),
     Option("ps", int, R.ps, "parameter servers (0: a mirrored job)", "N"),
-    Option("chief", bool, R.chief, "add a chief task (TF2 ParameterServerStrategy)"),
+    Option("chief", bool, R.chief, "add a chief task: the coordinator of a TF2 "
+           "ParameterServerStrategy job, or the first worker of a mirrored one (TF_CONFIG's "
+           "'chief'; it saves checkpoints and summaries)"),
     Option("policy", str, R.policy, f"{' or '.join(POLICIES)} (default {R.policy})"),
     Option("gpus_per_worker", int, R.gpus_per_worker, "GPUs per worker and chief (default 1)",
            "N"),
+    Option("gpus_per_chief", int, R.gpus_per_chief, "GPUs for the chief (default: as many as "
+           "a worker; 0 for a parameter-server coordinator that computes nothing)", "N"),
     Option("gpus_per_ps", int, R.gpus_per_ps, "GPUs per parameter server (default 0)", "N"),
     Option("sync", str, R.sync_dir, "upload this directory into the job's run directory first",
            "DIR"),

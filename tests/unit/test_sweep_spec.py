@@ -263,5 +263,5 @@ def test_a_sweep_stores_its_train_request_and_each_trial_adds_its_arguments(tmp_
 def test_a_request_with_a_field_this_version_does_not_know_is_refused_by_name():
     from hypertf.launch.request import TrainRequest
 
-    with pytest.raises(UsageError, match="does not know: gpus_per_chief"):
-        TrainRequest.from_json({"script": "s.py", "gpus_per_chief": 2})
+    with pytest.raises(UsageError, match="does not know: gpus_per_evaluator"):
+        TrainRequest.from_json({"script": "s.py", "gpus_per_evaluator": 2})

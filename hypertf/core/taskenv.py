@@ -1,0 +1,30 @@
+"""The environment variables HyperTF sets for every task, listed once.
+
+The launcher sets them over the user's (``--env``, the inventory's ``hypertf_task_env``), so a
+user's value of one of them would be overwritten without a word: the same list refuses them
+by name (``config.settings.check_env``) and checks what the launcher sets (``ours``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+GPU_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HYPERTF_GPUS")  # spec.gpu_env
+TASK_ENV = (
+    "TF_CONFIG",
+    "HYPERTF_TASK_KEY",  # the job's key: the agent finds a task's job by it
+    "HYPERTF_TASK",  # worker:0
+    "HYPERTF_ATTEMPT",  # 1 for the first try (restarts)
+    "HYPERTF_CHECKPOINT_DIR",
+    "HYPERTF_TENSORBOARD_DIR",
+    "HYPERTF_METRICS_FILE",  # the reporting task only
+)
+RESERVED_ENV = frozenset(GPU_ENV + TASK_ENV)
+
+
+def ours(values: Mapping[str, str]) -> dict[str, str]:
+    """HyperTF's own variables for one task, each checked against the list: a name that
+    is not there is a bug (a user's --env of it would be lost), so it fails loudly."""
+    unknown = sorted(set(values) - RESERVED_ENV)
+    assert not unknown, f"add {', '.join(unknown)} to hypertf.core.taskenv.TASK_ENV"
+    return dict(values)

@@ -1,0 +1,109 @@
+"""Issue 39 (round 4), the command line's share: --chief and --gpus-per-chief (item 9), one
+reserved environment refused by name (item 10), ``invoke --help train | head -1`` (item 11).
+
+Real parsers and a real shell pipeline; no ZooKeeper, no network.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import tasks
+from hypertf.cli import main as cli
+from hypertf.config.settings import RESERVED_ENV, check_env
+from hypertf.core.errors import UsageError
+from hypertf.launch.request import TRAIN_OPTIONS, TrainRequest
+from tests.unit.test_options import invoke_parse
+
+REPO = Path(__file__).resolve().parents[2]
+INVOKE = REPO / ".venv" / "bin" / "invoke"
+
+
+# -- item 9: a chief for mirrored jobs too, and its own GPU count ----------------------------
+def test_the_chief_help_says_it_also_serves_mirrored_jobs() -> None:
+    (chief,) = [o for o in TRAIN_OPTIONS if o.name == "chief"]
+    assert "ParameterServerStrategy" in chief.help and "mirrored" in chief.help
+
+
+@pytest.mark.parametrize("argv, worker_gpus, chief_gpus", [
+    (["--chief"], 1, 1),  # by default as many as a worker: today's behaviour
+    (["--chief", "--gpus-per-worker", "2"], 2, 2),
+    (["--chief", "--gpus-per-chief", "0"], 1, 0),  # a coordinator that needs no GPU
+    (["--chief", "--gpus-per-chief", "4", "--gpus-per-worker", "2"], 2, 4),
+])
+def test_gpus_per_chief_gives_the_chief_its_own_count(argv: list[str], worker_gpus: int,
+                                                       chief_gpus: int) -> None:
+    request = cli.train_request(cli.parse_train(["--script", "t.py", "--worker", "2", *argv]))
+    slots = {slot.name: slot.gpus for slot in request.slots(cpu_only=False)}
+    assert slots == {"chief:0": chief_gpus, "worker:0": worker_gpus, "worker:1": worker_gpus}
+    assert {slot.gpus for slot in request.slots(cpu_only=True)} == {0}
+
+
+def test_invoke_train_reads_gpus_per_chief_too() -> None:
+    parsed = invoke_parse(["train", "--script", "t.py", "--chief", "--gpus-per-chief", "3"])
+    assert parsed[0].args["gpus_per_chief"].value == 3
+
+
+def test_a_negative_gpus_per_chief_is_refused_by_name() -> None:
+    with pytest.raises(UsageError, match="GPU counts"):
+        TrainRequest(script="t.py", chief=True, gpus_per_chief=-1).validate()
+
+
+def test_gpus_per_chief_without_a_chief_is_refused() -> None:
+    """It would be ignored silently: say so instead."""
+    with pytest.raises(UsageError, match=r"--gpus-per-chief.*--chief"):
+        TrainRequest(script="t.py", gpus_per_chief=2).validate()
+
+
+# -- item 10: one reserved environment -----------------------------------------------------
+# What the launcher sets for every task (launch/attempt.py's task_requests, spec.gpu_env).
+SET_BY_HYPERTF = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HYPERTF_GPUS",
+                  "HYPERTF_TASK_KEY", "HYPERTF_TASK", "HYPERTF_ATTEMPT",
+                  "HYPERTF_CHECKPOINT_DIR", "HYPERTF_TENSORBOARD_DIR", "HYPERTF_METRICS_FILE")
+
+
+@pytest.mark.parametrize("name", SET_BY_HYPERTF)
+def test_every_variable_hypertf_sets_is_refused_by_name_in_env(name: str) -> None:
+    with pytest.raises(UsageError, match=f"{name} is set by HyperTF"):
+        TrainRequest(script="t.py", env=(f"{name}=/mine",)).validate()
+
+
+def test_the_tensorboard_dir_is_reserved() -> None:
+    """A user's --env HYPERTF_TENSORBOARD_DIR=... was silently overwritten."""
+    with pytest.raises(ValueError, match="HYPERTF_TENSORBOARD_DIR is set by HyperTF"):
+        check_env("HYPERTF_TENSORBOARD_DIR", "/x", "--env")
+
+
+def test_the_settings_and_the_launcher_read_the_same_list() -> None:
+    from hypertf.core import taskenv
+
+    assert RESERVED_ENV is taskenv.RESERVED_ENV
+
+
+def test_a_variable_hypertf_sets_outside_the_list_is_a_bug() -> None:
+    """The launcher's values go through taskenv.ours: a new name must join the list, else
+    a user's --env of it would be overwritten without a word."""
+    from hypertf.core import taskenv
+
+    assert taskenv.ours({"TF_CONFIG": "{}", "HYPERTF_TASK": "worker:0"}) == {
+        "TF_CONFIG": "{}", "HYPERTF_TASK": "worker:0"}
+    with pytest.raises(AssertionError, match="HYPERTF_NEW"):
+        taskenv.ours({"HYPERTF_NEW": "1"})
+
+
+# -- item 11: a reader that leaves the help ------------------------------------------------
+@pytest.mark.skipif(not INVOKE.exists(), reason="needs the venv's invoke")
+def test_invoke_help_into_head_prints_no_traceback() -> None:
+    """Invoke prints the help itself, after loading tasks.py: its BrokenPipeError went
+    through as a traceback (exit 1) when ``head`` left first."""
+    assert tasks.ns.task_names  # the collection the command loads
+    for _ in range(3):  # the race is lost almost always; three tries make it certain
+        done = subprocess.run(["bash", "-c", f"{INVOKE} --help train | head -1; "
+                                             f"exit ${{PIPESTATUS[0]}}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.stdout.startswith("Usage: inv")
+        assert done.stderr == "", done.stderr
+        assert done.returncode in (0, cli.SIGPIPE_EXIT)
