@@ -28,6 +28,7 @@ from hypertf.core import spec as specs
 from hypertf.core.errors import Cancelled, HyperTFError, StoreError
 from hypertf.core.layout import Layout
 from hypertf.core.monitor import Event, Limits, Monitor, TaskState, Verdict
+from hypertf.core.offloadname import channel_name
 from hypertf.core.placement import Grant
 from hypertf.core.records import AgentRecord
 from hypertf.core.rundir import RunDir, tensorboard_dir
@@ -516,7 +517,7 @@ def offload_spec(attempt: Attempt, node: Node, file_name: str) -> OffloadSpec:
     hosts = tuple(OffloadHost(address=n.address, port=n.port, user=n.user,
                               python=f"{n.settings.venv}/bin/python")
                   for n in map(job.inventory.node, attempt.offload_hosts))
-    return OffloadSpec(hosts=hosts, channel=f"/hypertf-offload-{attempt.task_key}-{file_name}",
+    return OffloadSpec(hosts=hosts, channel=channel_name(attempt.task_key, file_name),
                        local_address=node.address, known_hosts=job.inventory.cluster.known_hosts,
                        key_file=node.key_file, min_flops=job.request.offload_min_flops,
                        start_timeout=min(60.0, job.request.start_timeout))

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
+from hypertf.core import offloadname
 from hypertf.core.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -348,7 +349,7 @@ def unlink_offload_channels(task_key: str, shm: Path = Path("/dev/shm")) -> None
     key by the launcher): the agent beside a SIGKILLed task could not unlink them itself."""
     if not task_key:
         return
-    for pattern in (f"hypertf-offload-{task_key}-*", f"sem.hypertf-offload-{task_key}-*"):
+    for pattern in offloadname.shm_patterns(task_key):
         for path in shm.glob(pattern):
             with contextlib.suppress(OSError):
                 path.unlink()

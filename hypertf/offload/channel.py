@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import posix_ipc
 
+from hypertf.core.offloadname import channel_name
 from hypertf.offload.wire import CODES, DTYPES
 
 MAGIC = 0x48544F46  # "HTOF"
@@ -47,7 +48,8 @@ class ChannelError(Exception):
 
 
 def new_name() -> str:
-    return f"/hypertf-offload-{os.getpid()}-{secrets.token_hex(4)}"
+    """A channel of this process's own (a standalone world: no task key)."""
+    return channel_name(str(os.getpid()), secrets.token_hex(4))
 
 
 def names(base: str) -> dict[str, str]:
