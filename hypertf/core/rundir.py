@@ -21,6 +21,8 @@ as an argument (it spells nothing itself).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path, PurePath, PurePosixPath
 
@@ -39,6 +41,28 @@ def tensorboard_dir(workdir: str, job_id: str) -> str:
     """``<workdir>/tensorboard/<job id>``: HYPERTF_TENSORBOARD_DIR, where a job's tasks write
     their summaries (``tensorboard --logdir`` on it), the same for every attempt."""
     return str(PurePosixPath(workdir) / TENSORBOARD / job_id)
+
+
+def make_private(path: Path) -> Path:
+    """``path`` (a run directory) and its missing parents made 0700, whatever the umask: a
+    run's logs, summary and request are its user's alone. One already there is narrowed."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        os.chmod(folder, 0o700)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, readable by its user only (0600 from the start: no moment
+    where another user could open it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(text)
 
 
 class RunDir:

@@ -31,7 +31,7 @@ from hypertf.core.monitor import Event, Limits, Monitor, TaskState, Verdict
 from hypertf.core.offloadname import channel_name
 from hypertf.core.placement import Grant
 from hypertf.core.records import AgentRecord
-from hypertf.core.rundir import RunDir, tensorboard_dir
+from hypertf.core.rundir import RunDir, make_private, tensorboard_dir, write_private
 from hypertf.core.timeline import Timeline
 from hypertf.launch.nodeclient import NodeClient, PortsBusy
 from hypertf.launch.remote import Cluster, GroupResult, Session
@@ -428,7 +428,7 @@ class Attempt:
         cluster = self.job.cluster
         if not cluster or not self.tasks:
             return
-        self.local_dir.mkdir(parents=True, exist_ok=True)
+        make_private(self.local_dir)
         on = {host: [t.file_name for t in self.tasks.values() if t.placement.host == host]
               for host in {t.placement.host for t in self.tasks.values()} - self.lost_hosts}
         cluster.each(lambda s: NodeClient(s).fetch_logs(
@@ -473,8 +473,8 @@ class Attempt:
             with timeline.phase("logs"):
                 self.collect_logs()
             if self.tasks:
-                self.local_dir.mkdir(parents=True, exist_ok=True)
-                Path(self.local.summary).write_text(json.dumps(summary_of(self), indent=2))
+                make_private(self.local_dir)
+                write_private(Path(self.local.summary), json.dumps(summary_of(self), indent=2))
             if self.offload_hosts and self.offload:
                 self.job.say(offload_line(summarize(self.offload, self.offload_hosts)))
 
@@ -551,7 +551,8 @@ def summary_of(attempt: Attempt) -> dict[str, Any]:
         "inventory": str(job.inventory.path),
         "policy": job.request.policy,
         "cpu_only": job.cpu_only,
-        "env": {host: job.request.task_env(job.inventory.node(host))
+        # names only: the record is read by every member, and a value may be a secret
+        "env": {host: sorted(job.request.task_env(job.inventory.node(host)))
                 for host in sorted({t.placement.host for t in attempt.tasks.values()})},
         "wall_s": round(time.time() - job.started_at, 2),
         "tasks": [

@@ -10,6 +10,7 @@ and cleans up; killed outright, its lease expires and the agents clean up as for
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,13 +20,14 @@ from pathlib import Path
 
 from hypertf import store
 from hypertf.config.inventory import load_inventory
-from hypertf.core.errors import HyperTFError
+from hypertf.core.errors import HyperTFError, UsageError
 from hypertf.core.placement import new_task_key
-from hypertf.core.rundir import RunDir
+from hypertf.core.rundir import RunDir, make_private, write_private
 from hypertf.launch.request import TrainRequest
 from hypertf.store import auth
 from hypertf.store.jobs import read_job
 
+ENV_ON_STDIN = "--env-on-stdin"  # the --env values come on stdin (hand_env), not in a file
 REGISTERED_WITHIN_S = 120.0  # preflight and the first allocation try come before the record
 
 
@@ -37,16 +39,17 @@ def start_detached(inventory: str, request: TrainRequest) -> int:
     request.validate()
     inv = load_inventory(inventory)  # a broken inventory fails here, in the foreground
     key = new_task_key(auth.job_owner())
-    run = RunDir.of(".", key, local=True).local
-    run.mkdir(parents=True, exist_ok=True)
-    request_file(run).write_text(json.dumps(request.to_json()))
+    run = make_private(RunDir.of(".", key, local=True).local)
+    write_private(request_file(run), json.dumps(request.without_env_values().to_json()))
     log_path = run / "launcher.log"
-    with open(log_path, "ab") as log:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as log:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "hypertf.launch.detach", str(inv.path), str(request_file(run)),
-             key],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+             key, ENV_ON_STDIN],
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, cwd=os.getcwd())
+    hand_env(launcher, request.env_vars())
     client = store.connect(inv.cluster, long_lived=True)
     try:
         zk = store.Store(client, store.Layout(inv.cluster.zk_root))
@@ -68,14 +71,34 @@ def start_detached(inventory: str, request: TrainRequest) -> int:
     return 0
 
 
+def hand_env(launcher: subprocess.Popen[bytes], values: dict[str, str]) -> None:
+    """The --env values, through the background launcher's stdin: never on its command line
+    (``/proc/<pid>/cmdline`` is world-readable) nor in ``request.json``."""
+    assert launcher.stdin is not None
+    with contextlib.suppress(BrokenPipeError), launcher.stdin:
+        launcher.stdin.write(json.dumps(values).encode())
+
+
+def env_from_stdin() -> dict[str, str]:
+    """What ``hand_env`` sent: NAME -> value."""
+    values = json.loads(sys.stdin.buffer.read() or b"{}")
+    sys.stdin.close()
+    if not isinstance(values, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
+        raise UsageError("the detached launcher's --env values are not a mapping of text")
+    return values
+
+
 def main(argv: list[str]) -> int:
-    """The background launcher: ``python -m hypertf.launch.detach INVENTORY REQUEST.json KEY``
-    (a detached job's, and each trial's of a sweep)."""
+    """The background launcher: ``python -m hypertf.launch.detach INVENTORY REQUEST.json KEY
+    [--env-on-stdin]`` (a detached job's, and each trial's of a sweep)."""
     from hypertf.launch.exits import quiet_kazoo, run
     from hypertf.launch.launcher import train
 
-    inventory, request_path, key = argv
+    inventory, request_path, key, *flags = argv
     request = TrainRequest.from_json(json.loads(Path(request_path).read_text()))
+    if ENV_ON_STDIN in flags:
+        request = request.with_env(env_from_stdin())
     quiet_kazoo()
     print(f"hypertf: detached launcher of job {key} (PID {os.getpid()})", flush=True)
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hypertf.config.inventory import Node
-from hypertf.config.settings import check_env
+from hypertf.config.settings import ENV_NAME, check_env
 from hypertf.core import diagnose
 from hypertf.core.errors import UsageError
 from hypertf.core.scheduler import POLICIES, TaskSlot
@@ -48,7 +49,7 @@ class TrainRequest:
     legacy_flags: str = "auto"  # auto: only if the script reads them; on; off
     grace: float = 5.0
     args: tuple[str, ...] = ()
-    env: tuple[str, ...] = ()  # NAME=VALUE for every task, over the inventory's
+    env: tuple[str, ...] = ()  # NAME=VALUE or NAME (from os.environ), over the inventory's
     idle_timeout: float | None = 300.0  # warn when every task listens and none writes
     idle_fail: bool = False  # ... and end the job then
     max_restarts: int = 0  # new attempts after a retryable failure (a lost host, a signal...)
@@ -98,17 +99,32 @@ class TrainRequest:
             args=tuple(args))
 
     def env_vars(self) -> dict[str, str]:
-        """--env NAME=VALUE as a mapping; a bad name or a reserved one is a usage error."""
+        """--env NAME=VALUE and --env NAME (its value from this process's environment, so a
+        secret never shows on a command line) as a mapping; a bad name, a reserved one or
+        an unset NAME is a usage error."""
         result = {}
         for item in self.env:
             name, sep, value = item.partition("=")
             try:
                 if not sep:
-                    raise ValueError(f"--env {item!r} must look like NAME=VALUE")
+                    value = from_environment(name)
                 result[name] = check_env(name, value, "--env")
             except ValueError as err:
                 raise UsageError(str(err)) from None
         return result
+
+    def env_names(self) -> list[str]:
+        """The names --env sets, never their values: what records, summaries and logs keep."""
+        return sorted({item.partition("=")[0] for item in self.env})
+
+    def without_env_values(self) -> TrainRequest:
+        """This request with every --env as a bare NAME: what a file or a command line may
+        hold (the values travel another way, see hypertf.launch.detach)."""
+        return dataclasses.replace(self, env=tuple(self.env_names()))
+
+    def with_env(self, values: Mapping[str, str]) -> TrainRequest:
+        """This request with ``values`` as its --env NAME=VALUE (in memory only)."""
+        return dataclasses.replace(self, env=tuple(f"{k}={v}" for k, v in values.items()))
 
     def task_env(self, node: Node) -> dict[str, str]:
         """The user's environment for the tasks on ``node``: the inventory's
@@ -223,6 +239,18 @@ class TrainRequest:
                 raise UsageError(f"--script {self.script} not found in --sync {self.sync_dir}")
 
 
+def from_environment(name: str) -> str:
+    """``--env NAME``'s value: NAME as this process's environment has it."""
+    if not ENV_NAME.match(name):
+        raise ValueError(f"--env {name!r} must look like NAME=VALUE or NAME (a variable set "
+                         f"in your environment)")
+    try:
+        return os.environ[name]
+    except KeyError:
+        raise ValueError(f"--env {name}: {name} is not set in your environment (export it "
+                         f"first, or give NAME=VALUE)") from None
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of ``train``, declared once for argparse, Invoke and the README table."""
@@ -265,7 +293,9 @@ TRAIN_OPTIONS: tuple[Option, ...] = (
            "--task_index (default: only if the script reads them)"),
     Option("no_legacy_flags", bool, False, "never pass the legacy flags"),
     Option("env", list, None, "an environment variable for every task (repeatable; over the "
-           "inventory's hypertf_task_env)", "NAME=VALUE"),
+           "inventory's hypertf_task_env); NAME alone takes its value from your environment, "
+           "so a secret stays off command lines; values are never recorded, names are",
+           "NAME[=VALUE]"),
     Option("idle_timeout", float, R.idle_timeout, "warn when every task listens and none has "
            "written a line for this many seconds (default 300; 0: never)", "S"),
     Option("idle_fail", bool, R.idle_fail, "end the job (failed) at the idle timeout instead "

@@ -219,7 +219,8 @@ def test_an_argument_longer_than_the_kernel_passes_is_refused() -> None:
 
 
 @pytest.mark.parametrize("item, message", [
-    ("NOEQUALS", "must look like NAME=VALUE"),
+    ("HYPERTF_SURELY_UNSET", "is not set in your environment"),  # NAME: from os.environ
+    ("NO-EQUALS", "must look like NAME=VALUE or NAME"),
     ("1ABC=x", "is not an environment variable name"),
     ("A-B=x", "is not an environment variable name"),
     ("CUDA_VISIBLE_DEVICES=0", "is set by HyperTF"),
