@@ -159,7 +159,8 @@ def queue(c: Context, inventory: str | None = None, json: bool = False) -> None:
 
 
 @task(help={**INVENTORY_HELP, "port": "TCP port (default 8470)",
-            "bind": "address to listen on (default 127.0.0.1; any other is unauthenticated)"})
+            "bind": "address to listen on (default 127.0.0.1; any other wants the token in "
+                    "the URL printed at start)"})
 def dashboard(c: Context, inventory: str | None = None, port: int = 8470,
               bind: str | None = None) -> None:
     """Serve a read-only web page of the matrix, the queue, jobs, logs and sweeps."""

@@ -147,7 +147,7 @@ def queue(inventory: str, as_json: bool = False) -> int:
 
 def dashboard(inventory: str, port: int = 8470, bind: str | None = None) -> int:
     """Serve the read-only dashboard until interrupted, reading with the user's credential;
-    127.0.0.1 unless ``bind`` names another address (then it warns: no login)."""
+    127.0.0.1 unless ``bind`` names another address (then requests need its token)."""
     from hypertf import store
     from hypertf.dashboard import ClusterSource, serve
 

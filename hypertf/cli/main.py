@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _verb(sub, "dashboard", commands.dashboard,
               "a read-only web page of the matrix, queue, jobs, logs and sweeps")
     p.add_argument("--port", type=int, default=8470, help="TCP port (default 8470)")
-    p.add_argument("--bind", help="address to listen on (default 127.0.0.1; any other is "
-                                  "unauthenticated)")
+    p.add_argument("--bind", help="address to listen on (default 127.0.0.1; any other "
+                                  "wants the token in the URL printed at start)")
 
     p = _verb(sub, "hold", commands.hold, "keep a waiting job in the queue, not admitted")
     p.add_argument("task_key")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,7 +23,8 @@ import pytest
 from hypertf import store
 from hypertf.config.inventory import load_inventory
 from hypertf.dashboard import ClusterSource, Dashboard, FixtureSource
-from tests.conftest import wait_for
+from hypertf.ops.zkserver import free_port
+from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import FAKE, hypertf, task_key
 from tests.launcher.test_queue import LAB_GPUS, finish_and_check, hold, waiter
 
@@ -125,7 +128,7 @@ def test_nothing_is_writable_and_unknown_pages_are_404():
         server.shutdown()
 
 
-def test_the_bind_beyond_loopback_warns_that_the_page_is_unauthenticated(tmp_path):
+def test_the_bind_beyond_loopback_prints_a_url_with_a_token(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", "import os, threading\n"
          "from hypertf.dashboard import FixtureSource, serve\n"
@@ -133,8 +136,57 @@ def test_the_bind_beyond_loopback_warns_that_the_page_is_unauthenticated(tmp_pat
          "serve(FixtureSource({}), port=0, bind='0.0.0.0')"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
-    assert "unauthenticated" in done.stderr, done.stderr
-    assert "dashboard on http://0.0.0.0:" in done.stdout, done.stdout
+    assert "answers only requests with its token" in done.stderr, done.stderr
+    assert re.search(r"dashboard on http://0\.0\.0\.0:\d+/\?token=[\w-]{20,} ", done.stdout), \
+        done.stdout
+    with pytest.raises(ValueError, match="needs a token"):
+        Dashboard(FixtureSource({}), port=0, bind="0.0.0.0")
+
+
+def fetch_from(lab, host: str, url: str, *headers: str) -> tuple[int, str, str]:
+    """GET ``url`` from a lab host (another machine of the network): status, headers, body."""
+    inventory = load_inventory(lab.inventory)
+    options = " ".join(f"-H {shlex.quote(h)}" for h in headers)
+    out = on_host(inventory, host, f"curl -s -D - {options} {shlex.quote(url)}; echo")
+    head, _, body = out.replace("\r\n", "\n").partition("\n\n")
+    return int(head.split()[1]), head, body
+
+
+@pytest.mark.lab
+def test_the_dashboard_on_a_lab_address_wants_its_token(lab, tmp_path):
+    """``hypertf dashboard --bind`` on the lab's network, fetched from another lab host:
+    without the token (or with a wrong one) every page is 401; with it (in the URL, then the
+    cookie it sets, or the Authorization header) the jobs are served."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "hypertf.cli", "dashboard", "-i", lab.inventory, "--bind",
+         lab.gateway, "--port", str(port)], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        found = re.search(r"dashboard on (http://\S+/)\?token=([\w-]+) ", line)
+        assert found, line
+        base, token = found.groups()
+        assert base == f"http://{lab.gateway}:{port}/"
+        for page in ("", "api/jobs", "api/status", "api/logs/some-key"):
+            assert fetch_from(lab, "h2", base + page)[0] == 401, page
+            assert fetch_from(lab, "h2", base + page + "?token=wrong")[0] == 401, page
+        assert fetch_from(lab, "h2", base + "api/jobs", "Authorization: token wrong")[0] == 401
+        code, head, body = fetch_from(lab, "h2", f"{base}api/jobs?token={token}")
+        assert code == 200 and isinstance(json.loads(body), list), (code, body)
+        cookie = re.search(r"(?im)^set-cookie: (hypertf_token_\d+=[\w-]+)", head).group(1)
+        assert "HttpOnly" in head and "SameSite=Strict" in head
+        assert fetch_from(lab, "h2", base + "api/status", f"Cookie: {cookie}")[0] == 200
+        assert fetch_from(lab, "h2", base, f"Authorization: token {token}")[0] == 200
+        assert fetch_from(lab, "h3", base + "api/queue", f"Authorization: Bearer {token}")[0] \
+            == 200
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()
 
 
 @pytest.mark.lab
