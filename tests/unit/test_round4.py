@@ -7,6 +7,7 @@ Real parsers and a real shell pipeline; no ZooKeeper, no network.
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from hypertf.cli import main as cli
 from hypertf.config.settings import RESERVED_ENV, check_env
 from hypertf.core.errors import UsageError
 from hypertf.launch.request import TRAIN_OPTIONS, TrainRequest
+from hypertf.node import tasknode
 from tests.unit.test_options import invoke_parse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,3 +134,39 @@ def test_what_the_node_removes_is_what_the_launcher_named(tmp_path: Path) -> Non
         (tmp_path / name).write_text("")
     tasknode.unlink_offload_channels(key, shm=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(theirs)
+
+
+# -- item 18: tasknode stop waits with psutil.wait_procs ---------------------------------------
+def test_stop_waits_for_the_groups_with_psutils_wait_procs(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            ) -> None:
+    """Real tasks, one ending on TERM and one ignoring it: both are waited for by
+    psutil.wait_procs (counted here, then called through), not by a hand-written poll."""
+    import psutil
+
+    from tests.unit.test_tasknode import SLEEPER, STUBBORN, Node
+
+    waits: list[int] = []
+    real = psutil.wait_procs
+
+    def counted(procs, timeout=None, callback=None):  # type: ignore[no-untyped-def]
+        waits.append(len(procs))
+        return real(procs, timeout=timeout, callback=callback)
+
+    monkeypatch.setattr(psutil, "wait_procs", counted)
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").write_text("")
+    node = Node(tmp_path, tmp_path / "venv")
+    try:
+        run = node.run_dir()
+        pids = tmp_path / "stubborn.pids"
+        node.python_task(run, "ps0", SLEEPER)
+        node.python_task(run, "worker0", STUBBORN, str(pids))
+        wait_for_file = time.monotonic() + 10
+        while not pids.exists() and time.monotonic() < wait_for_file:
+            time.sleep(0.05)
+        assert tasknode.stop(run, grace=0.5) == {"ps0": "stopped", "worker0": "killed"}
+        assert waits and max(waits) >= 2
+        assert not tasknode.run_alive(run)
+    finally:
+        node.cleanup()
