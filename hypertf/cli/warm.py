@@ -12,7 +12,10 @@ as for a SIGTERM. The warm launcher ends after that many seconds without a comma
 OpenSSH's ``ControlPersist`` does. The first command starts it and runs cold; it serves only
 its own user (a 0700 directory and the peer's uid checked) and only commands of the same
 interpreter, search path and HyperTF files (their stamp is in the socket's name), so an
-upgrade is never served by the old code.
+upgrade is never served by the old code. The client trusts nothing it finds either: the run
+directory and the socket must be this user's own, neither a symlink, and the process that
+answers must run as this user (``SO_PEERCRED``) before a byte of the command, its
+environment or its terminal is sent; otherwise the command says so in one line and runs cold.
 
 Standard library only on the way to a command: this module runs before every one, warm or
 not (``hypertf warm status|stop`` reads PIDs with psutil, through hypertf.node.procs).
@@ -26,6 +29,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import zlib
@@ -37,6 +41,7 @@ VERBS = ("train",)  # what goes through it: the launch path, where the start is 
 SIZE = struct.Struct("!I")  # the request's length, sent with the descriptors
 PID = struct.Struct("!q")  # the fork's PID, its first answer
 CODE = struct.Struct("!i")  # the command's exit code, its last
+PEERCRED = struct.Struct("3i")  # SO_PEERCRED's struct ucred: pid, uid, gid
 
 
 def idle_seconds(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
@@ -47,17 +52,43 @@ def idle_seconds(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
         return 0.0
 
 
+class Refused(OSError):
+    """Something at the warm launcher's place is not this user's own: not used."""
+
+
 def run_dir() -> str:
     """``<state home>/run``, 0700 and ours: where warm launchers' sockets and pidfiles are.
-    Refused (OSError) when it is someone else's or open to others."""
+    Refused (OSError) when it is a symlink, someone else's or open to others."""
     from hypertf.config.paths import state_home_str
 
     path = os.path.join(state_home_str(), "run")
     os.makedirs(path, mode=0o700, exist_ok=True)
-    info = os.stat(path)
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{path} must be a 0700 directory of uid {os.getuid()}")
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise Refused(f"{path} is a symlink, not a directory of yours")
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise Refused(f"{path} must be a 0700 directory of uid {os.getuid()}")
     return path
+
+
+def check_socket(path: str) -> bool:
+    """Whether a warm launcher's socket is at ``path``: False when nothing is there;
+    Refused when what is there is a symlink, not a socket or not this user's."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(info.st_mode):
+        raise Refused(f"{path} is a symlink, not a socket of yours (remove it)")
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+        raise Refused(f"{path} is not a socket of uid {os.getuid()} (remove it)")
+    return True
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid the process at the other end of ``conn`` ran as when it listened."""
+    return PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                           PEERCRED.size))[1]
 
 
 def stamp() -> str:
@@ -114,17 +145,25 @@ def through_warm(argv: Sequence[str], idle: float) -> int | None:
     try:
         directory = run_dir()
         path = socket_path(directory, stamp())
+        there = check_socket(path)
     except OSError as err:
-        print(f"hypertf: warm launcher off ({err})", file=sys.stderr)
+        print(f"hypertf: warm launcher not used ({err}); running cold", file=sys.stderr)
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        if not there:
+            raise FileNotFoundError(path)
         conn.connect(path)
     except OSError:
         conn.close()
         spawn(path, idle)
         return None
     with conn:
+        uid = peer_uid(conn)
+        if uid != os.getuid():
+            print(f"hypertf: warm launcher not used (the process on {path} runs as uid {uid}, "
+                  f"not {os.getuid()}); running cold", file=sys.stderr)
+            return None
         return _served(conn, argv)
 
 
@@ -215,7 +254,11 @@ def warm_command(argv: Sequence[str]) -> int:
         print("usage: hypertf warm {status,stop}  (HYPERTF_WARM_S=<idle seconds> turns the "
               "warm launcher on for 'hypertf train')", file=sys.stderr)
         return 2
-    directory = run_dir()
+    try:
+        directory = run_dir()
+    except OSError as err:
+        print(f"hypertf: error: {err}", file=sys.stderr)
+        return 1
     found = 0
     for name in sorted(os.listdir(directory)):
         if not (name.startswith("warm-") and name.endswith(".pid")):

@@ -20,14 +20,14 @@ import json
 import os
 import signal
 import socket
-import struct
+import stat
 import sys
 import threading
 import time
 
 import hypertf.cli.main as cli_main
 from hypertf.cli import commands  # noqa: F401 - imported here, inherited by every fork
-from hypertf.cli.warm import CODE, PID, SIZE, read_exactly, sibling
+from hypertf.cli.warm import CODE, PID, SIZE, peer_uid, read_exactly, sibling
 from hypertf.launch import launcher  # noqa: F401 - paramiko, Fabric, Invoke, kazoo
 
 REQUEST_TIMEOUT_S = 5.0  # a client that connected but does not send its request
@@ -80,6 +80,9 @@ def _stop(_signum: int, _frame: object) -> None:
 def _bind(path: str) -> socket.socket | None:
     """A listening socket at ``path``; None if a live warm launcher holds it. A socket file
     nobody answers on (its launcher was killed) is replaced."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            return None  # not ours to follow or replace: the client refuses it and says so
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
@@ -112,9 +115,7 @@ def _reap() -> None:
 
 def _accept(conn: socket.socket, listener: socket.socket, log: str) -> None:
     """One command: check the peer, read its request, fork it."""
-    uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                              struct.calcsize("3i")))[1]
-    if uid != os.getuid():
+    if peer_uid(conn) != os.getuid():
         return  # not this user's: closed without a word
     conn.settimeout(REQUEST_TIMEOUT_S)
     fds = array.array("i")

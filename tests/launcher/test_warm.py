@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,3 +165,132 @@ def test_changed_code_gets_another_warm_launcher(tmp_path, monkeypatch):
     assert warm.stamp() == before
     (code / "mod.py").write_text("x = 22\n")
     assert warm.stamp() != before
+
+
+class Thief:
+    """A socket of someone else at the warm launcher's place: records what it is sent."""
+
+    def __init__(self, path: str) -> None:
+        self.received = b""
+        self.connections = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(4)
+        self.listener.settimeout(0.2)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            self.connections += 1
+            with conn:
+                conn.settimeout(2)
+                with contextlib.suppress(OSError):
+                    while chunk := conn.recv(65536):
+                        self.received += chunk
+                        if len(self.received) > 4:
+                            break  # the request came; closing it lets the client go cold
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+def warm_socket_path(cwd: Path) -> str:
+    """The socket a ``hypertf train`` run from ``cwd`` looks for (its interpreter, search
+    path and code: the same stamp)."""
+    done = subprocess.run([sys.executable, "-c", "from hypertf.cli import warm; "
+                           "print(warm.socket_path(warm.run_dir(), warm.stamp()))"],
+                          cwd=cwd, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def cold_train(cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A ``hypertf train`` that fails at once when it runs cold (no such inventory)."""
+    return hypertf("train", "-i", str(cwd / "missing.yml"), "--script", "x.py", cwd=cwd)
+
+
+def ran_cold(done: subprocess.CompletedProcess[str], why: str) -> None:
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and "missing.yml not found" in done.stderr, done.stderr
+    assert lines[0].startswith("hypertf: warm launcher not used (") and why in lines[0], lines
+    assert lines[0].endswith("; running cold") and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["symlink", "another user's socket"])
+def test_the_client_refuses_a_socket_that_is_not_its_own_and_runs_cold(
+        tmp_path, state_home, warm_on, kind):
+    if kind != "symlink" and os.getuid() != 0:
+        pytest.skip("needs root to make a socket of another user")
+    path = warm_socket_path(tmp_path)
+    elsewhere = str(tmp_path / "thief.sock")
+    thief = Thief(elsewhere if kind == "symlink" else path)
+    try:
+        if kind == "symlink":
+            os.symlink(elsewhere, path)
+        else:
+            os.chown(path, 65534, 65534)
+        done = cold_train(tmp_path)
+        again = cold_train(tmp_path)  # and no warm launcher was started to take its place
+    finally:
+        thief.close()
+        Path(path).unlink(missing_ok=True)
+    assert (thief.connections, thief.received[:60]) == (0, b"")  # not even connected
+    ran_cold(done, "symlink" if kind == "symlink" else "is not a socket of uid")
+    ran_cold(again, "symlink" if kind == "symlink" else "is not a socket of uid")
+    assert not servers(state_home)
+
+
+def test_the_client_refuses_a_server_of_another_uid_before_sending_anything(
+        tmp_path, state_home, warm_on):
+    """The socket file is this user's, the process listening on it is not (SO_PEERCRED):
+    the client closes without a byte sent and runs cold."""
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.getuid() != 0 or system_python is None:
+        pytest.skip("needs root and a system python3 to listen as another user")
+    path = warm_socket_path(tmp_path)
+    other = subprocess.Popen(
+        [system_python, "-c", "import os, socket, sys\n"
+         "s = socket.socket(socket.AF_UNIX)\n"
+         f"s.bind({path!r})\n"
+         "os.setgid(65534); os.setgroups([]); os.setuid(65534)\n"
+         "s.listen(1); print('listening', flush=True)\n"
+         "conn, _ = s.accept(); conn.settimeout(5); got = b''\n"
+         "try:\n"
+         "    while chunk := conn.recv(65536): got += chunk\n"
+         "except OSError: pass\n"
+         "print(len(got), flush=True)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "listening"
+        assert os.stat(path).st_uid == os.getuid()  # the file passes; the peer must not
+        done = cold_train(tmp_path)
+        received = other.communicate(timeout=30)[0].strip()
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.communicate()
+        Path(path).unlink(missing_ok=True)
+    assert received == "0"  # bytes the other uid received
+    ran_cold(done, "runs as uid 65534")
+
+
+def test_a_symlinked_run_directory_is_refused(tmp_path, state_home, warm_on):
+    run = state_home / "run"
+    moved = tmp_path / "real-run"
+    if run.exists():
+        shutil.move(str(run), moved)
+    else:
+        moved.mkdir(mode=0o700)
+    os.symlink(moved, run)  # a directory of ours, 0700: only the symlink is wrong
+    try:
+        done = cold_train(tmp_path)
+    finally:
+        run.unlink()
+        shutil.move(str(moved), run)
+    ran_cold(done, "is a symlink, not a directory of yours")
