@@ -77,6 +77,16 @@ class Inventory:
     cluster: ClusterSettings
     zookeeper_nodes: tuple[str, ...] = field(default=())
 
+    @property
+    def keeper_hosts(self) -> tuple[str, ...]:
+        """The hosts whose agent may keep the matrix (they alone get ``keeper.yml``): the
+        admin's ``hypertf_keeper_hosts``, else the GPU nodes that run ZooKeeper (the admin
+        chose them to hold the cluster's state already), else the first three nodes."""
+        if self.cluster.keeper_hosts:
+            return tuple(h for h in self.cluster.keeper_hosts if h in self.nodes)
+        zookeeper = tuple(h for h in self.nodes if h in self.zookeeper_nodes)
+        return zookeeper or tuple(self.nodes)[:3]
+
     def node(self, name: str) -> Node:
         """The node called ``name``, or a message listing the known ones."""
         if name not in self.nodes:

@@ -118,6 +118,23 @@ def _static_gpus(key: str, value: Any) -> int | str | tuple[dict[str, Any], ...]
     )
 
 
+def _hosts(key: str, value: Any) -> tuple[str, ...]:
+    """Host names: a YAML list or a comma-separated string ("" or [] for none)."""
+    if value in (None, "", []):
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(h, str) and h.strip()
+                                                        for h in items):
+        raise ValueError(f"{key} must be a list of inventory host names, not {value!r}")
+    return tuple(h.strip() for h in items)
+
+
+def _enforce(key: str, value: Any) -> str:
+    if value not in ("stop", "report", "off"):
+        raise ValueError(f"{key} must be one of stop, report, off, not {value!r}")
+    return str(value)
+
+
 def _port_range(key: str, value: Any) -> tuple[int, int]:
     try:
         low, high = (int(part) for part in str(value).split("-"))
@@ -172,6 +189,15 @@ SETTINGS: dict[str, Setting] = {
     # GPUs one user's running jobs may hold at once (0: no limit); the queue keeps the rest
     # of their jobs waiting (reason UserLimit). Read by the keeper agent and the launcher.
     "hypertf_user_gpu_limit": Setting(_count, 0, scope="cluster"),
+    # Jobs one user may have waiting at once (0: no limit); the keeper refuses the newest
+    # past it, so one user's flood cannot slow everyone's admissions.
+    "hypertf_user_queue_limit": Setting(_count, 200, scope="cluster"),
+    # The hosts whose agent may keep the matrix: only they get the keeper's credential
+    # (keeper.yml). Default: the gpu nodes in the zookeeper group, else the first three.
+    "hypertf_keeper_hosts": Setting(_hosts, (), scope="cluster"),
+    # What an agent does with a process on a GPU of its host that is not granted to that
+    # process's job (docs/gpu.md, "Trespasses"): stop its process group, report it, or off.
+    "hypertf_gpu_enforce": Setting(_enforce, "stop"),
     # Packages for the training scripts in the nodes' virtualenv (python_env role,
     # cluster.setup; ./dev.sh up for this machine): the default is scikit-learn (examples).
     "hypertf_python_packages": Setting(_packages, None, agent=False),
@@ -214,6 +240,7 @@ class NodeSettings:
     port_range: tuple[int, int]
     agent_interval: float
     metrics_port: int = 0  # 0: no /metrics
+    gpu_enforce: str = "stop"  # stop / report / off: trespasses on this node's GPUs
     task_env: tuple[tuple[str, str], ...] = ()
     python_packages: tuple[str, ...] | None = None  # None: the role's default
     python_packages_no_deps: tuple[str, ...] | None = None
@@ -233,5 +260,7 @@ class ClusterSettings:
     job_records_max: int = 10000
     keeper_prune_interval: float = 60.0
     user_gpu_limit: int = 0  # 0: none
+    user_queue_limit: int = 200  # waiting jobs per user (0: none)
+    keeper_hosts: tuple[str, ...] = ()  # () : the default (keeper_hosts_of)
     zk_credentials: str | None = None  # directory of credential files; None: the default
     zk_tls_ca: str | None = None  # CA certificate: TLS to ZooKeeper

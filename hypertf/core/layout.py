@@ -47,6 +47,15 @@ class Layout:
         return f"{self.root}/keeper"
 
     @property
+    def grants(self) -> str:
+        """One child per admitted job, written only by the keeper's identity (and the
+        admin): the one place a launcher reads where its tasks may run."""
+        return f"{self.root}/grants"
+
+    def grant(self, task_key: str) -> str:
+        return f"{self.grants}/{task_key}"
+
+    @property
     def keeper_lease(self) -> str:
         """Ephemeral, held by the matrix keeper's session (its data: the keeper's host)."""
         return f"{self.keeper}/lease"

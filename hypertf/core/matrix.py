@@ -32,6 +32,11 @@ DRAINING = "draining:"
 Cell = int | str
 
 
+def _cell_ok(cell: object) -> bool:
+    """A cell as the keeper writes it: 1, 0 or a task key (held or draining)."""
+    return (cell in (FREE, UNAVAILABLE) and type(cell) is int) or isinstance(cell, str)
+
+
 def holder(cell: Cell) -> str | None:
     """The task key of a job that holds the cell (None when free, unavailable or draining)."""
     return cell if isinstance(cell, str) and not cell.startswith(DRAINING) else None
@@ -73,7 +78,13 @@ class Matrix:
         if not data:
             return cls()
         payload = decode(data, "GPU matrix")
-        return cls(gpus=payload.get("gpus", {}), ports=payload.get("ports", {}))
+        gpus, ports = payload.get("gpus", {}), payload.get("ports", {})
+        if not isinstance(gpus, dict) or not isinstance(ports, dict) or not all(
+                isinstance(row, list) and all(_cell_ok(c) for c in row) for row in gpus.values()
+        ) or not all(isinstance(row, dict) and all(isinstance(k, str) for k in row.values())
+                     for row in ports.values()):
+            raise ValueError("a GPU matrix shard whose rows are not lists of cells")
+        return cls(gpus=gpus, ports=ports)
 
     def copy(self) -> Matrix:
         """A copy whose rows can change apart (cells are ints and strings: immutable)."""

@@ -27,6 +27,25 @@ class GpuProcess:
 
 
 OPTIONAL_GPU_FIELDS = ("reason", "mig", "processes")  # left out of the JSON when empty
+OPTIONAL_RECORD_FIELDS = ("drained", "trespasses")
+
+
+@dataclass(frozen=True)
+class Trespass:
+    """A process on a GPU of this host that is not granted to its job: ``claims`` the job
+    its HYPERTF_TASK_KEY names ("" for none), ``holder`` the job the GPU is granted to
+    ("" when it is granted to none), ``how`` how the agent saw it ("nvml": on the GPU;
+    "env": its CUDA_VISIBLE_DEVICES names the GPU's UUID), ``stopped`` whether the agent
+    stopped its process group (``hypertf_gpu_enforce: stop``)."""
+
+    pid: int
+    gpu: int
+    uuid: str
+    claims: str
+    holder: str
+    how: str
+    stopped: bool = False
+    user: str = ""  # the process's owner (a login name)
 
 
 @dataclass(frozen=True)
@@ -78,11 +97,20 @@ class AgentRecord:
     heartbeat: float = 0.0
     pid: int = 0
     hostname: str = ""
+    # The agent's reports (it decides nothing): ended jobs whose processes it has seen dead
+    # on this host (the keeper frees their draining cells here), and processes on GPUs of
+    # this host not granted to their job (docs/gpu.md, "Trespasses").
+    drained: list[str] = field(default_factory=list)
+    trespasses: list[Trespass] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         """The record; a GPU's ``reason``, ``mig`` and ``processes`` only when they say
-        something (1000 hosts' records are read whole: every byte counts 8000 times)."""
+        something (1000 hosts' records are read whole: every byte counts 8000 times), and
+        the reports only when there are some."""
         payload = asdict(self)
+        for key in OPTIONAL_RECORD_FIELDS:
+            if not payload[key]:
+                del payload[key]
         for gpu in payload["gpus"]:
             for key in OPTIONAL_GPU_FIELDS:
                 if not gpu[key]:
@@ -107,6 +135,11 @@ class AgentRecord:
         try:
             if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
                 raise TypeError("'gpus' is not a list of objects")
+            drained = payload.get("drained", [])
+            if not isinstance(drained, list) or not all(isinstance(k, str) for k in drained):
+                raise TypeError("'drained' is not a list of task keys")
+            if "trespasses" in payload:
+                payload["trespasses"] = [Trespass(**t) for t in payload["trespasses"]]
             return cls(**payload), gpus
         except (TypeError, AttributeError) as err:  # missing or unknown fields, wrong shapes
             raise _unreadable(payload.get("host", "?"), err) from None

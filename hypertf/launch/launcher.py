@@ -46,7 +46,7 @@ from hypertf.launch.remote import Cluster, GroupResult, Session
 from hypertf.launch.request import TrainRequest
 from hypertf.store import Layout, auth
 from hypertf.store.allocation import plan, read_matrix
-from hypertf.store.waitqueue import enqueue, grant_of, read_view, wait_for_admission
+from hypertf.store.waitqueue import enqueue, read_view, wait_for_admission
 
 __all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
 
@@ -345,7 +345,7 @@ class Job:
                 f"shows the queue, 'hypertf cancel {task_key}' ends it")
             early = self.preflight_while_waiting(list(request.hosts))
         try:
-            grant = grant_of(wait_for_admission(self.store, task_key, say, self.lost_session))
+            grant = wait_for_admission(self.store, task_key, say, self.lost_session)
         finally:
             self.timeline.add("admission", asked, time.monotonic())
         if said:

@@ -31,8 +31,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 from hypertf import store
 from hypertf.config.inventory import Inventory, Node
 from hypertf.core.errors import HyperTFError, StoreError
+from hypertf.core.records import Trespass
 from hypertf.core.rundir import RunDir
-from hypertf.node import tasknode
+from hypertf.node import tasknode, trespass
 from hypertf.node.metrics import AgentCollector, MetricsServer
 from hypertf.node.probes import (
     GpuSource,
@@ -45,17 +46,13 @@ from hypertf.node.probes import (
     select_address,
 )
 from hypertf.store import AgentRecord, HostWatch, Layout, Store
-from hypertf.store.allocation import (
-    confirm_drained,
-    read_matrix,
-    watch_matrix,
-    watch_shard_of,
-)
+from hypertf.store.allocation import read_matrix, watch_matrix, watch_shard_of
 from hypertf.store.jobs import prune_jobs
 from hypertf.store.waitqueue import Admitter
 
 KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at most)
 KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
+MAX_DRAINED = 1000  # ended jobs one report names at most (the rest: next report)
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
 QUIET_SWEEP_S = 30.0  # a pass nothing woke reads ZooKeeper (keep, reap, drain) this seldom
@@ -169,9 +166,17 @@ class Agent:
         self.node = inventory.node(host)
         self.layout = Layout(inventory.cluster.zk_root)
         self.prober = prober or Prober(self.node, gpu_source(self.node))
+        # Only the hosts the admin names hold the keeper's credential: elsewhere a stolen
+        # agent credential reports about its own host and decides nothing.
+        self.keeper_capable = host in inventory.keeper_hosts and (
+            store.credentials_dir(inventory.cluster) / "keeper.yml").exists()
+        also = ("keeper",) if self.keeper_capable else ()
         self._client_factory = client_factory or (lambda: store.connect(
             inventory.cluster, 30, identity=f"agent.{host}", long_lived=True,
-            on_pause=log.warning))
+            on_pause=log.warning, also=also))
+        self._drained: set[str] = set()  # ended jobs seen dead here, reported to the keeper
+        self._row: list[object] = []  # this host's cells as last read
+        self.trespasses: list[Trespass] = []
         self._wake = threading.Event()
         self._records_changed = threading.Event()  # the keeper: some host's record changed
         self._stop = threading.Event()
@@ -234,11 +239,31 @@ class Agent:
         """Probe the node, publish the record, and serve it as metrics; True when the
         record's content changed."""
         force, self._republish = self._republish, False
-        record = self.prober.probe(fresh=force)
+        record = self.reports(self.prober.probe(fresh=force))
         changed = self.publish(zk, record, force)
         self.metrics.update(record=record)
         self.metrics_server.start(record.mgmt_addr, self.node.settings.metrics_port)
         return record, changed
+
+    def reports(self, record: AgentRecord) -> AgentRecord:
+        """The record with this agent's reports: the ended jobs it saw dead here, and the
+        processes on its GPUs that their job was not granted (stopped under
+        ``hypertf_gpu_enforce: stop``)."""
+        enforce = self.node.settings.gpu_enforce
+        found: list[Trespass] = []
+        if enforce != "off" and self._row:
+            seen = trespass.scan(record.gpus, self.node.settings.workdir)
+            found = trespass.judge(seen, self._row, record.gpus)  # type: ignore[arg-type]
+            if found and enforce == "stop":
+                found = trespass.stop(found, seen)
+            elif found and found != self.trespasses:
+                for t in found:
+                    log.warning("trespass: pid %d (%s) on GPU %d granted to %s", t.pid,
+                                t.claims or "no job", t.gpu, t.holder or "no job")
+        self.trespasses = found
+        if not found and not self._drained:
+            return record
+        return replace(record, drained=sorted(self._drained), trespasses=found)
 
     def reap_orphans(self, zk: Store) -> None:
         """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
@@ -257,18 +282,22 @@ class Agent:
         host = self.node.name
         matrix, _ = read_matrix(zk, hosts=[host])  # its own row's shard only
         leases = zk.leases()  # after the matrix: see allocation
+        self._row = list(matrix.gpus.get(host, []))
         self.metrics.update(row=matrix.gpus.get(host, []))
         ended = matrix.ended_on(host, leases)
-        if not ended:
-            return
-        dead = {key for key in ended if tasknode.drain(
+        reported = self._drained & ended  # freed by the keeper already: no longer said
+        dead = {key for key in ended - reported if tasknode.drain(
             RunDir.of(self.node.settings.workdir, key, local=True), grace=STOP_GRACE_S)}
-        if dead:
-            # Freed cells follow the record: probe again, so the dead tasks' processes
-            # (NVML's list) no longer keep their GPUs unavailable for a heartbeat.
+        if reported != self._drained or dead:
+            self._drained = set(sorted(reported | dead)[:MAX_DRAINED])
+            # The report is the record: write it now (the keeper frees the cells when it
+            # reads it), probing again so the dead tasks' processes (NVML's list) no longer
+            # keep their GPUs unavailable.
+            self._republish = True
             self._publish_probe(zk)
-        if dead and confirm_drained(zk, host, dead):
-            log.info("confirmed the tasks of %s dead on %s: GPUs free", sorted(dead), host)
+        if dead:
+            log.info("saw the tasks of %s dead on %s: reported to the keeper", sorted(dead),
+                     host)
 
     def prune(self, zk: Store) -> None:
         """The keeper drops finished job records past their retention (every
@@ -297,7 +326,10 @@ class Agent:
         self.prune(zk)
 
     def is_keeper(self, zk: Store) -> bool:
-        """Whether this agent keeps the matrix (it takes the keeper lease when it is free)."""
+        """Whether this agent keeps the matrix (it takes the keeper lease when it is free;
+        only an agent with the keeper's credential tries)."""
+        if not self.keeper_capable:
+            return False
         taken = zk.take_keeper_lease(self.node.name, watch=self._wake_up)
         if taken == "taken":
             log.info("this agent now keeps the matrix (keeper lease taken)")
@@ -413,8 +445,9 @@ class Agent:
                             hosts_watch = HostWatch(client, self.layout, self._wake_up)
                             hosts_watch.watch_records(self._records_changed.set)
                             matrix_watched = True
-                        admitter = admitter or Admitter(zk,
-                                                        self.inventory.cluster.user_gpu_limit)
+                        admitter = admitter or Admitter(
+                            zk, self.inventory.cluster.user_gpu_limit,
+                            self.inventory.cluster.user_queue_limit)
                         self.keep(zk, admitter)
                     else:
                         admitter = None  # a later term starts from a fresh read

@@ -61,6 +61,9 @@ class AgentCollector(Collector):
         foreign = GaugeMetricFamily("hypertf_gpu_foreign_processes",
                                     "compute processes not of the job holding the GPU",
                                     labels=labels)
+        trespass = GaugeMetricFamily("hypertf_gpu_trespasses",
+                                     "processes on the GPU that their job was not granted "
+                                     "(docs/gpu.md, Trespasses)", labels=labels)
         age = GaugeMetricFamily("hypertf_agent_heartbeat_age_seconds",
                                 "seconds since the agent last probed its node", labels=["host"])
         info = InfoMetricFamily("hypertf_agent", "the agent's GPU source and driver versions",
@@ -83,7 +86,9 @@ class AgentCollector(Collector):
                 if key:
                     task.add_metric([*values, key], 1.0)
                 foreign.add_metric(values, len(gpu.foreign_processes(key)))
-        yield from (util, used, total, state, task, foreign, age, info)
+                trespass.add_metric(values, sum(1 for t in record.trespasses
+                                                if t.gpu == gpu.index))
+        yield from (util, used, total, state, task, foreign, trespass, age, info)
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):

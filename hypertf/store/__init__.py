@@ -75,15 +75,18 @@ def outage_patience(cluster: ClusterSettings) -> float:
 
 def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | None = None,
             check: bool = True, long_lived: bool = False,
-            on_pause: Callable[[str], None] | None = None) -> KazooClient:
+            on_pause: Callable[[str], None] | None = None,
+            also: tuple[str, ...] = ()) -> KazooClient:
     """A started client for the inventory's ZooKeeper, authenticated as ``identity``
     (default ``$HYPERTF_ZK_IDENTITY`` or ``user.<login>``), or a message saying how to
     start ZooKeeper or which credential file to fix. ``check``: the root must exist, be
     secured and accept the credential. Its calls wait out a connection loss
     (hypertf.store.zkclient): a ``long_lived`` client until ZooKeeper answers, its session
     expires or ``outage_patience`` is spent (``on_pause`` hears of the outage once), a
-    one-shot one for at most a session timeout."""
+    one-shot one for at most a session timeout. ``also``: further identities this client
+    logs in as (a keeper host's agent: ``keeper``)."""
     credential = auth.load(credentials_dir(cluster), identity or auth.default_identity())
+    extra = [auth.load(credentials_dir(cluster), name) for name in also]
     tls = {"use_ssl": True, "ca": cluster.zk_tls_ca, "verify_certs": True} \
         if cluster.zk_tls_ca else {}
     client = PatientClient(
@@ -97,7 +100,8 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
         connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 0.5},
         command_retry={"max_tries": 5, "delay": 0.2, "max_delay": 2.0},
         logger=logging.getLogger("hypertf.kazoo"),
-        auth_data=credential.auth_data(),
+        auth_data=credential.auth_data() + [
+            ("digest", f"{other.identity}:{other.secret}") for other in extra],
         **tls,
     )
     try:
@@ -110,6 +114,8 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
             f"start it with 'invoke zk.start' or fix hypertf_zookeeper_hosts in the inventory"
         ) from None
     _credentials[client] = credential
+    if extra:
+        _also[client] = tuple(other.identity for other in extra)
     if check:
         try:
             auth.check_access(client, cluster.zk_root, credential)
@@ -134,6 +140,15 @@ def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] 
     finally:
         close(client)
     return directory
+
+
+_also: weakref.WeakKeyDictionary[KazooClient, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def is_keeper_client(client: KazooClient) -> bool:
+    """Whether this client may keep the matrix: logged in as the keeper identity (a keeper
+    host's agent) or as the admin (benches' keeper thread)."""
+    return auth.KEEPER in _also.get(client, ()) or _credentials[client].identity == "admin"
 
 
 def credential_of(client: KazooClient) -> auth.Credential:
@@ -208,14 +223,19 @@ class Store:
                 for host, data in self.raw_records(hosts).items()}
 
     def _keys_of_every_user(self, parent: str) -> list[str]:
+        """The task keys under each user's folder that are that user's: a key is counted
+        only under its owner (a user may create ``leases/mallory/<bob's key>`` in its own
+        folder; that must not keep bob's job alive, nor end it)."""
         keys: list[str] = []
         for user in _children(self.client, parent):
             with contextlib.suppress(NoNodeError):  # a user removed meanwhile
-                keys.extend(self.client.get_children(f"{parent}/{user}"))
+                keys.extend(key for key in self.client.get_children(f"{parent}/{user}")
+                            if key.endswith(f".{user}") and key.partition(".")[2] == user)
         return keys
 
     def leases(self) -> set[str]:
-        """Task keys whose launcher is still alive."""
+        """Task keys whose launcher is still alive (a lease counts only under its key's
+        owner)."""
         return set(self._keys_of_every_user(self.layout.leases))
 
     def job_keys(self) -> list[str]:

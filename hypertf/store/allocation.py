@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -65,6 +65,17 @@ log = logging.getLogger(__name__)
 
 class RootMissing(StoreError):
     """The root is gone (ZooKeeper lost its data) until the admin secures it again."""
+
+
+class MatrixDamaged(StoreError):
+    """A shard or the index holds what no keeper wrote: the keeper rewrites it from its own
+    state at its next pass; until then every command says so, naming the admin's repair."""
+
+
+def damaged_message(root: str, what: str) -> str:
+    return (f"the GPU matrix under {root} is damaged ({what}): the keeper rewrites it at its "
+            f"next pass; if this stays, the cluster admin runs 'hypertf auth init -i "
+            f"INVENTORY' (it rewrites a damaged index or shard; running jobs keep their GPUs)")
 
 
 def check_registered(store: Store, user: str) -> None:
@@ -124,22 +135,27 @@ def read_matrix(store: Store, hosts: Iterable[str] | None = None,
                 part, part_stat = result.get(timeout=30)
             except NoNodeError:
                 continue  # resharded between the two reads: the next try sees it
-            parts.append(Matrix.from_json(part))
+            parts.append(_shard(part, i, layout.root))
             versions[i] = part_stat.version
         if len(versions) < len(pending):
             count = None
             continue
         return joined(parts), MatrixVersion(stat.version, count, versions)
-    raise StoreError(f"the GPU matrix under {layout.root} misses shards its index names: "
-                     f"run 'hypertf auth init -i INVENTORY' as the admin")
+    raise MatrixDamaged(damaged_message(layout.root, "shards its index names are missing"))
+
+
+def _shard(data: bytes, i: int, root: str) -> Matrix:
+    try:
+        return Matrix.from_json(data)
+    except (StoreError, ValueError) as err:
+        raise MatrixDamaged(damaged_message(root, f"shard {i}: {str(err)[:120]}")) from None
 
 
 def _index_of(data: bytes, root: str) -> MatrixIndex:
     try:
         index = MatrixIndex.from_json(data)
-    except ValueError as err:
-        raise StoreError(f"ZooKeeper holds a damaged GPU matrix index under {root} ({err}): "
-                         f"run 'hypertf auth init -i INVENTORY' as the admin") from None
+    except (ValueError, StoreError) as err:
+        raise MatrixDamaged(damaged_message(root, f"its index: {str(err)[:120]}")) from None
     if index is None:
         raise StoreError(auth.previous_layout_message(root))
     return index
@@ -348,9 +364,9 @@ def read_shards(store: Store, hosts: Sequence[str] | None,
         pending = [store.client.get_async(store.layout.matrix_shard(i), watch=watch)
                    for i in wanted]
     parts = []
-    for result in pending:
+    for i, result in zip(wanted, pending, strict=True):
         try:
-            parts.append(Matrix.from_json(result.get(timeout=30)[0]))
+            parts.append(_shard(result.get(timeout=30)[0], i, store.layout.root))
         except NoNodeError:
             _shard_counts.pop(store.client, None)
             return read_matrix(store, hosts, watch=watch)[0]
@@ -394,15 +410,25 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
 
 
 def sync(store: Store, grants: Mapping[str, Held] | None = None,
-         cache: RecordCache | None = None) -> Synced:
+         cache: RecordCache | None = None, last_good: Matrix | None = None) -> Synced:
     """``sync_matrix``, saying also the stored versions and the leases read (after the
-    matrix: a job admitted in between is in both), which the keeper's admission goes by."""
+    matrix: a job admitted in between is in both), which the keeper's admission goes by.
+    Cells an agent reported drained (its record's ``drained``: it saw the job's processes
+    dead on its host) are freed on that host only. A damaged shard or index is rewritten
+    first (the keeper's ``last_good`` read fills it; its running grants are restored)."""
     def attempt(_retries: int) -> tuple[Synced, set[str]]:
-        matrix, version = read_matrix(store)
+        try:
+            matrix, version = read_matrix(store)
+        except MatrixDamaged as err:
+            log.error("%s: rewriting it", err)
+            auth.ensure_matrix(store.client, store.layout, store.acls.matrix(), 0,
+                               fallback=last_good)
+            raise ForceRetryError() from None
         registered = store.hosts()
         records = cache.records(registered) if cache else store.records(only=registered)
         leases = store.leases()
         current = synced(matrix, records, leases, registered=registered)
+        current = freed_by_reports(current, records)
         dead = matrix.task_keys() - leases
         lost = set()
         ended = read_jobs(store, dead)  # one round trip for every ended job
@@ -429,21 +455,36 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
     return done
 
 
-def confirm_drained(store: Store, host: str,
-                    task_keys: set[str]) -> bool:
-    """The agent of ``host`` has seen these jobs' processes dead there: free their cells
-    and ports on ``host`` (only). True if something was freed."""
-    def attempt(_retries: int) -> bool:
-        matrix, version = read_matrix(store, hosts=[host])  # its shard only
-        records = store.records(only=[host])
-        freed = matrix.release(task_keys & matrix.draining_on(host), records, hosts=[host])
-        if same(matrix, freed):
-            return False
-        if not write_matrix(store, matrix, freed, version):
-            raise ForceRetryError()
-        return True
+def freed_by_reports(matrix: Matrix, records: Mapping[str, AgentRecord]) -> Matrix:
+    """Free each host's draining cells of the jobs its own agent reported dead there: an
+    agent's report counts for its own host only (its credential writes only its record)."""
+    result = matrix
+    for host, record in records.items():
+        if not record.drained:
+            continue
+        keys = set(record.drained) & result.draining_on(host)
+        if keys:
+            result = result.release(keys, records, hosts=[host])
+    return result
 
-    return until_committed(attempt, f"freeing drained GPUs on {host}")
+
+def report_drained(store: Store, host: str, task_keys: Iterable[str]) -> None:
+    """What ``host``'s agent reports once it has seen these ended jobs' processes dead there:
+    their keys in its own record's ``drained`` (the keeper frees their draining cells on
+    ``host`` at its next sync). Written with the client's credential: the host's agent's,
+    or the admin's for hosts that are records a test or a bench publishes itself."""
+    def attempt(_retries: int) -> None:
+        path = store.layout.resource(host)
+        data, stat = store.client.get(path)
+        record = AgentRecord.from_json(data)
+        keys = sorted(set(record.drained) | set(task_keys))
+        try:
+            store.client.set(path, replace(record, drained=keys).to_json(),
+                             version=stat.version)
+        except BadVersionError:
+            raise ForceRetryError() from None
+
+    until_committed(attempt, f"reporting drained jobs of {host}")
 
 
 def kill(store: Store, task_key: str) -> bool:

@@ -10,20 +10,31 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hypertf.core.admission import admission_pass
+from hypertf.core.admission import Decision, admission_pass, clamped
 from hypertf.store import Store
 from hypertf.store.allocation import read_matrix
-from hypertf.store.waitqueue import QueueReader
+from hypertf.store.waitqueue import INVALID, QueueReader, Screen, read_limits
 
 STARTING = "Starting"  # fits now: the keeper admits it at its next pass
 
 
-def collect(store: Store, user_gpu_limit: int = 0) -> list[dict[str, Any]]:
+def collect(store: Store, user_gpu_limit: int = 0,
+            user_queue_limit: int = 0) -> list[dict[str, Any]]:
+    """Every waiting job as the keeper's next pass would see it: the admin's limits cap
+    each priority (the priority shown is the one that counts), and requests the keeper
+    refuses before its pass (invalid, past a limit, never fitting) show as ``Invalid``
+    with the reason."""
     matrix, _ = read_matrix(store)
-    reader = QueueReader(store)
-    waiting = reader.waiting()
-    decisions = admission_pass(matrix, store.live_hosts(), waiting, user_gpu_limit)
-    by_key = {w.task_key: w for w in waiting}
+    reader = QueueReader(store, writes=False)
+    limits = read_limits(store)
+    read = clamped(reader.waiting(), limits)
+    versions = {key: v for key, (_, v) in reader.records.items()}
+    waiting, refused = Screen(user_gpu_limit, user_queue_limit)(read, versions, matrix,
+                                                                limits)
+    decisions = admission_pass(matrix, store.live_hosts(), waiting, user_gpu_limit, limits)
+    decisions += [Decision(key, len(decisions) + i, INVALID) for i, key in
+                  enumerate(sorted(refused), start=1)]
+    by_key = {w.task_key: w for w in read}
     now = time.time()
     rows = []
     for decision in decisions:
@@ -35,7 +46,13 @@ def collect(store: Store, user_gpu_limit: int = 0) -> list[dict[str, Any]]:
                      "shape": job.request.describe(), "gpus": job.request.gpus,
                      "script": record.get("script", ""), "queued": created,
                      "waiting_s": round(now - created, 1),
-                     "reason": decision.reason or STARTING})
+                     "reason": decision.reason or STARTING,
+                     **({"refused": refused[job.task_key]} if job.task_key in refused else {})})
+    now_rows = len(rows)
+    for i, (key, (_, _, why)) in enumerate(sorted(reader.rejected.items()), start=1):
+        rows.append({"position": now_rows + i, "task_key": key, "user": key.partition(".")[2],
+                     "priority": 0, "shape": "", "gpus": 0, "script": "", "queued": now,
+                     "waiting_s": 0.0, "reason": INVALID, "refused": why})
     return rows
 
 

@@ -27,6 +27,7 @@ dies mid-admission commits everything or nothing; the next keeper starts the pas
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import Counter
@@ -47,27 +48,20 @@ from hypertf.core.admission import (
     Waiting,
     admission_pass,
     clamped,
+    fits_cluster,
 )
 from hypertf.core.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
-from hypertf.core.jobrecord import (
-    JobRecord,
-    JobState,
-    held_of,
-    placements_json,
-    placements_of,
-    ports_of,
-)
+from hypertf.core.grants import grant_from_json, grant_to_json, held_of_grant
+from hypertf.core.jobrecord import JobRecord, JobState, placements_json
 from hypertf.core.limits import Limits
 from hypertf.core.matrix import Held, Matrix
-from hypertf.core.placement import (
-    Grant,
-    PortRanges,
-    Request,
-    cannot_place,
-    compact_hosts,
-    expand_hosts,
+from hypertf.core.placement import Grant, Request, cannot_place, compact_hosts
+from hypertf.core.requestcheck import (
+    DEFAULT_PORT_RANGE,
+    MAX_RECORD_BYTES,
+    InvalidRequest,
+    waiting_from_record,
 )
-from hypertf.core.scheduler import TaskSlot
 from hypertf.store import RecordCache, Store, decode, encode, owner_of, until_committed
 from hypertf.store.allocation import (
     TRANSACTION_BYTES,
@@ -81,8 +75,9 @@ from hypertf.store.allocation import (
 from hypertf.store.jobs import mark_lost, read_job
 from hypertf.store.zkclient import get_many
 
+log = logging.getLogger(__name__)
 QUEUED = JobState.QUEUED
-DEFAULT_PORT_RANGE = (20000, 20999)
+INVALID = "Invalid"  # refused before the pass: invalid, past a limit, never fits
 LIMITS_READ_S = 5.0  # the admin's limits read again at least this often
 VIEW_AFTER_S = 0.25  # a job admitted sooner never reads the queue's view
 LEASE_CHECK_S = 2.0  # a waiter checks its lease this often (no keeper: nobody marks it)
@@ -102,22 +97,6 @@ def request_to_json(request: Request, priority: int,
                             if tuple(r) != tuple(common)},
             "exclude_ports": {h: sorted(p) for h, p in (exclude_ports or {}).items() if p},
             "held": False, "no_wait": not wait}
-
-
-def waiting_from_record(record: Mapping[str, Any], order: int) -> Waiting:
-    queue = record["queue"]
-    hosts = expand_hosts(tuple(queue["hosts"]))
-    low, high = queue.get("port_range", DEFAULT_PORT_RANGE)
-    ranges = PortRanges(hosts, (int(low), int(high)), {
-        h: (int(r[0]), int(r[1])) for h, r in queue.get("port_ranges", {}).items()})
-    request = Request(slots=tuple(TaskSlot(r, i, g) for r, i, g in queue["slots"]),
-                      hosts=hosts, policy=queue.get("policy", "round_robin"),
-                      port_ranges=ranges)
-    return Waiting(record["task_key"], request, priority=int(queue.get("priority", 0)),
-                   order=order, held=bool(queue.get("held")),
-                   exclude_ports={h: frozenset(p) for h, p in
-                                  queue.get("exclude_ports", {}).items()},
-                   no_wait=bool(queue.get("no_wait")))
 
 
 def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, Any],
@@ -152,18 +131,25 @@ def submit(store: Store, request: Request, task_key: str,
     could not start at once); the lease is dropped then, and on any error."""
     enqueue(store, task_key, request, record or {}, priority, exclude_ports, wait)
     try:
-        admitted = wait_for_admission(store, task_key, say or (lambda _line: None),
-                                      lost_session or threading.Event())
+        return wait_for_admission(store, task_key, say or (lambda _line: None),
+                                  lost_session or threading.Event())
     except BaseException:
         with contextlib.suppress(Exception):
             store.client.delete(store.layout.lease(task_key))
         raise
-    return grant_of(admitted)
 
 
-def grant_of(record: Mapping[str, Any]) -> Grant:
-    """The placements and ports an admitted job record holds."""
-    return Grant(str(record["task_key"]), placements_of(record), ports_of(record))
+def read_grant(store: Store, task_key: str) -> Grant | None:
+    """The keeper's grant of ``task_key`` (None: it granted nothing). The one thing a
+    launcher starts tasks on: only the keeper's identity writes ``grants/``."""
+    try:
+        data, _ = store.client.get(store.layout.grant(task_key))
+    except NoNodeError:
+        return None
+    try:
+        return grant_from_json(data, task_key)
+    except ValueError as err:
+        raise StoreError(f"{err}: the job does not start; ask the cluster admin") from None
 
 
 def set_held(store: Store, task_key: str, held: bool) -> None:
@@ -194,29 +180,57 @@ def set_held(store: Store, task_key: str, held: bool) -> None:
 # -- reading the queue -------------------------------------------------------------------
 @dataclass
 class QueueReader:
-    """Reads the waiting jobs; remembers the keys it saw were not waiting (running jobs),
-    so a pass reads only the records of waiting and new jobs, in parallel. What running
-    jobs were granted is kept (``grants``): the keeper restores it if the matrix loses it."""
+    """Reads the waiting jobs; remembers the keys it saw were not waiting (granted, ended,
+    refused), so a pass reads only the records of waiting and new jobs, in parallel.
+
+    Every record is its owner's to write, so each is checked (``requestcheck``) before a
+    pass uses it; what fails is in ``rejected`` with the reason the keeper refuses it with.
+    What running jobs hold (``grants``) comes only from ``grants/``, which only the keeper
+    writes: a record's own placements or state never count (a new keeper reads the grants
+    once, then keeps its own admissions)."""
 
     store: Store
     settled: set[str] = field(default_factory=set)
     records: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
     grants: dict[str, Held] = field(default_factory=dict)
+    rejected: dict[str, tuple[dict[str, Any] | None, int, str]] = field(default_factory=dict)
+    writes: bool = True  # the keeper's reader marks lost waiters; ``hypertf queue``'s does not
 
-    read_once: bool = False  # a first read: the running jobs' grants come from their records
+    read_once: bool = False  # a first read: the running jobs' grants come from grants/
+
+    def load_grants(self) -> None:
+        """Every grant the keeper's identity wrote: what running jobs hold."""
+        client, layout = self.store.client, self.store.layout
+        try:
+            keys = sorted(client.get_children(layout.grants))
+        except NoNodeError:
+            return
+        answers = get_many(client, [layout.grant(key) for key in keys])
+        for key, answer in zip(keys, answers, strict=True):
+            if isinstance(answer, NoNodeError):
+                continue
+            if isinstance(answer, Exception):
+                raise answer
+            try:
+                self.grants[key] = held_of_grant(grant_from_json(answer[0], key))
+            except ValueError as err:
+                log.error("grant of %s unreadable (%s): it holds nothing", key, err)
 
     def waiting(self, leases: set[str] | None = None) -> list[Waiting]:
         """The waiting jobs among the ``leases`` (read here when not given)."""
         leases = self.store.leases() if leases is None else leases
-        self.read_once = True
+        if not self.read_once:
+            self.load_grants()
+            self.read_once = True
         self.settled &= leases
-        self.grants = {key: held for key, held in self.grants.items() if key in leases}
+        self.settled |= set(self.grants) & leases  # granted: never waiting again
         gone = set(self.records) - leases
-        for key in gone:  # a waiter whose lease went without a cancel: its launcher is gone
-            mark_lost(self.store, key)
+        if self.writes:
+            for key in gone:  # a waiter whose lease went without a cancel: launcher gone
+                mark_lost(self.store, key)
         keys = sorted(leases - self.settled)
         answers = get_many(self.store.client, [self.store.layout.job(key) for key in keys])
-        self.records = {}
+        self.records, self.rejected = {}, {}
         found = []
         for key, answer in zip(keys, answers, strict=True):
             if isinstance(answer, NoNodeError):
@@ -224,23 +238,81 @@ class QueueReader:
             if isinstance(answer, Exception):
                 raise answer
             data, stat = answer
-            try:
-                record = decode(data, "job record")
-            except StoreError:
-                continue  # unreadable
-            if record.get("state") != QUEUED or "queue" not in record:
-                self.settled.add(key)
-                if record.get("placements") and key not in self.grants:
-                    with contextlib.suppress(KeyError, TypeError, ValueError):
-                        self.grants[key] = held_of(record)  # a new keeper
+            if len(data) > MAX_RECORD_BYTES:
+                self.rejected[key] = (None, stat.version, f"invalid request: its record is "
+                                      f"{len(data):,} bytes (at most {MAX_RECORD_BYTES:,})")
                 continue
             try:
-                job = waiting_from_record(record, stat.czxid)
-            except (KeyError, TypeError, ValueError):
-                continue  # its owner wrote a request no keeper can read: it waits unread
+                record = decode(data, "job record")
+            except StoreError as err:
+                self.rejected[key] = (None, stat.version, f"invalid request: {err}")
+                continue
+            if record.get("state") != QUEUED:
+                # admitted, ended, or a record its owner set to "allocated" by hand: only
+                # the keeper's grant admits, so it is never waiting again
+                self.settled.add(key)
+                continue
+            try:
+                job = waiting_from_record(record, stat.czxid, key)
+            except InvalidRequest as err:
+                self.rejected[key] = (record, stat.version, f"invalid request: {err}")
+                continue
             self.records[key] = (record, stat.version)
             found.append(job)
         return found
+
+
+@dataclass
+class Screen:
+    """Refusals decided before a pass, from the admin's limits and the cluster's size: a
+    request past its owner's GPU limit, one no cluster state could ever fit (it would
+    reserve hosts for nothing), and a user's waiting jobs past ``queue_limit`` (oldest
+    first kept). Whether a request can ever fit is decided once per record version."""
+
+    user_gpu_limit: int = 0
+    queue_limit: int = 0
+    _fits: dict[tuple[str, int, int], bool] = field(default_factory=dict)
+
+    def __call__(self, waiting: list[Waiting], versions: Mapping[str, int], matrix: Matrix,
+                 limits: Limits) -> tuple[list[Waiting], dict[str, str]]:
+        kept, refused = [], {}
+        per_user: Counter[str] = Counter()
+        rows = len(matrix.gpus)
+        for job in sorted(waiting, key=lambda w: (w.order, w.task_key)):
+            cap = limits.gpu_limit(job.user, self.user_gpu_limit)
+            why = ""
+            if cap and job.request.gpus > cap:
+                why = (f"it asks for {job.request.gpus} GPUs, more than the {cap} {job.user} "
+                       f"may hold at once (hypertf_user_gpu_limit, or the admin's 'hypertf "
+                       f"auth limits'): ask for fewer GPUs")
+            elif not self._ever_fits(job, versions.get(job.task_key, 0), matrix, rows):
+                why = (f"{job.request.describe()}: more than the cluster's hosts can ever "
+                       f"hold; ask for fewer tasks or GPUs")
+            elif self.queue_limit and per_user[job.user] >= self.queue_limit:
+                why = (f"{job.user} has {self.queue_limit} jobs waiting already "
+                       f"(hypertf_user_queue_limit): submit it again when some have started, "
+                       f"or cancel some ('hypertf queue')")
+            if why:
+                refused[job.task_key] = why
+                continue
+            per_user[job.user] += 1
+            kept.append(job)
+        return kept, refused
+
+    def _ever_fits(self, job: Waiting, version: int, matrix: Matrix, rows: int) -> bool:
+        known = self._fits.get((job.task_key, version, rows))
+        if known is None:
+            request = job.request
+            sizes = [len(matrix.gpus.get(h, ())) for h in request.hosts]
+            biggest = max((slot.gpus for slot in request.slots), default=0)
+            known = request.gpus <= sum(sizes) and biggest <= max(sizes, default=0)
+            if known and len(request.hosts) <= 512:  # exactly, where it is cheap
+                known = fits_cluster(request, matrix, [h for h in request.hosts
+                                                       if h in matrix.gpus])
+            if len(self._fits) > 100_000:
+                self._fits.clear()
+            self._fits[(job.task_key, version, rows)] = known
+        return known
 
 
 def read_limits(store: Store, watch: Callable[..., Any] | None = None) -> Limits:
@@ -261,23 +333,28 @@ def read_limits(store: Store, watch: Callable[..., Any] | None = None) -> Limits
 # -- admitting ---------------------------------------------------------------------------
 @dataclass
 class Admitter:
-    """The keeper's pass: sync the matrix, decide every waiting job, commit admissions and
-    refusals in one transaction, publish the view."""
+    """The keeper's pass: sync the matrix, decide every waiting job, commit admissions
+    (each with its grant) and refusals in one transaction, publish the view."""
 
     store: Store
     user_gpu_limit: int = 0
+    user_queue_limit: int = 0
     reader: QueueReader = field(init=False)
     cache: RecordCache = field(init=False)
+    screen: Screen = field(init=False)
     published: bytes | None = None
+    unwritable: set[str] = field(default_factory=set)  # records whose ACL shuts the keeper out
     _synced_live: list[str] | None = None
     _read_waiting: list[Waiting] | None = None
     _read_matrix: tuple[Matrix, MatrixVersion] | None = None
+    _last_good: Matrix | None = None  # the last matrix read whole: fills a damaged shard
     _limits: Limits | None = None  # the admin's, until the watch on them fires
     _limits_read: float = 0.0
 
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
         self.cache = RecordCache(self.store)
+        self.screen = Screen(self.user_gpu_limit, self.user_queue_limit)
 
     def keep(self) -> list[Decision]:
         """Sync (free ended jobs, repair running ones), then admit. Once the reader knows
@@ -285,15 +362,28 @@ class Admitter:
         leases it read (one listing of every user's leases per pass, not two)."""
         if not self.reader.read_once:  # fresh grants before the repair (a new keeper)
             waiting = self.reader.waiting()
-            done = sync(self.store, self.reader.grants, self.cache)
+            done = sync(self.store, self.reader.grants, self.cache, self._last_good)
         else:
-            done = sync(self.store, self.reader.grants, self.cache)
+            done = sync(self.store, self.reader.grants, self.cache, self._last_good)
             waiting = self.reader.waiting(done.leases)
+        self._last_good = done.matrix
+        self.drop_ended_grants(done.leases)
         # The admission's first try reads none of these again (its commit checks the
         # matrix's versions, so a stale read only costs a second try).
         self._synced_live, self._read_waiting = sorted(done.records), waiting
         self._read_matrix = (done.matrix, done.version)
         return self.admit()
+
+    def drop_ended_grants(self, leases: set[str]) -> None:
+        """A grant lives while its job's lease does: the sync has drained or freed the
+        cells of a job whose lease is gone, so its grant goes too."""
+        ended = [key for key in self.reader.grants if key not in leases]
+        pending = [(key, self.store.client.delete_async(self.store.layout.grant(key)))
+                   for key in ended]
+        for key, result in pending:
+            with contextlib.suppress(NoNodeError):
+                result.get(timeout=30)
+            self.reader.grants.pop(key, None)
 
     def live_hosts(self) -> list[str]:
         """Registered hosts with an agent record: those the sync just read (once), else
@@ -309,12 +399,18 @@ class Admitter:
             waiting, self._read_waiting = self._read_waiting, None
             if waiting is None:
                 waiting = self.reader.waiting()
+            waiting = [w for w in waiting if w.task_key not in self.unwritable]
             live = self.live_hosts()
             limits = self.limits()
+            versions = {key: v for key, (_, v) in self.reader.records.items()}
+            waiting, screened = self.screen(waiting, versions, matrix, limits)
+            refusals = {**{key: why for key, (_, _, why) in self.reader.rejected.items()
+                           if key not in self.unwritable}, **screened}
             decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
             settled = [d for d in decisions if d.admitted or d.refused]
+            settled += [Decision(key, 0, INVALID, refused=True) for key in sorted(refusals)]
             if settled:
-                outcome = self._commit(matrix, version, settled, live, limits)
+                outcome = self._commit(matrix, version, settled, live, limits, refusals)
                 if outcome != "committed":  # a conflict, or a first part of a large pass
                     raise ForceRetryError()  # committed: read and decide again
             self.publish(decisions, {w.task_key: w for w in clamped(waiting, limits)})
@@ -334,49 +430,83 @@ class Admitter:
     def _limits_changed(self, _event: object) -> None:
         self._limits = None
 
+    def _record_of(self, key: str) -> tuple[dict[str, Any] | None, int]:
+        if key in self.reader.records:
+            return self.reader.records[key]
+        record, version, _ = self.reader.rejected[key]
+        return record, version
+
     def _commit(self, matrix: Matrix, version: MatrixVersion, settled: list[Decision],
-                live: list[str], limits: Limits) -> str:
+                live: list[str], limits: Limits, refusals: Mapping[str, str]) -> str:
         """"committed", "conflict", or "part" (the pass's decisions would make a request
         past TRANSACTION_BYTES: the first half, or less, was committed; the rest is
-        decided again by the next try)."""
+        decided again by the next try). A record the keeper may not write (its owner
+        shut the keeper out with its ACL) is left out of later passes, not retried."""
         taken = matrix
         tx = self.store.client.transaction()
+        ops: list[str | None] = []  # the job each operation is for (None: the matrix)
         now = time.time()
         size = 0
         # Admissions first: a refusal names what is free once this pass's admissions took
         # their GPUs (two --no-wait jobs for the last GPU: the loser hears it is taken).
         for decision in sorted(settled, key=lambda d: d.refused):
-            record, record_version = self.reader.records[decision.task_key]
+            key = decision.task_key
+            record, record_version = self._record_of(key)
             if decision.refused:
-                data = encode({**record, "state": JobState.REFUSED, "refused": now,
-                               "refused_reason": self.refusal(decision, record, taken, live,
-                                                              limits)})
-                tx.set_data(self.store.layout.job(decision.task_key), data,
-                            version=record_version)
+                why = refusals.get(key) or self.refusal(decision, record or {}, taken, live,
+                                                        limits)
+                whole = key not in self.reader.rejected
+                data = encode({**_kept_fields(record if whole else None, key),
+                               "state": JobState.REFUSED,
+                               "refused": now, "refused_reason": why,
+                               **({"refused_kind": "invalid"} if key in refusals
+                                  and why.startswith("invalid") else {})})
+                tx.set_data(self.store.layout.job(key), data, version=record_version)
+                ops.append(key)
                 size += len(data)
                 continue
             held = Held.of(decision.placements, decision.ports)
-            taken = taken.take(decision.task_key, held.gpus, held.ports)
-            tx.check(self.store.layout.lease(decision.task_key), -1)
+            taken = taken.take(key, held.gpus, held.ports)
+            tx.check(self.store.layout.lease(key), -1)
             data = encode({
-                **record, "state": JobState.ALLOCATED, "admitted": now,
-                "waited_s": round(now - float(record.get("created", now)), 3),
+                **(record or {}), "state": JobState.ALLOCATED, "admitted": now,
+                "waited_s": round(now - float((record or {}).get("created", now)), 3),
                 "placements": placements_json(decision.placements, decision.ports)})
-            tx.set_data(self.store.layout.job(decision.task_key), data, version=record_version)
-            size += len(data)
+            tx.set_data(self.store.layout.job(key), data, version=record_version)
+            tx.create(self.store.layout.grant(key),
+                      grant_to_json(key, decision.placements, decision.ports, now),
+                      acl=self.store.acls.grant())
+            ops += [key, key, key]
+            size += 2 * len(data)
         # The shards the admissions changed, each version-checked; a refusal names what is
         # free everywhere, so then every shard is checked too.
         size += matrix_writes(tx, self.store.layout, matrix, taken, version,
                               check_rest=any(d.refused for d in settled))
         if size > TRANSACTION_BYTES and len(settled) > 1:
-            first = self._commit(matrix, version, settled[:len(settled) // 2], live, limits)
+            first = self._commit(matrix, version, settled[:len(settled) // 2], live, limits,
+                                 refusals)
             return "part" if first != "conflict" else first
-        errors = [r for r in tx.commit() if isinstance(r, Exception)]
-        if errors:
+        results = tx.commit()
+        culprit = next(((i, r) for i, r in enumerate(results) if isinstance(r, Exception)
+                        and type(r).__name__ not in ("RolledBackError",
+                                                     "RuntimeInconsistency")), None)
+        if culprit is not None:
+            i, error = culprit
+            culprit_key = ops[i] if i < len(ops) else None
+            if culprit_key is not None and isinstance(error, NoAuthError):
+                log.warning("the record of %s does not let the keeper write it (its ACL): "
+                            "it is never admitted", culprit_key)
+                self.unwritable.add(culprit_key)
+            elif culprit_key is not None and isinstance(error, NodeExistsError):
+                log.error("%s already has a grant: it is not admitted again", culprit_key)
+                self.reader.settled.add(culprit_key)
             return "conflict"  # a cancel, a lost waiter or another writer: decide again
+        if any(isinstance(r, Exception) for r in results):
+            return "conflict"
         for decision in settled:
             self.reader.settled.add(decision.task_key)
             self.reader.records.pop(decision.task_key, None)  # no longer waiting
+            self.reader.rejected.pop(decision.task_key, None)
             if decision.admitted:
                 self.reader.grants[decision.task_key] = Held.of(decision.placements,
                                                                 decision.ports)
@@ -385,7 +515,7 @@ class Admitter:
     def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
                 live: list[str], limits: Limits) -> str:
         """Why a --no-wait job cannot start now, naming what is free or the limit."""
-        job = waiting_from_record(record, 0)
+        job = waiting_from_record(record, 0, decision.task_key)
         if decision.reason == USER_LIMIT:
             held = matrix.held_per_user().get(job.user, 0)
             cap = limits.gpu_limit(job.user, self.user_gpu_limit)
@@ -413,6 +543,12 @@ class Admitter:
             except (NoNodeError, NoAuthError):
                 pass  # a root secured before the keeper existed: waiters poll, no view
         self.published = data
+
+
+def _kept_fields(record: Mapping[str, Any] | None, key: str) -> dict[str, Any]:
+    """What a refused record keeps: all of a valid one; of an unreadable or invalid one
+    (None), only its key: its request is what was wrong."""
+    return {"task_key": key} if record is None else dict(record)
 
 
 def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting]) -> dict[str, Any]:
@@ -446,9 +582,10 @@ REASONS = {
 
 
 def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
-                       lost_session: threading.Event) -> JobRecord:
+                       lost_session: threading.Event) -> Grant:
     """Block until the keeper admits ``task_key``; say its position and reason whenever
-    they change. Returns the admitted record; raises Cancelled when the lease goes.
+    they change. Returns the keeper's grant (never the record's own placements: its owner
+    may write those); raises Cancelled when the lease goes.
 
     Few requests, since every submitter pays them at every job: a read of its own record
     with a one-shot watch, and the same again each time the watch fires (the keeper's
@@ -484,9 +621,13 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
         if job_path in fired:
             fired.discard(job_path)
             record = read_job(store, task_key, watch=changed) or JobRecord()
-            admitted_record = _admission_end(record, task_key, lease_gone)
-            if admitted_record is not None:
-                return admitted_record
+            if _admission_end(record, task_key, lease_gone) is not None:
+                grant = read_grant(store, task_key)
+                if grant is None:
+                    raise NotAllowed(f"job {task_key}'s record says it was admitted, but the "
+                                     f"keeper granted it nothing (the record was written by "
+                                     f"hand?): it does not start")
+                return grant
         if not watching_view and time.monotonic() - since >= VIEW_AFTER_S:
             watching_view = True
             fired.add(view_path)
@@ -511,8 +652,10 @@ def _admission_end(record: JobRecord, task_key: str, lease_gone: bool) -> JobRec
     if state == JobState.ALLOCATED:
         return record
     if state == JobState.REFUSED:
-        raise InsufficientResources(str(record.get("refused_reason")
-                                        or "the keeper could not start it now"))
+        why = str(record.get("refused_reason") or "the keeper could not start it now")
+        if record.get("refused_kind") == "invalid":
+            raise UsageError(f"the keeper refused job {task_key}: {why}")
+        raise InsufficientResources(why)
     if state != QUEUED or lease_gone:
         by = record.get("cancelled_by") or record.get("killed_by") or {}
         who = by.get("identity") or by.get("user")

@@ -22,10 +22,10 @@ from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
 from hypertf.store.allocation import (
-    confirm_drained,
     overwrite_matrix,
     read_matrix,
     release,
+    report_drained,
     sync_matrix,
     write_matrix,
 )
@@ -188,16 +188,20 @@ def test_sigkilled_allocator_gpus_return(zk, layout, fake_agents, cluster_settin
     drained = f"{DRAINING}{grant['key']}"
     wait_for(lambda: sync_matrix(Store(zk, layout))[0].gpus["n1"][grant["gpu"]] == drained, 60,
              "the killed allocator's GPU to drain")
-    assert not confirm_drained(Store(zk, layout), "n1", {"someone-else"})
-    assert confirm_drained(Store(zk, layout), "n1", {grant["key"]})
+    report_drained(Store(zk, layout), "n1", {"someone-else"})
+    assert sync_matrix(Store(zk, layout))[0].gpus["n1"][grant["gpu"]] == drained
+    report_drained(Store(zk, layout), "n1", {grant["key"]})
+    sync_matrix(Store(zk, layout))
     assert all_free(zk, layout)
 
 
 def confirm_all(zk, layout) -> None:
     """What every host's agent does once it has seen the ended jobs' processes dead."""
-    matrix, _ = sync_matrix(Store(zk, layout))
+    matrix, records = sync_matrix(Store(zk, layout))
     for host in matrix.gpus:
-        confirm_drained(Store(zk, layout), host, matrix.draining_on(host))
+        if host in records and matrix.draining_on(host):
+            report_drained(Store(zk, layout), host, matrix.draining_on(host))
+    sync_matrix(Store(zk, layout))
 
 
 def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layout):

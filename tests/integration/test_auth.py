@@ -168,7 +168,8 @@ def test_another_user_cannot_end_a_job_and_the_admin_can(cluster, job):
 
 def test_an_agent_can_neither_take_gpus_nor_end_a_job_nor_touch_another_host(cluster, job):
     """Agent n2's own credential: no lease, no job, no other host's record (not even a new
-    one: a host's folder is the admin's, and only its own agent may create in it)."""
+    one: a host's folder is the admin's, and only its own agent may create in it), and none
+    of what the keeper alone decides: the matrix, grants, job records, the keeper's lease."""
     _, inventory, layout = cluster
     agent = store.connect(inventory.cluster, identity="agent.n2")
     try:
@@ -186,16 +187,29 @@ def test_an_agent_can_neither_take_gpus_nor_end_a_job_nor_touch_another_host(clu
                 lambda: agent.delete(layout.host("n2")),
                 lambda: agent.create(layout.user_leases("mallory"), b""),
                 lambda: agent.create(f"{layout.root}/x", b""),
-                lambda: agent.set(layout.keeper, b"n2")):
+                lambda: agent.set(layout.keeper, b"n2"),
+                lambda: agent.create(layout.keeper_lease, b"n2", acl=acls.keeper_lease(),
+                                     ephemeral=True),
+                lambda: agent.set(layout.matrix, b"{}"),
+                lambda: agent.set(layout.matrix_shard(0), b"garbage"),
+                lambda: agent.set(layout.job(job), b"{}"),
+                lambda: agent.delete(layout.job(job)),
+                lambda: agent.create(layout.grant(f"x.{user}"), b"{}", acl=acls.grant()),
+                lambda: agent.set(layout.limits, b"{}")):
             with pytest.raises(NoAuthError):
                 attempt()
-        # what it needs: its own record, the keeper's lease, and reading everything
+        # what it needs: its own record and reading everything
         agent.create(layout.resource("n2"), b"{}", acl=acls.agent_record(), ephemeral=True)
         agent.set(layout.resource("n2"), b"{}")
-        agent.create(layout.keeper_lease, b"n2", acl=acls.keeper_lease(), ephemeral=True)
         assert agent.get(layout.job(job))[0]
     finally:
         store.close(agent)
+    keeper = store.connect(inventory.cluster, identity="agent.n1", also=("keeper",))
+    try:  # a keeper host's agent: it may take the keeper's lease
+        keeper.create(layout.keeper_lease, b"n1", acl=store.acls(keeper).keeper_lease(),
+                      ephemeral=True)
+    finally:
+        store.close(keeper)
     user_client = store.connect(inventory.cluster)  # a user may not keep the matrix
     try:
         with pytest.raises(NoAuthError):
@@ -210,7 +224,7 @@ def test_credentials_are_private_files_in_a_private_directory(cluster):
     directory = store.credentials_dir(inventory.cluster)
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     names = sorted(p.name for p in directory.iterdir())
-    assert names == sorted(["admin.yml", "agent.n1.yml", "agent.n2.yml",
+    assert names == sorted(["admin.yml", "agent.n1.yml", "agent.n2.yml", "keeper.yml",
                             f"user.{auth.login_user()}.yml", "user.bob.yml"])
     for path in directory.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -218,6 +232,10 @@ def test_credentials_are_private_files_in_a_private_directory(cluster):
     bob = yaml.safe_load((directory / "user.bob.yml").read_text())
     assert "agents_secret" not in bob
     assert bob["secret"] not in (directory / "admin.yml").read_text()
+    # the keeper's secret is in keeper.yml alone (copied only to the keeper hosts)
+    keeper = yaml.safe_load((directory / "keeper.yml").read_text())
+    assert all(keeper["secret"] not in (directory / name).read_text()
+               for name in names if name != "keeper.yml")
 
 
 def test_credential_mistakes_are_one_line_naming_the_file_and_exit_3(cluster):
@@ -415,10 +433,11 @@ def test_priorities_are_capped_by_the_admin_and_a_users_own_record_gains_nothing
 
 def test_the_keeper_restores_a_running_jobs_cells_whoever_wrote_the_matrix(
         cluster, job, launcher):
-    """An agent's credential (it may write the matrix) sets the job's GPU free: the keeper's
-    next pass gives it back, and a --no-wait request for it is refused meanwhile."""
+    """The admin's credential (the one besides the keeper's that may write the matrix) sets
+    the job's GPU free: the keeper's next pass gives it back, and a --no-wait request for
+    it is refused meanwhile."""
     _, inventory, layout = cluster
-    agent = store.connect(inventory.cluster, identity="agent.n2")
+    agent = store.connect(inventory.cluster, identity="admin")
     try:
         forged, _ = read_matrix(Store(agent, layout))
         forged.gpus["n1"] = [FREE, FREE]
