@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One HyperTF task on a node: activate the venv, enter the work dir, run the command,
+# One HyperTF task on a node: activate the venv (bin/activate, else bin/ first on PATH),
+# enter the work dir, run the command,
 # keep its output in LOG, its PID (= process group) in PIDFILE and its exit code in
 # EXITFILE. Started by 'tasknode start' in a new session, so 'kill -- -PID' stops the tree.
 # Every path comes from hypertf.core.rundir.RunDir (the one place the run-dir layout is spelled).
@@ -12,9 +13,18 @@ echo $$ > "$pidfile"
 # gone; checked after the PID is on disk, so either the agent sees this task and stops it,
 # or this task sees the mark and never runs.
 if [ -e "$drained" ]; then echo 75 > "$exitfile"; exit 75; fi
-# shellcheck disable=SC1091
-source "$venv/bin/activate" || { echo 127 > "$exitfile"; exit 127; }
-cd "$cwd" || { echo "cannot enter $cwd" > "$log"; echo 1 > "$exitfile"; exit 1; }
+# A task that cannot start says why in its log (the launcher shows the log's last lines).
+fail() { echo "hypertf: $2" >> "$log"; echo "$1" > "$exitfile"; exit "$1"; }
+if [ -e "$venv/bin/activate" ]; then
+    # shellcheck disable=SC1091
+    source "$venv/bin/activate" || fail 127 "sourcing $venv/bin/activate failed (exit $?)"
+elif [ -x "$venv/bin/python" ]; then
+    # No activate script (a hand-made or conda environment): what it does for the command.
+    export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
+else
+    fail 127 "no Python environment at $venv (neither bin/activate nor bin/python): set hypertf_venv in the inventory, or run invoke cluster.setup"
+fi
+cd "$cwd" || fail 1 "cannot enter $cwd"
 # A stop TERMs the whole group: without a trap this shell would die with the task before
 # writing its exit code. With one, bash runs the trap only after the command ends, so the
 # code (143 for a task killed by the TERM) is recorded. The command gets default handlers.

@@ -444,13 +444,14 @@ def reap(runs: Iterable[RunDir], leases: set[str], grace: float = 5.0,
     return reaped
 
 
-def preflight(workdir: str, script: str) -> dict:
-    """Can this node run the job? Checked before anything is allocated or started."""
+def preflight(workdir: str, script: str, venv: str | None = None) -> dict:
+    """Can this node run the job? Checked before anything is allocated or started.
+    ``venv``: the tasks' environment (default: this Python's, ``<venv>/bin/python``)."""
     import importlib.util
 
     from hypertf.core import diagnose
 
-    problems = []
+    problems = venv_problems(venv or str(Path(sys.executable).parent.parent))
     work = Path(workdir)
     runs = RunDir.runs(workdir)
     try:
@@ -469,6 +470,21 @@ def preflight(workdir: str, script: str) -> dict:
     return {"python": sys.executable, "problems": problems,
             "hostname": socket.gethostname(), "legacy_flags": reads_flags,
             "tf_keras": tf_keras}
+
+
+def venv_problems(venv: str) -> list[str]:
+    """What task.sh needs of the environment: ``bin/activate`` readable when there is one,
+    else an executable ``bin/python`` (a hand-made or conda environment: task.sh then puts
+    its ``bin`` first on PATH, as activate would)."""
+    bin_dir = Path(venv) / "bin"
+    activate, python = bin_dir / "activate", bin_dir / "python"
+    if activate.exists():
+        return [] if os.access(activate, os.R_OK) else [
+            f"{activate} is not readable: tasks source it (fix its permissions)"]
+    if os.access(python, os.X_OK):
+        return []
+    return [f"no Python environment at {venv} (neither bin/activate nor bin/python): set "
+            f"hypertf_venv in the inventory, or run invoke cluster.setup"]
 
 
 def _start_verb(watch_after: bool) -> int:

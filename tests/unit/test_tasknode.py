@@ -251,7 +251,7 @@ def test_watch_streams_logs_listening_and_exits_until_every_task_ends(
 
     assert watcher.of("ps0", "exit") == [{"e": "exit", "task": "ps0", "code": 1, "killed": False}]
     assert [e["line"] for e in watcher.of("ps0", "log")] == [
-        f"cannot enter {node.root / 'missing'}"]
+        f"hypertf: cannot enter {node.root / 'missing'}"]
     assert events[-1] == {"e": "done"}
     assert (run.local / "worker0.exit").read_text().strip() == "3"
 
