@@ -62,15 +62,16 @@ def _terminate(signum: int, _frame: object) -> None:
 
 @contextlib.contextmanager
 def bench_home(name: str) -> Iterator[Path]:
-    """A private 0700 state dir (HYPERTF_HOME) under the repo's ignored .hypertf/.
+    """A private 0700 state dir (HYPERTF_HOME) of its own under ~/.hypertf/, as the tests'.
 
-    Not under /tmp: sshd's StrictModes refuses keys below a world-writable directory. Not
-    the default ~/.hypertf either, where someone's ``invoke lab.down`` would remove our lab.
+    Not under the repository: a clone may lie under /tmp, and sshd's StrictModes refuses
+    keys below a world-writable directory (the lab's hosts log in with keys kept here). Not
+    ~/.hypertf itself either, whose labs someone's ``invoke lab.down`` would remove.
     """
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminate)
     gctune.tune()  # what a bench runs in its own process, HyperTF's processes run so
-    home = REPO / ".hypertf" / f"bench-{name}-{secrets.token_hex(3)}"
+    home = Path.home() / ".hypertf" / f"bench-{name}-{secrets.token_hex(3)}"
     home.mkdir(parents=True, mode=0o700)
     os.environ["HYPERTF_HOME"] = str(home)
     try:

@@ -214,6 +214,15 @@ class Session:
                 f"{self.node.name} ({self.node.address}): its SSH host key CHANGED since it "
                 f"was pinned in {known_hosts}; check the node, then re-pin it"
             ) from None
+        except paramiko.AuthenticationException:
+            raise RemoteError(
+                f"{self.node.name} ({self.node.address}): SSH refused the key "
+                f"{self.node.key_file or '(none given)'} for {self.node.user}: it is not in "
+                f"that user's authorized_keys, or sshd's StrictModes ignores that file because "
+                f"it, ~/.ssh or a directory above is writable by group or others or owned by "
+                f"another user (the node's sshd log names the path: 'Authentication refused: "
+                f"bad ownership or modes'); invoke cluster.setup authorizes the key"
+            ) from None
         except paramiko.SSHException as err:
             if "not found in known_hosts" in str(err):
                 raise RemoteError(

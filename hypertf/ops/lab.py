@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from hypertf.config.paths import state_home
-from hypertf.core.errors import LabError
+from hypertf.core.errors import HyperTFError, LabError
 from hypertf.node import procs
 from hypertf.ops.zkserver import ZooKeeperServer, ensemble, free_port
 
@@ -129,6 +129,43 @@ def labs_home() -> Path:
     path = state_home() / "labs"
     path.mkdir(mode=0o700, exist_ok=True)
     return path
+
+
+def strict_modes_problem(path: Path) -> str | None:
+    """Why sshd's StrictModes would refuse a key file at ``path`` (the lab's hosts log in as
+    this user with keys kept there), or None. sshd checks the file and every directory up
+    to / (up to the user's home when the file lies inside it): each must be owned by root
+    or the user and writable by neither group nor others (Debian's sshd lets a group of
+    the user alone pass; others refuse it). The sticky bit does not count: a directory
+    under /tmp (mode 1777) is refused. Parts that do not exist yet are made 0700 by the
+    lab and pass."""
+    uid = os.getuid()
+    home = Path(os.path.expanduser("~")).resolve()
+    target = path.resolve()
+    for directory in (target, *target.parents):
+        try:
+            info = directory.stat()
+        except FileNotFoundError:
+            continue
+        if info.st_uid not in (0, uid):
+            return f"{directory} is owned by uid {info.st_uid}, neither root nor this user"
+        if info.st_mode & 0o022:
+            who = "others" if info.st_mode & 0o002 else "its group"
+            return f"{directory} is writable by {who} (mode {info.st_mode & 0o7777:o})"
+        if directory == home:
+            return None
+    return None
+
+
+def refused_keys(lab: Lab) -> list[str]:
+    """What the lab hosts' sshd logged when it refused a key (StrictModes names the path)."""
+    found = []
+    for host in lab.hosts:
+        with contextlib.suppress(OSError):
+            log = (lab.dir / host.name / "sshd.log").read_text(errors="replace")
+            found += [f"{host.name}: {line.strip()}" for line in log.splitlines()
+                      if "Authentication refused" in line or "bad ownership or modes" in line]
+    return found
 
 
 def _run(*argv: str) -> str:
@@ -283,6 +320,11 @@ def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = Tru
     _check_requirements()
     lab_id = secrets.token_hex(3)
     directory = (base or labs_home()) / lab_id
+    problem = strict_modes_problem(directory / "authorized_keys")
+    if problem:
+        raise LabError(f"sshd's StrictModes would refuse the lab's SSH keys under {directory}: "
+                       f"{problem}; build the lab under a private directory (HYPERTF_HOME, "
+                       f"default ~/.hypertf)")
     directory.mkdir(mode=0o700, parents=True)
     net = _pick_subnet()
     addresses = list(net.hosts())
@@ -367,7 +409,13 @@ def start_lab_agents(lab: Lab, wait_s: float = 30.0) -> None:
     from hypertf.ops import agentctl
 
     inventory = load_inventory(lab.inventory)
-    agentctl.start_agents(inventory)
+    try:
+        agentctl.start_agents(inventory)
+    except HyperTFError as err:
+        refused = refused_keys(lab)
+        if not refused:
+            raise
+        raise LabError(f"{err}; their sshd says: {'; '.join(refused[:3])}") from None
     client = store.connect(inventory.cluster)
     try:
         layout = store.Layout(inventory.cluster.zk_root)
