@@ -19,14 +19,14 @@ from hypertf.core.admission import Waiting
 from hypertf.core.errors import UsageError
 from hypertf.core.layout import owner_of
 from hypertf.core.placement import MAX_REQUEST_HOSTS, PortRanges, Request, expand_hosts
-from hypertf.core.scheduler import POLICIES, TaskSlot
+from hypertf.core.scheduler import OFFLOAD, POLICIES, TaskSlot
 
 DEFAULT_PORT_RANGE = (20000, 20999)
 MAX_RECORD_BYTES = 256 * 1024  # a request over 10,000 hosts is ~120 KB compacted
 MAX_SLOTS = 10_000  # tasks in one job
 MAX_GPUS_PER_TASK = 64  # more than any host holds
 MAX_PRIORITY_ABS = 10**9  # a wish, clamped to the owner's maximum anyway
-ROLES = ("chief", "worker", "ps", "evaluator")
+ROLES = ("chief", "worker", "ps", "evaluator", OFFLOAD)  # OFFLOAD: --offload-hosts
 QUEUE_FIELDS = frozenset({"priority", "hosts", "policy", "slots", "port_range",
                           "port_ranges", "exclude_ports", "held", "no_wait"})
 HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-[]:")
