@@ -175,6 +175,11 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_gpu_util_max": Setting(_percent, 10.0),
     "hypertf_gpu_mem_max": Setting(_percent, 10.0),
     "hypertf_port_range": Setting(_port_range, "20000-20999"),
+    # The control port of each task's offload world (--offload-hosts): MPICH's mpiexec
+    # (hydra) takes it from MPIEXEC_PORT_RANGE and binds it on every address whatever it is
+    # told, so it is kept to this range (firewall it to the data network); every other
+    # offload process binds the task's data address.
+    "hypertf_offload_port_range": Setting(_port_range, "21000-21999", agent=False),
     "hypertf_agent_interval": Setting(_positive(float), 5.0),
     # The agent's Prometheus /metrics, on the management address (0: none). 9400 is the
     # port of NVIDIA's DCGM exporter, which ops teams already scrape.
@@ -239,6 +244,7 @@ class NodeSettings:
     gpu_mem_max: float
     port_range: tuple[int, int]
     agent_interval: float
+    offload_port_range: tuple[int, int] = (21000, 21999)  # mpiexec's control port
     metrics_port: int = 0  # 0: no /metrics
     gpu_enforce: str = "stop"  # stop / report / off: trespasses on this node's GPUs
     task_env: tuple[tuple[str, str], ...] = ()

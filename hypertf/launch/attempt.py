@@ -517,10 +517,13 @@ def offload_spec(attempt: Attempt, node: Node, file_name: str) -> OffloadSpec:
     hosts = tuple(OffloadHost(address=n.address, port=n.port, user=n.user,
                               python=f"{n.settings.venv}/bin/python")
                   for n in map(job.inventory.node, attempt.offload_hosts))
+    record = job.records.get(node.name)
     return OffloadSpec(hosts=hosts, channel=channel_name(attempt.task_key, file_name),
-                       local_address=node.address, known_hosts=job.inventory.cluster.known_hosts,
+                       local_address=record.data_addr if record else node.address,
+                       known_hosts=job.inventory.cluster.known_hosts,
                        key_file=node.key_file, min_flops=job.request.offload_min_flops,
-                       start_timeout=min(60.0, job.request.start_timeout))
+                       start_timeout=min(60.0, job.request.start_timeout),
+                       port_range=node.settings.offload_port_range)
 
 
 def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, str]],

@@ -69,7 +69,8 @@ def prepare(spec: Spec, private: Path) -> World:
     return World(spec.channel, len(spec.hosts), private,
                  hosts=tuple(h.address for h in spec.hosts), launcher_exec=str(launcher),
                  iface=iface_of(spec.local_address),
-                 remote_python=tuple(h.python for h in spec.hosts), own_session=False)
+                 remote_python=tuple(h.python for h in spec.hosts), own_session=False,
+                 port_range=spec.port_range)
 
 
 def counts(spec: Spec, hook_stats: Path, failed: str, seconds: float) -> dict[str, Any]:

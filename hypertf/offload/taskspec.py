@@ -11,6 +11,8 @@ from typing import Any
 
 from hypertf.offload import DEFAULT_MIN_FLOPS
 
+DEFAULT_PORT_RANGE = (21000, 21999)  # hypertf_offload_port_range's default
+
 
 @dataclass(frozen=True)
 class OffloadHost:
@@ -33,6 +35,7 @@ class Spec:
     key_file: str | None = None
     min_flops: int = DEFAULT_MIN_FLOPS
     start_timeout: float = 60.0
+    port_range: tuple[int, int] = DEFAULT_PORT_RANGE  # mpiexec's control port (hydra)
 
     def to_json(self) -> str:
         return json.dumps({**self.__dict__, "hosts": [h.__dict__ for h in self.hosts]},
@@ -41,7 +44,9 @@ class Spec:
     @classmethod
     def from_json(cls, text: str) -> Spec:
         fields = json.loads(text)
-        return cls(**{**fields, "hosts": tuple(OffloadHost(**h) for h in fields["hosts"])})
+        low, high = fields.get("port_range", DEFAULT_PORT_RANGE)
+        return cls(**{**fields, "hosts": tuple(OffloadHost(**h) for h in fields["hosts"]),
+                      "port_range": (int(low), int(high))})
 
 
 def command(spec: Spec, private: str, out: str, argv: Sequence[str]) -> list[str]:

@@ -88,11 +88,18 @@ def loopback_env() -> dict[str, str]:
             "HYDRA_IFACE": "lo"}
 
 
-def network_env(iface: str | None) -> dict[str, str]:
+def network_env(iface: str | None, port_range: tuple[int, int] | None = None,
+                ) -> dict[str, str]:
     """MPICH (UCX underneath) on the job's data network: the interface the task's host
-    reaches the offload hosts through, the same name on every host."""
+    reaches the offload hosts through, the same name on every host (UCX then binds each
+    rank's listener to that interface's address, never a wildcard). Hydra's control port
+    comes from ``port_range`` (MPIEXEC_PORT_RANGE): hydra binds it on every address
+    whatever -iface says, so the range is what a firewall can hold it to."""
     # UCX's "sm" transport failed the address exchange between hosts (MPICH 4.0.2, ch4:ucx)
-    return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": iface} if iface else {}
+    env = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": iface} if iface else {}
+    if port_range:
+        env["MPIEXEC_PORT_RANGE"] = f"{port_range[0]}:{port_range[1]}"
+    return env
 
 
 @dataclass
@@ -110,6 +117,7 @@ class World:
     iface: str | None = None  # the network interface the ranks and proxies use
     remote_python: tuple[str, ...] = ()  # each host's python (its venv)
     own_session: bool = True  # False: in the caller's process group (a task's: stopped with it)
+    port_range: tuple[int, int] | None = None  # hydra's control port (hosts only)
 
     @property
     def ready_file(self) -> Path:
@@ -125,7 +133,7 @@ class World:
             launcher_exec=self.launcher_exec, ready=str(self.ready_file),
             stats=str(self.stats_file), iface=self.iface, remote_python=self.remote_python)
         if self.hosts:
-            env = {**os.environ, **network_env(self.iface)}
+            env = {**os.environ, **network_env(self.iface, self.port_range)}
         else:
             argv = private_network() + argv
             env = {**os.environ, **loopback_env()}

@@ -3,9 +3,12 @@ line across hosts, the SSH config that pins host keys, the job's summary and las
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 from hypertf.offload.runner import ssh_config
-from hypertf.offload.taskspec import OffloadHost, Spec, line, summarize
-from hypertf.offload.world import mpiexec_argv
+from hypertf.offload.taskspec import DEFAULT_PORT_RANGE, OffloadHost, Spec, line, summarize
+from hypertf.offload.world import mpiexec_argv, network_env
 
 SPEC = Spec(hosts=(OffloadHost("10.0.0.2", 2222, "alice", "/opt/venv/bin/python"),
                    OffloadHost("10.0.0.3")),
@@ -52,3 +55,15 @@ def test_the_summary_adds_the_tasks_and_the_line_says_what_went():
     assert line(summary) == ("hypertf: offloaded 10 matmuls (2.5 GB, 1.8 s) over 2 hosts; 3 "
                              "computed locally after a failure (worker:1: the agent did not "
                              "answer)")
+
+
+def test_hydras_port_comes_from_the_setting_and_ucx_stays_on_the_data_interface():
+    """hypertf_offload_port_range reaches mpiexec as MPIEXEC_PORT_RANGE (low:high), through
+    the spec's JSON; UCX is held to the task's data interface (its listeners bind there)."""
+    spec = Spec.from_json(dataclasses.replace(SPEC, port_range=(23000, 23009)).to_json())
+    assert spec.port_range == (23000, 23009)
+    assert network_env("eth1", spec.port_range) == {
+        "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth1", "MPIEXEC_PORT_RANGE": "23000:23009"}
+    older = json.loads(SPEC.to_json())
+    del older["port_range"]  # a spec from a launcher before the setting
+    assert Spec.from_json(json.dumps(older)).port_range == DEFAULT_PORT_RANGE
