@@ -150,8 +150,10 @@ def keeper(secured: ClusterSettings) -> Iterator[Callable[..., KeeperThread]]:
     processes: ``keeper()`` for the test's root, ``keeper(settings, user_gpu_limit=2)``."""
     started: list[KeeperThread] = []
 
-    def start(cluster: ClusterSettings | None = None, user_gpu_limit: int = 0) -> KeeperThread:
-        thread = KeeperThread(cluster or secured, user_gpu_limit).start()
+    def start(cluster: ClusterSettings | None = None, user_gpu_limit: int = 0,
+              user_queue_limit: int = 200) -> KeeperThread:
+        thread = KeeperThread(cluster or secured, user_gpu_limit,
+                              user_queue_limit=user_queue_limit).start()
         started.append(thread)
         return thread
 

@@ -326,6 +326,13 @@ def agent_settings() -> int:
     return 0
 
 
+def keeper_hosts(inventory: str) -> int:
+    """The hosts whose agent may keep the matrix, as JSON: the hypertf_agent role copies
+    keeper.yml to these alone (docs/zookeeper-layout.md, "Trust")."""
+    print(json.dumps(list(load_inventory(inventory).keeper_hosts)))
+    return 0
+
+
 def cluster_setup(inventory: str, ask_pass: bool = False, check: bool = False) -> int:
     from hypertf.ops import provision
 

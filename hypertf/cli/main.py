@@ -187,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     _verb(verbs, "agent-settings", commands.agent_settings,
           "the hypertf_* settings a node's agent reads (JSON; the agent role's list)",
           inventory=False)
+    _verb(verbs, "keeper-hosts", commands.keeper_hosts,
+          "the hosts that get the keeper's credential (JSON; hypertf_keeper_hosts)")
 
     lab = sub.add_parser("lab", help="a multi-host test cluster of network namespaces")
     verbs = lab.add_subparsers(dest="action", required=True)

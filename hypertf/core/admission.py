@@ -18,6 +18,7 @@ Reasons, as squeue shows them: ``Resources`` (not enough free GPUs even if it we
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -25,7 +26,7 @@ from hypertf.core.layout import owner_of
 from hypertf.core.limits import Limits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import PortsExhausted, Request, pick_ports
-from hypertf.core.scheduler import NoFit, Placement, schedule
+from hypertf.core.scheduler import NoFit, Placement, TaskSlot, schedule
 
 RESOURCES, PRIORITY, USER_LIMIT, HELD = "Resources", "Priority", "UserLimit", "Held"
 
@@ -42,7 +43,7 @@ class Waiting:
     exclude_ports: Mapping[str, frozenset[int]] = field(default_factory=dict)
     no_wait: bool = False  # --no-wait: admitted in the keeper's next pass, or refused
 
-    @property
+    @functools.cached_property
     def user(self) -> str:
         return owner_of(self.task_key)
 
@@ -90,7 +91,11 @@ def _fits(job: Waiting, free: Mapping[str, list[int]], live: set[str]
 def clamped(waiting: Sequence[Waiting], limits: Limits) -> list[Waiting]:
     """The jobs with the priority that counts: a record is its owner's to write, so its
     priority is a wish, capped at the maximum the admin gave its owner."""
-    return [replace(job, priority=limits.priority(job.user, job.priority)) for job in waiting]
+    capped = []
+    for job in waiting:
+        priority = limits.priority(job.user, job.priority)
+        capped.append(job if priority == job.priority else replace(job, priority=priority))
+    return capped
 
 
 def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waiting],
@@ -108,6 +113,10 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
     used = matrix.held_per_user()
     reserved: set[str] = set()  # always live hosts: once it is all of them, it stays so
     decisions = []
+    # A request of the same shape as one that found no place, since nothing was admitted
+    # or reserved, finds none either (free GPUs only shrink and reservations only grow in
+    # a pass): one user's 2,000 identical requests cost one placement try, not 2,000.
+    failed: dict[tuple[int, tuple[TaskSlot, ...], str, bool], str] = {}
     for position, job in enumerate(sorted(clamped(waiting, limits), key=Waiting.sort_key),
                                    start=1):
         if job.held:
@@ -119,6 +128,11 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
             continue
         # Shortcuts that decide the same, for 1,000 jobs over 10,000 hosts: fewer free GPUs
         # than the job needs fit nowhere; nothing open when every live host is reserved.
+        shape = (id(job.request.hosts), job.request.slots, job.request.policy, job.no_wait)
+        if shape in failed:
+            decisions.append(Decision(job.task_key, position, failed[shape],
+                                      refused=job.no_wait))
+            continue
         everything_reserved = len(reserved) >= len(live)
         if job.request.gpus > free_total or (everything_reserved and job.request.gpus > 0):
             placements = None
@@ -130,7 +144,11 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
                                   and _fits(job, free, live)) else RESOURCES
             decisions.append(Decision(job.task_key, position, reason, refused=job.no_wait))
             if not job.no_wait and not everything_reserved:
-                reserved |= usable_hosts(job, matrix, live)
+                more = usable_hosts(job, matrix, live) - reserved
+                if more:
+                    reserved |= more
+                    failed.clear()
+            failed[shape] = reason
             continue
         exclude = {host: set(ports) for host, ports in job.exclude_ports.items()}
         try:
@@ -139,6 +157,7 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
             decisions.append(Decision(job.task_key, position, RESOURCES, refused=job.no_wait))
             continue
         held = Held.of(placements, ports)
+        failed.clear()
         taken = taken.take(job.task_key, held.gpus, held.ports)
         for host, indices in held.gpus.items():
             free[host] = [i for i in free[host] if i not in indices]

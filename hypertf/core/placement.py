@@ -35,8 +35,9 @@ class Request:
     policy: str = "round_robin"
     port_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def gpus(self) -> int:
+        """Computed once: the keeper asks it of every waiting job at every pass."""
         return sum(slot.gpus for slot in self.slots)
 
     def describe(self) -> str:

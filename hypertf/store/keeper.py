@@ -27,10 +27,11 @@ class KeeperThread:
     """Start with ``start()``; ``stop()`` ends the thread and closes its session."""
 
     def __init__(self, cluster: ClusterSettings, user_gpu_limit: int = 0,
-                 identity: str = "admin") -> None:
+                 identity: str = "admin", user_queue_limit: int = 200) -> None:
         self.client = store.connect(cluster, identity=identity)
         self.layout = Layout(cluster.zk_root)
-        self.admitter = Admitter(Store(self.client, self.layout), user_gpu_limit)
+        self.admitter = Admitter(Store(self.client, self.layout), user_gpu_limit,
+                                 user_queue_limit)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._users: set[str] = set()

@@ -73,11 +73,12 @@ from hypertf.store.allocation import (
     sync,
 )
 from hypertf.store.jobs import mark_lost, read_job
-from hypertf.store.zkclient import get_many
+from hypertf.store.zkclient import get_many, pipelined
 
 log = logging.getLogger(__name__)
 QUEUED = JobState.QUEUED
 INVALID = "Invalid"  # refused before the pass: invalid, past a limit, never fits
+FULL_READ_S = 10.0  # every waiting record read again at least this often (a lost watch)
 LIMITS_READ_S = 5.0  # the admin's limits read again at least this often
 VIEW_AFTER_S = 0.25  # a job admitted sooner never reads the queue's view
 LEASE_CHECK_S = 2.0  # a waiter checks its lease this often (no keeper: nobody marks it)
@@ -195,6 +196,10 @@ class QueueReader:
     grants: dict[str, Held] = field(default_factory=dict)
     rejected: dict[str, tuple[dict[str, Any] | None, int, str]] = field(default_factory=dict)
     writes: bool = True  # the keeper's reader marks lost waiters; ``hypertf queue``'s does not
+    _known: dict[str, tuple[dict[str, Any] | None, int, Waiting | None, str]] = field(
+        default_factory=dict)
+    _dirty: set[str] = field(default_factory=set)
+    _full_at: float = 0.0
 
     read_once: bool = False  # a first read: the running jobs' grants come from grants/
 
@@ -217,7 +222,12 @@ class QueueReader:
                 log.error("grant of %s unreadable (%s): it holds nothing", key, err)
 
     def waiting(self, leases: set[str] | None = None) -> list[Waiting]:
-        """The waiting jobs among the ``leases`` (read here when not given)."""
+        """The waiting jobs among the ``leases`` (read here when not given).
+
+        A record is read (with a one-shot watch) when its key is new or its watch fired;
+        a waiting record nobody changed is neither read nor checked again: 2,000 of one
+        user's requests cost a pass nothing. Every FULL_READ_S all are read again (a watch
+        set in a session that expired never fires)."""
         leases = self.store.leases() if leases is None else leases
         if not self.read_once:
             self.load_grants()
@@ -229,37 +239,69 @@ class QueueReader:
             for key in gone:  # a waiter whose lease went without a cancel: launcher gone
                 mark_lost(self.store, key)
         keys = sorted(leases - self.settled)
-        answers = get_many(self.store.client, [self.store.layout.job(key) for key in keys])
+        self._known = {key: known for key, known in self._known.items() if key in leases}
+        now = time.monotonic()
+        if now >= self._full_at:
+            self._full_at = now + FULL_READ_S
+            fresh = keys
+        else:
+            fresh = [key for key in keys if key not in self._known or key in self._dirty]
+        self._dirty.difference_update(fresh)
+        client, layout = self.store.client, self.store.layout
+        with pipelined(client):
+            pending = [(key, client.get_async(layout.job(key), watch=self._changed))
+                       for key in fresh]
+        for key, result in pending:
+            try:
+                data, stat = result.get(timeout=30)
+            except NoNodeError:
+                self._known.pop(key, None)
+                continue  # not written yet (the launcher's transaction)
+            self._known[key] = self._check(key, data, stat.version, stat.czxid)
         self.records, self.rejected = {}, {}
         found = []
-        for key, answer in zip(keys, answers, strict=True):
-            if isinstance(answer, NoNodeError):
-                continue  # not written yet (the launcher's transaction)
-            if isinstance(answer, Exception):
-                raise answer
-            data, stat = answer
-            if len(data) > MAX_RECORD_BYTES:
-                self.rejected[key] = (None, stat.version, f"invalid request: its record is "
-                                      f"{len(data):,} bytes (at most {MAX_RECORD_BYTES:,})")
+        for key in keys:
+            known = self._known.get(key)
+            if known is None:
                 continue
-            try:
-                record = decode(data, "job record")
-            except StoreError as err:
-                self.rejected[key] = (None, stat.version, f"invalid request: {err}")
-                continue
-            if record.get("state") != QUEUED:
-                # admitted, ended, or a record its owner set to "allocated" by hand: only
-                # the keeper's grant admits, so it is never waiting again
-                self.settled.add(key)
-                continue
-            try:
-                job = waiting_from_record(record, stat.czxid, key)
-            except InvalidRequest as err:
-                self.rejected[key] = (record, stat.version, f"invalid request: {err}")
-                continue
-            self.records[key] = (record, stat.version)
-            found.append(job)
+            record, version, job, why = known
+            if why:
+                self.rejected[key] = (record, version, why)
+            elif job is None:
+                self.settled.add(key)  # admitted, ended, or set "allocated" by hand
+                self._known.pop(key, None)
+            else:
+                self.records[key] = (record or {}, version)
+                found.append(job)
         return found
+
+    def forget(self, key: str) -> None:
+        """A job decided (admitted or refused): not waiting any more."""
+        self._known.pop(key, None)
+
+    def _changed(self, event: WatchedEvent) -> None:
+        self._dirty.add(event.path.rpartition("/")[2])
+
+    @staticmethod
+    def _check(key: str, data: bytes, version: int, order: int,
+               ) -> tuple[dict[str, Any] | None, int, Waiting | None, str]:
+        """(record, version, the waiting job or None when it is not waiting, why it is
+        refused or "")."""
+        if len(data) > MAX_RECORD_BYTES:
+            return None, version, None, (f"invalid request: its record is {len(data):,} "
+                                         f"bytes (at most {MAX_RECORD_BYTES:,})")
+        try:
+            record = decode(data, "job record")
+        except StoreError as err:
+            return None, version, None, f"invalid request: {err}"
+        if record.get("state") != QUEUED:
+            # admitted, ended, or a record its owner set to "allocated" by hand: only the
+            # keeper's grant admits, so it is never waiting again
+            return record, version, None, ""
+        try:
+            return record, version, waiting_from_record(record, order, key), ""
+        except InvalidRequest as err:
+            return record, version, None, f"invalid request: {err}"
 
 
 @dataclass
@@ -507,6 +549,7 @@ class Admitter:
             self.reader.settled.add(decision.task_key)
             self.reader.records.pop(decision.task_key, None)  # no longer waiting
             self.reader.rejected.pop(decision.task_key, None)
+            self.reader.forget(decision.task_key)
             if decision.admitted:
                 self.reader.grants[decision.task_key] = Held.of(decision.placements,
                                                                 decision.ports)

@@ -1,0 +1,272 @@
+"""Authority comes from the admin (docs/zookeeper-layout.md, "Trust"): each attack is made
+with the attacker's own valid credential against a real ZooKeeper and the real keeper pass.
+
+mallory is a registered user, alice the victim. Every test checks that no GPU is booked
+twice (the matrix and the grants agree, one job per cell), that the attack's refusal says
+why, and that alice's jobs are admitted meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from hypertf import store
+from hypertf.config.settings import ClusterSettings
+from hypertf.core.errors import InsufficientResources, NotAllowed, UsageError
+from hypertf.core.grants import grant_from_json
+from hypertf.core.matrix import DRAINING, holder
+from hypertf.core.placement import PortRanges, Request, new_task_key
+from hypertf.core.scheduler import TaskSlot
+from hypertf.store import Layout, Store, encode
+from hypertf.store.allocation import MatrixDamaged, read_matrix, release
+from hypertf.store.jobs import read_job
+from hypertf.store.queueview import collect
+from hypertf.store.waitqueue import enqueue, request_to_json, submit, wait_for_admission
+from tests.conftest import wait_for
+
+HOSTS = {"n1": 2, "n2": 2}
+
+
+@pytest.fixture
+def users(secured: ClusterSettings, fake_agents) -> Iterator[dict[str, KazooClient]]:
+    """alice and mallory, registered, with a client each; two hosts of 2 GPUs."""
+    store.secure_cluster(secured, list(HOSTS), users=["alice", "mallory"])
+    fake_agents(HOSTS)
+    clients = {name: store.connect(secured, identity=f"user.{name}")
+               for name in ("alice", "mallory")}
+    yield clients
+    for client in clients.values():
+        store.close(client)
+
+
+def one_gpu(host: str = "n1", tasks: int = 1) -> Request:
+    """``tasks`` workers of one GPU each, on ``host`` ("": any)."""
+    hosts = (host,) if host else tuple(HOSTS)
+    return Request(tuple(TaskSlot("worker", i, 1) for i in range(tasks)), hosts,
+                   port_ranges=PortRanges(hosts, (20000, 20999)))
+
+
+def no_double_booking(zk: KazooClient, layout: Layout) -> dict[str, str]:
+    """Every held cell's job has a grant naming exactly that cell; returns cell -> job."""
+    matrix, _ = read_matrix(Store(zk, layout))
+    cells = {f"{h}:{i}": key for h, row in matrix.gpus.items()
+             for i, c in enumerate(row) if (key := holder(c))}
+    for key in set(cells.values()):
+        grant = grant_from_json(zk.get(layout.grant(key))[0], key)
+        granted = {f"{p.host}:{g}" for p in grant.placements for g in p.gpus}
+        assert granted == {c for c, k in cells.items() if k == key}, (key, granted, cells)
+    return cells
+
+
+def forge(client: KazooClient, layout: Layout, key: str, queue: dict, **record: object) -> None:
+    """What a hostile user's own code writes: its lease and a record of its choosing."""
+    tx = client.transaction()
+    acls = store.acls(client)
+    tx.create(layout.lease(key), b"{}", acl=acls.lease(), ephemeral=True)
+    tx.create(layout.job(key), encode({"task_key": key, "state": "queued",
+                                       "created": time.time(), "queue": queue, **record}),
+              acl=acls.job())
+    assert not [r for r in tx.commit() if isinstance(r, Exception)]
+
+
+def test_a_users_own_record_admits_nothing_and_the_keeper_adopts_nothing(
+        users, zk, layout, keeper):
+    keeper()
+    alice, mallory = users["alice"], users["mallory"]
+    victim = submit(Store(alice, layout), one_gpu(), new_task_key("alice"))
+    taken = victim.placements[0]
+    # 1. mallory's waiting job rewritten to "allocated" on alice's GPU: his launcher's
+    #    wait refuses to start (no grant), the matrix never shows it
+    key = new_task_key("mallory")
+    enqueue(Store(mallory, layout), key, one_gpu("n1", 2), {})
+    record = json.loads(mallory.get(layout.job(key))[0])
+    mallory.set(layout.job(key), encode({**record, "state": "allocated", "placements": [
+        {"role": "worker", "index": 0, "host": taken.host, "gpus": list(taken.gpus),
+         "port": 20500}]}))
+    with pytest.raises(NotAllowed, match="granted it nothing"):
+        wait_for_admission(Store(mallory, layout), key, lambda _line: None, threading.Event())
+    # 2. a lease and a record "allocated" from the start on every free GPU: adopted by no
+    #    keeper pass (mallory's GPU limit is irrelevant: nothing is his)
+    forged = new_task_key("mallory")
+    free = [{"role": "worker", "index": i, "host": h, "gpus": [g], "port": 20600 + i}
+            for i, (h, g) in enumerate([("n1", 1), ("n2", 0), ("n2", 1)])]
+    forge(mallory, layout, forged, request_to_json(one_gpu(), 0), state="allocated",
+          placements=free)
+    time.sleep(1.0)  # several keeper passes
+    cells = no_double_booking(zk, layout)
+    assert forged not in cells.values() and key not in cells.values()
+    assert zk.exists(layout.grant(forged)) is None
+    # alice's --no-wait job takes the GPUs mallory's record named
+    other = submit(Store(alice, layout), one_gpu("", 3), new_task_key("alice"), wait=False)
+    assert sum(len(p.gpus) for p in other.placements) == 3
+    assert set(no_double_booking(zk, layout).values()) == {victim.task_key, other.task_key}
+
+
+def test_a_lease_under_another_users_folder_keeps_nothing_alive(users, zk, layout, keeper,
+                                                                 secured):
+    keeper()
+    alice = store.connect(secured, identity="user.alice")
+    grant = submit(Store(alice, layout), one_gpu(), new_task_key("alice"))
+    mallory = users["mallory"]
+    mallory.create(f"{layout.user_leases('mallory')}/{grant.task_key}", b"{}",
+                   acl=store.acls(mallory).lease(), ephemeral=True)
+    store.close(alice)  # her launcher SIGKILLed: its session, and so its lease, is gone
+    host, gpu = grant.placements[0].host, grant.placements[0].gpus[0]
+    wait_for(lambda: read_matrix(Store(zk, layout))[0].gpus[host][gpu]
+             == f"{DRAINING}{grant.task_key}", 20, "alice's cell draining")
+    assert read_job(Store(zk, layout), grant.task_key)["state"] == "lost"
+    # a job that ends normally is freed too, whatever mallory's forged lease says
+    ended = submit(Store(users["alice"], layout), one_gpu("n2"), new_task_key("alice"))
+    mallory.create(f"{layout.user_leases('mallory')}/{ended.task_key}", b"{}",
+                   acl=store.acls(mallory).lease(), ephemeral=True)
+    release(Store(users["alice"], layout), ended.task_key, stopped_on=["n2"])
+    wait_for(lambda: ended.task_key not in read_matrix(Store(zk, layout))[0].task_keys(), 10,
+             "the ended job's cell freed")
+    wait_for(lambda: zk.exists(layout.grant(ended.task_key)) is None, 10, "its grant gone")
+
+
+BAD = {
+    "Infinity priority": ({"priority": float("inf")}, "priority is Infinity"),
+    "a string GPU count": ({"slots": [["worker", 0, "2"]]}, "GPU count is '2'"),
+    "negative GPUs": ({"slots": [["worker", 0, 2], ["worker", 1, 2], ["worker", 2, -4]]},
+                      "worker:2's GPU count -4 is outside"),
+    "an unknown field": ({"grant": True}, "unknown request field(s) grant"),
+    "a host name with a slash": ({"hosts": ["../x"]}, "is not a host name"),
+}
+
+
+def test_malformed_records_are_refused_with_their_reason_and_stop_nobody(users, zk, layout,
+                                                                         keeper):
+    keeper()
+    mallory = users["mallory"]
+    keys = {}
+    for name, (change, _) in BAD.items():
+        key = keys[name] = new_task_key("mallory")
+        forge(mallory, layout, key, {**request_to_json(one_gpu(), 0), **change})
+    never = new_task_key("mallory")  # 100 GPUs on a 4-GPU cluster: refused, reserves nothing
+    forge(mallory, layout, never, request_to_json(one_gpu("", 100), 0))
+    alice = submit(Store(users["alice"], layout), one_gpu("n2"), new_task_key("alice"))
+    assert alice.placements  # admitted meanwhile
+    loud = new_task_key("mallory")  # priority 10^9: capped, and shown capped
+    forge(mallory, layout, loud, request_to_json(one_gpu("", 4), 10**9))
+    for name, (_, reason) in BAD.items():
+        record = wait_for(lambda k=keys[name]: (r := read_job(Store(zk, layout), k))
+                          and r["state"] == "refused" and r, 10, f"{name} refused")
+        assert reason in record["refused_reason"], (name, record["refused_reason"])
+        assert record.get("refused_kind") == "invalid"
+    refused = wait_for(lambda: (r := read_job(Store(zk, layout), never))
+                       and r["state"] == "refused" and r, 10, "100 GPUs refused")
+    assert "more than the cluster's hosts can ever hold" in refused["refused_reason"]
+    rows = {row["task_key"]: row for row in collect(Store(mallory, layout))}
+    assert rows[loud]["priority"] == 10
+    view = json.loads(zk.get(layout.queue_view)[0])
+    assert [w["priority"] for w in view["waiting"] if w["task_key"] == loud] == [10]
+    no_double_booking(zk, layout)
+    # the launcher's side: an invalid request is a usage error with the keeper's reason
+    key = new_task_key("mallory")
+    with pytest.raises(UsageError, match="outside"):
+        submit(Store(mallory, layout), Request((TaskSlot("worker", 0, 2),
+                                                TaskSlot("worker", 1, 2),
+                                                TaskSlot("worker", 2, -4)), ("n1", "n2")),
+               key)
+    with pytest.raises(InsufficientResources, match="can ever hold"):
+        submit(Store(mallory, layout), one_gpu("", 100), new_task_key("mallory"))
+
+
+def _admission_s(client: KazooClient, layout: Layout) -> float:
+    started = time.monotonic()
+    grant = submit(Store(client, layout), one_gpu("n2"), new_task_key("alice"))
+    took = time.monotonic() - started
+    release(Store(client, layout), grant.task_key, stopped_on=["n2"])
+    return took
+
+
+def test_a_flood_of_waiting_requests_does_not_slow_another_users_admission(
+        users, zk, layout, keeper):
+    """2,000 requests of one user (past hypertf_user_queue_limit the newest are refused):
+    another user's submit -> granted stays within 20% of an idle queue's (+10 ms of timer
+    noise on this 2-core machine)."""
+    keeper(user_queue_limit=200)
+    alice, mallory = users["alice"], users["mallory"]
+    idle = statistics.median(_admission_s(alice, layout) for _ in range(7))
+    blocker = submit(Store(mallory, layout), one_gpu("n1", 2), new_task_key("mallory"))
+    stamp = new_task_key("mallory").partition(".")[0]
+    flood = [f"{stamp}-{i:04d}.mallory" for i in range(2000)]
+    tx_at = time.monotonic()
+    for start in range(0, len(flood), 100):  # 100 lease+record pairs a transaction
+        tx = mallory.transaction()
+        for key in flood[start:start + 100]:
+            tx.create(layout.lease(key), b"{}", acl=store.acls(mallory).lease(),
+                      ephemeral=True)
+            tx.create(layout.job(key), encode({"task_key": key, "state": "queued",
+                                               "created": time.time(),
+                                               "queue": request_to_json(one_gpu("n1"), 5)}),
+                      acl=store.acls(mallory).job())
+        assert not [r for r in tx.commit() if isinstance(r, Exception)]
+    wait_for(lambda: read_job(Store(zk, layout), flood[-1])["state"] == "refused", 60,
+             "the flood past the queue limit refused")
+    settled_s = time.monotonic() - tx_at
+    flooded = statistics.median(_admission_s(alice, layout) for _ in range(7))
+    print(f"\nsubmit -> granted: idle {idle * 1000:.1f} ms, with 2,000 of mallory's requests "
+          f"{flooded * 1000:.1f} ms ({flooded / idle:.2f}x); flood settled in {settled_s:.1f} s")
+    assert flooded <= 1.2 * idle + 0.010
+    assert "hypertf_user_queue_limit" in read_job(Store(zk, layout), flood[-1])["refused_reason"]
+    waiting = [k for k in flood[:300] if read_job(Store(zk, layout), k)["state"] == "queued"]
+    assert len(waiting) == 200
+    release(Store(mallory, layout), blocker.task_key)
+
+
+def test_a_damaged_shard_is_refused_in_one_line_then_rewritten_by_the_keeper(
+        users, zk, layout, keeper):
+    thread = keeper()
+    grant = submit(Store(users["alice"], layout), one_gpu(), new_task_key("alice"))
+    thread.stop()
+    _, version = read_matrix(Store(zk, layout))
+    for shard in version.versions:
+        zk.set(layout.matrix_shard(shard), b'{"format": 1, "gpus": {"n1": "garbage"}}')
+    with pytest.raises(MatrixDamaged, match="'hypertf auth init -i INVENTORY'"):
+        read_matrix(Store(users["alice"], layout))
+    keeper()
+    wait_for(lambda: _readable(users["alice"], layout), 20, "the matrix rewritten")
+    host, gpu = grant.placements[0].host, grant.placements[0].gpus[0]
+    assert read_matrix(Store(zk, layout))[0].gpus[host][gpu] == grant.task_key
+    zk.set(layout.matrix, b"garbage")  # the index too
+    wait_for(lambda: _readable(users["alice"], layout), 20, "the index rewritten")
+    no_double_booking(zk, layout)
+
+
+def _readable(client: KazooClient, layout: Layout) -> bool:
+    try:
+        read_matrix(Store(client, layout))
+    except MatrixDamaged:
+        return False
+    return True
+
+
+def test_a_record_that_shuts_the_keeper_out_waits_alone(users, zk, layout, keeper):
+    """mallory's record with an ACL the keeper may not write: it is left out, others are
+    admitted (before, every pass failed on its transaction)."""
+    keeper()
+    mallory = users["mallory"]
+    key = new_task_key("mallory")
+    acls = store.acls(mallory)
+    mine_only = [a for a in acls.job() if a.id.id != store.credential_of(mallory).keeper_id]
+    tx = mallory.transaction()
+    tx.create(layout.lease(key), b"{}", acl=acls.lease(), ephemeral=True)
+    tx.create(layout.job(key), encode({"task_key": key, "state": "queued",
+                                       "created": time.time(),
+                                       "queue": request_to_json(one_gpu(), 0)}), acl=mine_only)
+    tx.commit()
+    done = threading.Event()
+    threading.Thread(target=lambda: (submit(Store(users["alice"], layout), one_gpu("n2"),
+                                            new_task_key("alice")), done.set()),
+                     daemon=True).start()
+    assert done.wait(10), "alice was not admitted"
+    no_double_booking(zk, layout)
