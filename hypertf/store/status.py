@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
@@ -58,6 +59,8 @@ def collect(client: KazooClient, inventory: Inventory,
     for host, data in zk.raw_records(zk.hosts()).items():
         records[host], gpu_list = AgentRecord.without_gpus(data)
         details[host] = {gpu.get("index"): gpu for gpu in gpu_list}
+    trespasses = [{"host": host, **asdict(t)} for host, record in sorted(records.items())
+                  for t in record.trespasses]
     leases = zk.leases()
     matrix = synced(stored, records, leases)
     now = time.time()
@@ -88,6 +91,8 @@ def collect(client: KazooClient, inventory: Inventory,
                       "servers": _zookeeper_health(inventory.cluster.zookeeper_hosts)},
         "hosts": hosts,
         "jobs": sorted(leases),
+        # processes on GPUs their job was not granted, as each host's agent reports them
+        "trespasses": trespasses,
     }
 
 
@@ -269,3 +274,8 @@ def _render_footer(status: dict[str, Any], console: Console) -> None:
     console.print(f"ZooKeeper: {servers}; root {status['zookeeper']['root']}")
     jobs = status["jobs"]
     console.print(f"Jobs holding resources: {', '.join(jobs) if jobs else 'none'}")
+    for t in status.get("trespasses", ()):
+        console.print(f"[red]TRESPASS[/] {t['host']} GPU {t['gpu']}: pid {t['pid']} "
+                      f"({t['user'] or '?'}, job {t['claims'] or 'none'}) on a GPU granted to "
+                      f"{t['holder'] or 'no job'}; "
+                      + ("stopped" if t["stopped"] else "running (hypertf_gpu_enforce: report)"))
