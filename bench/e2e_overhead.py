@@ -14,6 +14,9 @@ Wall time is from just before the command starts to its exit (hypertf: allocatio
 log streaming, stop, log collection, release, summary). ``--ps-strategy`` adds
 examples/ps_strategy.py (chief, 2 workers, 1 ps); by hand, the servers are stopped with
 SIGTERM as soon as the chief exits, which is the best a person at a terminal can do.
+``--tf1`` adds tests/scripts/tf1_default_wait.py (TF1 between-graph, 2 workers and 1 ps,
+TF's default 30 s recovery wait): by hand the ps, worker 0 and worker 1 start at once, in
+that order; a worker that loses the race to worker 0's initialisation sleeps 30 s.
 
 ``--stand-in`` (and ``--quick``, which also runs once without the warm-up) runs
 tests/scripts/fake_tf.py for 1 s instead of TensorFlow: the same three ways and the same
@@ -44,6 +47,8 @@ JOBS = {
     "mirrored": ("mirrored_strategy.py", ["--worker", "2"], [("worker", 0), ("worker", 1)]),
     "ps": ("ps_strategy.py", ["--chief", "--worker", "2", "--ps", "1"],
            [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]),
+    "tf1": (str(common.REPO / "tests" / "scripts" / "tf1_default_wait.py"),
+            ["--worker", "2", "--ps", "1"], [("ps", 0), ("worker", 0), ("worker", 1)]),
 }
 ACCURACY = re.compile(r"test_accuracy=([0-9.]+)")
 STAND_IN = ["--work_s", "1"]  # fake_tf.py's arguments: work 1 s, then end
@@ -93,7 +98,8 @@ def by_hand(kids: common.Children, job: str, cwd: Path, stand_in: bool) -> dict:
     finishers = specs.finishers(placements)
     started = time.monotonic()
     running = {}
-    for task_spec in task_specs:
+    for task_spec in sorted(task_specs,  # in the order JOBS lists the roles
+                            key=lambda s: roles.index((s.placement.role, s.placement.index))):
         env = {**os.environ, **QUIET_ENV, "TF_CONFIG": task_spec.tf_config,
                "CUDA_VISIBLE_DEVICES": ""}
         name = task_spec.placement.name
@@ -144,13 +150,15 @@ def main() -> int:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--ps-strategy", action="store_true",
                    help="also run examples/ps_strategy.py (chief, 2 workers, 1 ps)")
+    p.add_argument("--tf1", action="store_true",
+                   help="also run a TF1 between-graph script (2 workers, 1 ps, 30 s recovery)")
     p.add_argument("--reps", type=int, help="repetitions (default 3, --quick 1)")
     p.add_argument("--stand-in", action="store_true",
                    help="a 1 s stand-in task instead of TensorFlow (implied by --quick)")
     args = p.parse_args()
     reps = args.reps or (1 if args.quick else 3)
     stand_in = args.stand_in or args.quick
-    jobs = ["mirrored", *(["ps"] if args.ps_strategy else [])]
+    jobs = ["mirrored", *(["ps"] if args.ps_strategy else []), *(["tf1"] if args.tf1 else [])]
     report = common.Report("e2e_overhead", args)
     report.start()
     results: dict[tuple[str, str], list[dict]] = {}

@@ -164,6 +164,16 @@ def cause_lines(lines: Sequence[str], limit: int = 4) -> list[str]:
     return (others[-room:] if room else []) + traceback
 
 
+# A TF1 between-graph job whose worker 0 ended while another worker is silent: its session
+# (no device_filters) waits for every task of the cluster spec, worker 0 included, forever.
+TF1_WORKER_LEFT_WAITING = (
+    "a TF1 between-graph worker waits for every task of the cluster spec, and worker 0 (the "
+    "chief) has ended, so it waits forever. Fix the script: give each worker's session "
+    "device_filters (tf.compat.v1.ConfigProto(device_filters=['/job:ps', "
+    "'/job:worker/task:<its index>'])), or make the chief wait for the other workers before "
+    "it exits (e.g. a barrier on a shared counter)")
+
+
 # -- hints: the fix for a death HyperTF recognises ------------------------------------------
 @dataclass(frozen=True)
 class JobFacts:

@@ -259,8 +259,7 @@ class Monitor:
             self._warned_silence = self.last_output
             self.idle_warnings += 1
             self.idle_warned = True
-            why = (f"every task listens and none has written a line for {idle:.0f} s: "
-                   f"{self._idle_causes}")
+            why = self._idle_words(idle)
             if limits.idle_fail:
                 return Decision(Verdict.FAILED, f"idle: {why}")
             if self.idle_warnings == 1:
@@ -278,6 +277,23 @@ class Monitor:
         return None
 
     # -- words ----------------------------------------------------------------------------
+    def _idle_words(self, idle: float) -> str:
+        """The silence as it is: which tasks ended and how, which run silent, and the
+        known cause of this state (a TF1 worker left waiting for worker 0, which ended)."""
+        ended = [t for t in self.tasks.values() if not t.running]
+        if not ended:
+            return (f"every task listens and none has written a line for {idle:.0f} s: "
+                    f"{self._idle_causes}")
+        running = [t for t in self.tasks.values() if t.running]
+        state = "; ".join(f"{t.label} ended ({t.end(t.placement.host in self.lost_hosts)})"
+                          for t in ended)
+        waiting = [t for t in running if t.name in self.finishers]
+        tf1 = specs.mode([t.placement for t in self.tasks.values()]) == "legacy" and waiting \
+            and any(t.exit_code == 0 for t in ended if t.name in self.finishers)
+        cause = diagnose.TF1_WORKER_LEFT_WAITING if tf1 else self._idle_causes
+        return (f"{', '.join(t.label for t in running)} still running, none has written a "
+                f"line for {idle:.0f} s ({state}): {cause}")
+
     def failure(self, task: TaskState, what: str) -> str:
         """What died and why: a refused legacy flag named with its fix, the exception (the
         last traceback's whole error and the script's own frame, FATAL and error lines), the

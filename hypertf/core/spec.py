@@ -58,6 +58,26 @@ def finishers(placements: Sequence[Placement]) -> set[str]:
     return {p.name for p in placements if p.role == "worker"}
 
 
+def start_rank(placement: Placement) -> int:
+    """Where a task comes in a node's start order: the ps first (every worker waits for
+    them), then the chief or worker 0 (it initialises the variables), then the others."""
+    if placement.role == "ps":
+        return 0
+    return 1 if placement.role == "chief" or placement.index == 0 else 2
+
+
+def start_after(placements: Sequence[Placement], addresses: Mapping[str, str]
+                ) -> dict[str, str]:
+    """Task name -> the address ('host:port') it starts after, once that listens. In a TF1
+    between-graph job (ps, no chief) the other workers wait for worker 0: a non-chief that
+    asks for the model before worker 0 has initialised it sleeps TF's recovery_wait_secs
+    (30 s), and when every worker starts at once, it does. Other modes start together."""
+    if mode(placements) != "legacy":
+        return {}
+    return {p.name: addresses["worker:0"] for p in placements
+            if p.role == "worker" and p.index > 0 and "worker:0" in addresses}
+
+
 def fatal_servers(placements: Sequence[Placement]) -> set[str]:
     """Servers whose exit fails the job (a ps always; a PS-mode worker is tolerated)."""
     return {p.name for p in placements if p.role == "ps"}

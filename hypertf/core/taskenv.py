@@ -18,6 +18,7 @@ TASK_ENV = (
     "HYPERTF_CHECKPOINT_DIR",
     "HYPERTF_TENSORBOARD_DIR",
     "HYPERTF_METRICS_FILE",  # the reporting task only
+    "HYPERTF_START_AFTER",  # host:port task.sh waits for (TF1: the workers after worker 0)
 )
 RESERVED_ENV = frozenset(GPU_ENV + TASK_ENV)
 

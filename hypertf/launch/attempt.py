@@ -172,6 +172,8 @@ class Attempt:
         self.offload_hosts: list[str] = []  # --offload-hosts: lent to the tasks' products
         self.offload: dict[str, dict[str, Any]] = {}  # what each task's runner offloaded
         self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
+        self.start_after: dict[str, str] = {}  # task -> address it starts after (TF1 order)
+        self.legacy_flags = False  # passed to the script (it reads them)
         # per host: logs and metrics the stop sent, or the watcher when the node ended the
         # run itself (then also "stopped": what a stop would have answered)
         self.ended: dict[str, dict[str, Any]] = {}
@@ -245,9 +247,11 @@ class Attempt:
         addresses = {p.name: f"{job.records[p.host].data_addr}:{grant.ports[p.name]}"
                      for p in placements}
         by_host: dict[str, list[specs.TaskSpec]] = {}
-        for task_spec in specs.build(placements, addresses):
+        for task_spec in sorted(specs.build(placements, addresses),
+                                key=lambda s: specs.start_rank(s.placement)):
             by_host.setdefault(task_spec.placement.host, []).append(task_spec)
-        legacy_flags = job.announce_flags()
+        self.start_after = specs.start_after(placements, addresses)
+        legacy_flags = self.legacy_flags = job.announce_flags()
         script = job.request.script if job.request.sync_dir else job.script_path()
 
         def launch(session: Session) -> None:
@@ -290,7 +294,8 @@ class Attempt:
                         idle_timeout=request.idle_timeout, idle_fail=request.idle_fail,
                         host_silence=max(2 * job.inventory.cluster.ssh_timeout, 10.0))
         monitor = Monitor(self.tasks, limits, time.monotonic(), logs_hint=f"{self.local_dir}/",
-                          idle_causes=job.request.idle_causes(), facts=self.facts())
+                          idle_causes=job.request.idle_causes(self.legacy_flags),
+                          facts=self.facts())
         while True:
             try:
                 event = self.events.get(timeout=0.2)
@@ -489,8 +494,10 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
     requests = []
     for task_spec in task_specs:
         task = attempt.tasks[task_spec.placement.name]
-        metrics = {"HYPERTF_METRICS_FILE": str(run.metrics)} if task.name == attempt.reporter \
+        extra = {"HYPERTF_METRICS_FILE": str(run.metrics)} if task.name == attempt.reporter \
             else {}
+        if task.name in attempt.start_after:
+            extra["HYPERTF_START_AFTER"] = attempt.start_after[task.name]
         env = {**QUIET_ENV, **job.request.task_env(node), **taskenv.ours({
             "TF_CONFIG": task_spec.tf_config,
             **specs.gpu_env(task_spec.placement.gpus, job.records[node.name].gpus),
@@ -498,7 +505,7 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
             "HYPERTF_ATTEMPT": str(attempt.number),
             "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name),
             "HYPERTF_TENSORBOARD_DIR": tensorboard_dir(node.settings.workdir, job.job_id),
-            **metrics})}
+            **extra})}
         argv = ["python", script, *(task_spec.flags if legacy_flags else ()), *job.request.args]
         if attempt.offload_hosts:
             argv = offload_command(

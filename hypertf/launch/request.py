@@ -170,8 +170,13 @@ class TrainRequest:
                     "workers and ps only serve)")
         return None
 
-    def idle_causes(self) -> str:
-        """What usually keeps every task listening and silent, for this shape of job."""
+    def idle_causes(self, legacy_flags: bool = False) -> str:
+        """What usually keeps every task listening and silent, for this shape of job
+        (``legacy_flags``: the script reads them, so it is TF1 between-graph, not TF2)."""
+        if self.ps and not self.chief and legacy_flags:
+            return ("a TF1 between-graph worker waiting for worker 0 to initialise the model, "
+                    "or for a peer (without device_filters its session waits for every task "
+                    "of the cluster spec)")
         if self.ps and not self.chief:
             return ("with ps and no chief the workers are the finishers (TF1 between-graph); "
                     "a TF2 ParameterServerStrategy script needs --chief, or every task only "

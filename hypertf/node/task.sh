@@ -25,6 +25,16 @@ else
     fail 127 "no Python environment at $venv (neither bin/activate nor bin/python): set hypertf_venv in the inventory, or run invoke cluster.setup"
 fi
 cd "$cwd" || fail 1 "cannot enter $cwd"
+# HYPERTF_START_AFTER=host:port: start once that listens (a TF1 worker after worker 0, which
+# initialises the model). The launcher's start-up deadline bounds the wait; 120 s here is a
+# safety net (the task then starts anyway). A stop's TERM ends the wait (no trap yet).
+if [ -n "${HYPERTF_START_AFTER:-}" ]; then
+    after_host=${HYPERTF_START_AFTER%:*} after_port=${HYPERTF_START_AFTER##*:}
+    for _ in $(seq 1200); do
+        (exec 3<>"/dev/tcp/$after_host/$after_port") 2>/dev/null && break
+        sleep 0.1
+    done
+fi
 # A stop TERMs the whole group: without a trap this shell would die with the task before
 # writing its exit code. With one, bash runs the trap only after the command ends, so the
 # code (143 for a task killed by the TERM) is recorded. The command gets default handlers.
