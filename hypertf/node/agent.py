@@ -5,11 +5,16 @@ something in it changed, or after a keep-alive (30 quiet intervals, at most 60 s
 to a random quarter: ``WritePolicy``; the ephemeral znode already says "alive", and
 10,000 idle agents need not write every second; its ``heartbeat`` is the time of the
 last write), re-registers after a lost
-session (a ZooKeeper restart, a long network cut), and deletes the record on SIGTERM. The
-agent holding the keeper lease (``keeper/lease``) is the *matrix keeper*: it brings the
-stored matrix in line with the records and leases, so a dead agent's row turns unavailable
-and a dead launcher's GPUs return to the pool without anyone running a command, and it
-admits waiting jobs from the queue (hypertf.store.waitqueue) whenever GPUs or the queue change.
+session (a ZooKeeper restart, a long network cut), and deletes the record on SIGTERM.
+
+An agent *reports* about its own host and decides nothing: its record also names the ended
+jobs it has seen dead here (``drained``) and the processes on its GPUs their job was not
+granted (``trespasses``, stopped under ``hypertf_gpu_enforce: stop``). On the keeper hosts
+(``hypertf_keeper_hosts``, the only ones with ``keeper.yml``) the agent holding the keeper
+lease (``keeper/lease``) is the *matrix keeper*: it brings the stored matrix in line with
+the records, reports and leases, so a dead agent's row turns unavailable and a dead
+launcher's GPUs return to the pool without anyone running a command, and it admits waiting
+jobs from the queue (hypertf.store.waitqueue) whenever GPUs or the queue change.
 """
 
 from __future__ import annotations
@@ -275,10 +280,10 @@ class Agent:
             log.warning("job %s has no lease any more: stopped its tasks %s", task_key, result)
 
     def confirm_drained(self, zk: Store) -> None:
-        """Free this host's draining cells (and cells of jobs whose lease is gone) once no
-        process of the job is left here: stop what is left first (TERM, KILL after the
-        grace). Nothing is freed while a process lives: a GPU is free only when this node
-        says so."""
+        """Report this host's draining cells (and cells of jobs whose lease is gone) dead
+        once no process of the job is left here: stop what is left first (TERM, KILL after
+        the grace). The keeper frees them when it reads the report; nothing is reported
+        while a process lives: a GPU is free only when this node says so."""
         host = self.node.name
         matrix, _ = read_matrix(zk, hosts=[host])  # its own row's shard only
         leases = zk.leases()  # after the matrix: see allocation

@@ -1,8 +1,8 @@
 """GPUs and ports in the matrix: planning (read-only), release, sync, drain, kill.
 
 There is one way to take GPUs: a job is a request in its owner's folder, and the keeper
-admits it (hypertf.store.waitqueue). Users never write the matrix (its ACL lets only the agents
-and the admin), so nothing here that a user runs writes it either:
+admits it (hypertf.store.waitqueue). Only the keeper's identity and the admin write the
+matrix (its ACL), so nothing here that a user or an agent runs writes it either:
 
 - ``release`` (the launcher, at the end) records how the job ended and on which hosts it saw
   the tasks dead (``stopped_on``), and drops the lease, in one transaction;
@@ -10,8 +10,10 @@ and the admin), so nothing here that a user runs writes it either:
   hosts its launcher confirmed, turns its other cells ``draining`` (and a job whose lease
   vanished without a release ``lost``), and gives running jobs back any granted cell that
   someone else's write took (``restored``);
-- ``confirm_drained`` (each node's agent) frees its own host's draining cells once it has
-  seen the job's processes dead there. A host whose agent is down keeps its draining cells.
+- each node's agent reports, in its own record (``drained``; ``report_drained`` writes the
+  same for hosts a test publishes), the ended jobs it has seen dead there, and the keeper's
+  sync frees their draining cells on that host only (``freed_by_reports``). A host whose
+  agent is down keeps its draining cells.
 """
 
 from __future__ import annotations
