@@ -114,8 +114,6 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
             f"start it with 'invoke zk.start' or fix hypertf_zookeeper_hosts in the inventory"
         ) from None
     _credentials[client] = credential
-    if extra:
-        _also[client] = tuple(other.identity for other in extra)
     if check:
         try:
             auth.check_access(client, cluster.zk_root, credential)
@@ -140,15 +138,6 @@ def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] 
     finally:
         close(client)
     return directory
-
-
-_also: weakref.WeakKeyDictionary[KazooClient, tuple[str, ...]] = weakref.WeakKeyDictionary()
-
-
-def is_keeper_client(client: KazooClient) -> bool:
-    """Whether this client may keep the matrix: logged in as the keeper identity (a keeper
-    host's agent) or as the admin (benches' keeper thread)."""
-    return auth.KEEPER in _also.get(client, ()) or _credentials[client].identity == "admin"
 
 
 def credential_of(client: KazooClient) -> auth.Credential:
