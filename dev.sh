@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
 # HyperTF on this machine, from a fresh clone:
-#   ./dev.sh up     install everything, start a local ZooKeeper and agent, show the cluster,
-#                   and train an example through `invoke train` (CPU when there is no GPU)
-#   ./dev.sh test   install everything, then run the whole test suite (lint included)
-# Needs: Debian/Ubuntu, root (apt, network namespaces for the lab), Python >= 3.10.
+#   ./dev.sh up     install what the main job needs (ZooKeeper, .venv with the controller and
+#                   TensorFlow, the examples' packages), start a local ZooKeeper and agent, show
+#                   the cluster, and train an example through `invoke train` (CPU without a GPU)
+#   ./dev.sh test   install everything the suite needs too (the lab's sshd and namespaces,
+#                   MPICH and mpi4py for the offload, Chromium for the dashboard, the dev
+#                   extra), then run the whole test suite (lint included)
+# Needs: Debian/Ubuntu, root (apt; network namespaces for the lab), Python >= 3.10.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
-SYSTEM_PACKAGES=(zookeeper openssh-server openssh-client iproute2 pdsh openssl chromium chromium-driver
-                 mpich libmpich-dev)
+# What `up` needs: ZooKeeper (the local node runs its agent and tasks without SSH).
+UP_SYSTEM_PACKAGES=(zookeeper)
+UP_EXTRAS=controller,tf
+# What the suite needs on top: sshd, ip netns and openssl (the lab, test_auth), pdsh (bench),
+# Chromium with its driver (tests/launcher/test_dashboard.py), MPICH (offload: mpiexec, and
+# the headers mpi4py is built against).
+TEST_SYSTEM_PACKAGES=("${UP_SYSTEM_PACKAGES[@]}" openssh-server openssh-client iproute2 pdsh
+                      openssl chromium chromium-driver mpich libmpich-dev)
+TEST_EXTRAS=$UP_EXTRAS,offload,dev
 
-install_system() {
+install_system() {  # the Debian packages named as arguments, those not installed yet
     local missing=()
-    for pkg in "${SYSTEM_PACKAGES[@]}"; do
+    for pkg in "$@"; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
     done
     if ((${#missing[@]})); then
@@ -22,17 +32,18 @@ install_system() {
     fi
 }
 
-install_python() {
+install_python() {  # hypertf with the extras named ("controller,tf"), editable, in .venv
     if [ ! -x .venv/bin/python ]; then
         echo "== creating .venv with $($PYTHON --version)"
         "$PYTHON" -m venv .venv
     fi
-    echo "== pip install -e .[controller,tf,offload,dev]"
+    echo "== pip install -e .[$1]"
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-    # mpi4py from source against Debian's MPICH: its binary wheel loads libmpi.so.12, which
-    # Debian names libmpich.so.12 (pip keeps the built wheel in its cache: built once).
+    # mpi4py (the offload extra) from source against Debian's MPICH: its binary wheel loads
+    # libmpi.so.12, which Debian names libmpich.so.12 (pip keeps the built wheel in its cache:
+    # built once). The flag is harmless where the extras name no mpi4py.
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-binary mpi4py \
-        -e '.[controller,tf,offload,dev]'
+        -e ".[$1]"
     # Keras 2 for examples/keras_fit.py: tf-keras of TensorFlow's minor version, without its
     # dependencies (it requires "tensorflow", which would pull the full wheel over -cpu).
     local tf
@@ -47,8 +58,8 @@ install_python() {
 
 case "${1:-}" in
     up)
-        install_system
-        install_python
+        install_system "${UP_SYSTEM_PACKAGES[@]}"
+        install_python "$UP_EXTRAS"
         # the packages inventory/local.yml names for the scripts (hypertf_python_packages...)
         .venv/bin/hypertf cluster local-packages -i inventory/local.yml
         .venv/bin/invoke zk.start
@@ -60,8 +71,8 @@ case "${1:-}" in
         .venv/bin/invoke cluster.status
         ;;
     test)
-        install_system
-        install_python
+        install_system "${TEST_SYSTEM_PACKAGES[@]}"
+        install_python "$TEST_EXTRAS"
         echo "== ruff"
         .venv/bin/ruff check hypertf tests tasks.py examples bench
         echo "== import contracts (pyproject.toml [tool.importlinter])"
