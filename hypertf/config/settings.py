@@ -181,9 +181,13 @@ SETTINGS: dict[str, Setting] = {
     # offload process binds the task's data address.
     "hypertf_offload_port_range": Setting(_port_range, "21000-21999", agent=False),
     "hypertf_agent_interval": Setting(_positive(float), 5.0),
-    # The agent's Prometheus /metrics, on the management address (0: none). 9400 is the
-    # port of NVIDIA's DCGM exporter, which ops teams already scrape.
-    "hypertf_agent_metrics_port": Setting(_port_or_off, 9400, field="metrics_port"),
+    # NVIDIA dcgm-exporter's --hpc-job-mapping-dir: the agent writes one file per GPU naming
+    # the task key that holds it, so every DCGM_FI_* series carries it (docs/gpu.md).
+    "hypertf_dcgm_job_mapping_dir": Setting(_optional_text, None),
+    # The agent's Prometheus /metrics, on the management address (0: none). Not 9400: that
+    # is NVIDIA's dcgm-exporter's default, which ops teams already run on the same nodes
+    # (both at once: one of them would fail to bind); 9401 sits beside it.
+    "hypertf_agent_metrics_port": Setting(_port_or_off, 9401, field="metrics_port"),
     "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts", agent=False, scope="cluster"),
     "hypertf_ssh_timeout": Setting(_positive(float), 10.0, agent=False, scope="cluster"),
     # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
@@ -247,6 +251,7 @@ class NodeSettings:
     offload_port_range: tuple[int, int] = (21000, 21999)  # mpiexec's control port
     metrics_port: int = 0  # 0: no /metrics
     gpu_enforce: str = "stop"  # stop / report / off: trespasses on this node's GPUs
+    dcgm_job_mapping_dir: str | None = None  # dcgm-exporter's HPC job mapping directory
     task_env: tuple[tuple[str, str], ...] = ()
     python_packages: tuple[str, ...] | None = None  # None: the role's default
     python_packages_no_deps: tuple[str, ...] | None = None

@@ -36,9 +36,10 @@ from kazoo.handlers.threading import KazooTimeoutError
 from hypertf import store
 from hypertf.config.inventory import Inventory, Node
 from hypertf.core.errors import HyperTFError, StoreError
+from hypertf.core.matrix import Cell
 from hypertf.core.records import Trespass
 from hypertf.core.rundir import RunDir
-from hypertf.node import tasknode, trespass
+from hypertf.node import dcgmmap, tasknode, trespass
 from hypertf.node.metrics import AgentCollector, MetricsServer
 from hypertf.node.probes import (
     GpuSource,
@@ -180,7 +181,7 @@ class Agent:
             inventory.cluster, 30, identity=f"agent.{host}", long_lived=True,
             on_pause=log.warning, also=also))
         self._drained: set[str] = set()  # ended jobs seen dead here, reported to the keeper
-        self._row: list[object] = []  # this host's cells as last read
+        self._row: list[Cell] = []  # this host's cells as last read
         self.trespasses: list[Trespass] = []
         self._wake = threading.Event()
         self._records_changed = threading.Event()  # the keeper: some host's record changed
@@ -258,7 +259,7 @@ class Agent:
         found: list[Trespass] = []
         if enforce != "off" and self._row:
             seen = trespass.scan(record.gpus, self.node.settings.workdir)
-            found = trespass.judge(seen, self._row, record.gpus)  # type: ignore[arg-type]
+            found = trespass.judge(seen, self._row, record.gpus)
             if found and enforce == "stop":
                 found = trespass.stop(found, seen)
             elif found and found != self.trespasses:
@@ -289,6 +290,12 @@ class Agent:
         leases = zk.leases()  # after the matrix: see allocation
         self._row = list(matrix.gpus.get(host, []))
         self.metrics.update(row=matrix.gpus.get(host, []))
+        mapping = self.node.settings.dcgm_job_mapping_dir
+        if mapping:
+            try:
+                dcgmmap.write(mapping, self._row)
+            except OSError as err:
+                log.error("cannot write dcgm-exporter's job mapping in %s: %s", mapping, err)
         ended = matrix.ended_on(host, leases)
         reported = self._drained & ended  # freed by the keeper already: no longer said
         dead = {key for key in ended - reported if tasknode.drain(

@@ -3,7 +3,7 @@ exporter, plus what only HyperTF knows (a GPU's matrix state and the job holding
 
 The figures come from the agent's last record and its row of the matrix, so a scrape costs
 no NVML call and no ZooKeeper read. Served with prometheus_client on the management
-address only (``hypertf_agent_metrics_port``, default 9400; 0 turns it off).
+address only (``hypertf_agent_metrics_port``, default 9401; 0 turns it off).
 """
 
 from __future__ import annotations

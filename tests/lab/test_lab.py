@@ -53,13 +53,13 @@ def test_agent_metrics_answer_on_the_management_address_only(lab):
     """Prometheus can scrape each node over the lab's network; the agent listens nowhere
     else (not on the node's loopback)."""
     address = lab.host("h2").address
-    with urllib.request.urlopen(f"http://{address}:9400/metrics", timeout=10) as reply:
+    with urllib.request.urlopen(f"http://{address}:9401/metrics", timeout=10) as reply:
         text = reply.read().decode()
     assert ('hypertf_gpu_state{gpu="3",host="h2",name="Static GPU",state="free",'
             'uuid="GPU-static-h2-3"} 1.0') in text
     assert 'hypertf_agent_info{gpu_source="static",host="h2"} 1.0' in text
     probe = ("python3 -c \"import socket; s = socket.socket(); "
-             "print(s.connect_ex(('127.0.0.1', 9400)))\"")
+             "print(s.connect_ex(('127.0.0.1', 9401)))\"")
     assert ssh(lab, "h2", probe).strip() != "0"
 
 
