@@ -151,7 +151,13 @@ class Job:
 
     def live_hosts(self) -> list[str]:
         """The inventory's GPU nodes whose agent is up (their records kept for the start)."""
-        self.records = self.store.records()
+        cluster = self.inventory.cluster
+        # an agent that lost ZooKeeper's data gives up its client after outage_patience and
+        # retries every 2 s, then probes: that long after 'auth init', records may yet come
+        interval = max((n.settings.agent_interval for n in self.inventory.nodes.values()),
+                       default=5.0)
+        window = store.outage_patience(cluster) + 2.0 + interval + 5.0
+        self.records = self.store.records_soon(self.inventory.nodes, window, self.say)
         hosts = [name for name in self.inventory.nodes if name in self.records]
         if not hosts:
             raise HyperTFError(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -230,6 +231,29 @@ class Store:
     def job_keys(self) -> list[str]:
         """Every job record's task key, of every user."""
         return self._keys_of_every_user(self.layout.jobs)
+
+    def records_soon(self, wanted: Iterable[str], window_s: float,
+                     say: Callable[[str], None] = lambda _line: None,
+                     ) -> dict[str, AgentRecord]:
+        """``records(only=wanted)``; when none of them has a record yet and the admin made
+        the root's hosts folder less than ``window_s`` ago (``hypertf auth init`` after
+        ZooKeeper lost its data: the agents are running and re-register within their retry
+        period), wait for the first until then, saying so once."""
+        wanted = list(wanted)
+        found = self.records(only=wanted)
+        stat = None if found else self.client.exists(self.layout.hosts)
+        if stat is None:
+            return found
+        deadline = stat.ctime / 1000 + window_s
+        if time.time() >= deadline:
+            return found
+        say(f"hypertf: ZooKeeper's root {self.layout.root} was secured "
+            f"{time.time() - stat.ctime / 1000:.0f} s ago and no agent has registered yet: "
+            f"waiting up to {deadline - time.time():.0f} s for them")
+        while not found and time.time() < deadline:
+            time.sleep(0.5)
+            found = self.records(only=wanted)
+        return found
 
     def publish_record(self, record: AgentRecord) -> str:
         """An agent writes its own record, creating it if missing: "created", "updated",
