@@ -270,3 +270,13 @@ def test_a_record_that_shuts_the_keeper_out_waits_alone(users, zk, layout, keepe
                      daemon=True).start()
     assert done.wait(10), "alice was not admitted"
     no_double_booking(zk, layout)
+
+
+def test_auth_init_rewrites_a_damaged_index_and_shard(users, zk, layout, secured):
+    """The admin's repair, with no keeper running: 'hypertf auth init' (secure_cluster)."""
+    zk.set(layout.matrix_shard(0), b"not json")
+    zk.set(layout.matrix, b'{"format": 2, "shards": -3}')
+    with pytest.raises(MatrixDamaged):
+        read_matrix(Store(users["alice"], layout))
+    store.secure_cluster(secured, list(HOSTS))
+    assert _readable(users["alice"], layout)
