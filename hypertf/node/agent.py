@@ -257,7 +257,11 @@ class Agent:
         ``hypertf_gpu_enforce: stop``)."""
         enforce = self.node.settings.gpu_enforce
         found: list[Trespass] = []
-        if enforce != "off" and self._row:
+        # An idle node (no job holds or drains a GPU here, NVML sees no process) is not
+        # scanned: the scan reads every process's environment (agent_footprint's budget).
+        busy = any(isinstance(cell, str) for cell in self._row) or any(
+            gpu.processes for gpu in record.gpus)
+        if enforce != "off" and self._row and busy:
             seen = trespass.scan(record.gpus, self.node.settings.workdir)
             found = trespass.judge(seen, self._row, record.gpus)
             if found and enforce == "stop":
