@@ -17,8 +17,9 @@ from invoke import Collection, Context, Exit, Task
 from hypertf.cli import commands
 from hypertf.cli import main as cli
 from hypertf.cli import sweep as sweepcli
+from hypertf.cli.options import VERB_OPTIONS, command_args
 from hypertf.cli.sweep import TRIAL_OPTIONS
-from hypertf.export.targets import EXPORT_OPTIONS
+from hypertf.export.targets import EXPORT_OPTIONS, TRAIN_ONLY
 from hypertf.launch.exits import quiet_uncaught_broken_pipe
 from hypertf.launch.request import TRAIN_OPTIONS, Option, TrainRequest
 
@@ -42,6 +43,15 @@ class TypedTask(Task):
         if name == "inventory" and "i" not in {*opts["names"], *taken_names}:
             opts["names"].append("i")
         return opts
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Any]:
+        """Invoke's, keeping the help: its ``arg_opts`` pops each text from ``self.help``, so
+        a second call (a test reading the help) found none."""
+        help = dict(self.help)
+        try:
+            return super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = help
 
 
 def option_kind(body: Callable[..., Any], name: str) -> type | None:
@@ -104,120 +114,139 @@ def _inv(inventory: str | None) -> str:
     return inventory or cli.default_inventory()
 
 
-@task(help=INVENTORY_HELP)
-def zk_start(c: Context, inventory: str | None = None) -> None:
+def verb(words: str, inventory: bool = True) -> Callable[[Body], Task]:
+    """A task with the options of ``hypertf WORDS`` (hypertf.cli.options.VERB_OPTIONS, which
+    the argparse verb reads too) and ``-i/--inventory`` unless ``inventory`` is false."""
+    options = VERB_OPTIONS[words]
+
+    def decorate(body: Body) -> Task:
+        return task(positional=[option.name for option in options if option.positional],
+                    help={**(INVENTORY_HELP if inventory else {}), **option_help(options)},
+                    )(with_options(options)(body))
+
+    return decorate
+
+
+def _call_verb(func: Callable[..., int], words: str, inventory: str | None,
+               values: Mapping[str, Any], **fixed: object) -> None:
+    """Run ``func`` with the inventory, the task's option values as the command's keyword
+    arguments (VERB_OPTIONS[words]) and ``fixed`` (a zk or agent task's action)."""
+    _call(func, inventory=_inv(inventory), **fixed,
+          **command_args(VERB_OPTIONS[words], values))
+
+
+@verb("zk")
+def zk_start(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Start the local standalone ZooKeeper the inventory names."""
-    _call(commands.zk, inventory=_inv(inventory), action="start")
+    _call_verb(commands.zk, "zk", inventory, options, action="start")
 
 
-@task(help=INVENTORY_HELP)
-def zk_stop(c: Context, inventory: str | None = None) -> None:
+@verb("zk")
+def zk_stop(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Stop the local ZooKeeper (by its pidfile)."""
-    _call(commands.zk, inventory=_inv(inventory), action="stop")
+    _call_verb(commands.zk, "zk", inventory, options, action="stop")
 
 
-@task(help=INVENTORY_HELP)
-def zk_status(c: Context, inventory: str | None = None) -> None:
+@verb("zk")
+def zk_status(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Say whether the local ZooKeeper serves, and in which mode."""
-    _call(commands.zk, inventory=_inv(inventory), action="status")
+    _call_verb(commands.zk, "zk", inventory, options, action="status")
 
 
-@task(help={**INVENTORY_HELP, "host": "only this node (default: every GPU node)"})
-def agent_start(c: Context, inventory: str | None = None, host: str | None = None) -> None:
+@verb("agents")
+def agent_start(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Start the resource agent on the nodes (over SSH; locally for a local node)."""
-    _call(commands.agents, inventory=_inv(inventory), action="start", host=host)
+    _call_verb(commands.agents, "agents", inventory, options, action="start")
 
 
-@task(help={**INVENTORY_HELP, "host": "only this node (default: every GPU node)"})
-def agent_stop(c: Context, inventory: str | None = None, host: str | None = None) -> None:
+@verb("agents")
+def agent_stop(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Stop the resource agent on the nodes; their records leave ZooKeeper at once."""
-    _call(commands.agents, inventory=_inv(inventory), action="stop", host=host)
+    _call_verb(commands.agents, "agents", inventory, options, action="stop")
 
 
-@task(help={**INVENTORY_HELP, "last": "how many jobs (default 20)"})
-def jobs(c: Context, inventory: str | None = None, last: int = 20) -> None:
+@verb("jobs")
+def jobs(c: Context, inventory: str | None = None, **options: Any) -> None:
     """List recent jobs, newest first: running, succeeded, failed, interrupted, killed."""
-    _call(commands.jobs, inventory=_inv(inventory), last=last)
+    _call_verb(commands.jobs, "jobs", inventory, options)
 
 
-@task(help={**INVENTORY_HELP, "task_key": "the job's task key (see invoke jobs)"})
-def kill(c: Context, task_key: str, inventory: str | None = None) -> None:
+@verb("kill")
+def kill(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Stop a running job from anywhere: its tasks stop and its GPUs return."""
-    _call(commands.kill, inventory=_inv(inventory), task_key=task_key)
+    _call_verb(commands.kill, "kill", inventory, options)
 
 
-@task(help={**INVENTORY_HELP, "task_key": "the job's task key (see invoke queue / jobs)"})
-def cancel(c: Context, task_key: str, inventory: str | None = None) -> None:
+@verb("cancel")
+def cancel(c: Context, inventory: str | None = None, **options: Any) -> None:
     """End a waiting or running job (yours; the admin: any)."""
-    _call(commands.kill, inventory=_inv(inventory), task_key=task_key)
+    _call_verb(commands.kill, "cancel", inventory, options)
 
 
-@task(help={**INVENTORY_HELP, "json": "print the rows as JSON"})
-def queue(c: Context, inventory: str | None = None, json: bool = False) -> None:
+@verb("hold")
+def hold(c: Context, inventory: str | None = None, **options: Any) -> None:
+    """Keep a waiting job in the queue without admitting it."""
+    _call_verb(commands.hold, "hold", inventory, options)
+
+
+@verb("unhold")
+def unhold(c: Context, inventory: str | None = None, **options: Any) -> None:
+    """Let a held job be admitted again."""
+    _call_verb(commands.unhold, "unhold", inventory, options)
+
+
+@verb("queue")
+def queue(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Waiting jobs in admission order: position, priority, waiting time, reason."""
-    _call(commands.queue, inventory=_inv(inventory), as_json=json)
+    _call_verb(commands.queue, "queue", inventory, options)
 
 
-@task(help={**INVENTORY_HELP, "port": "TCP port (default 8470)",
-            "bind": "address to listen on (default 127.0.0.1; any other wants the token in "
-                    "the URL printed at start)"})
-def dashboard(c: Context, inventory: str | None = None, port: int = 8470,
-              bind: str | None = None) -> None:
+@verb("dashboard")
+def dashboard(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Serve a read-only web page of the matrix, the queue, jobs, logs and sweeps."""
-    _call(commands.dashboard, inventory=_inv(inventory), port=port, bind=bind)
+    _call_verb(commands.dashboard, "dashboard", inventory, options)
 
 
-@task(help={**INVENTORY_HELP, "task_key": "the job's task key", "follow": "follow to the end",
-            "task": "only this task, e.g. worker:1"})
-def logs(c: Context, task_key: str, inventory: str | None = None, follow: bool = False,
-         task: str | None = None) -> None:
+@verb("logs")
+def logs(c: Context, inventory: str | None = None, **options: Any) -> None:
     """A job's task logs, read on the nodes (running or finished jobs)."""
-    _call(commands.logs, inventory=_inv(inventory), task_key=task_key, follow=follow, task=task)
+    _call_verb(commands.logs, "logs", inventory, options)
 
 
-@task(help={**INVENTORY_HELP, "json": "print one JSON object instead of the table"})
-def status(c: Context, inventory: str | None = None, json: bool = False) -> None:
+@verb("status")
+def status(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Show hosts x GPUs (free / busy / unavailable), agents and ZooKeeper health."""
-    _call(commands.status, inventory=_inv(inventory), as_json=json)
+    _call_verb(commands.status, "status", inventory, options)
 
 
-@task(help={**INVENTORY_HELP, "ask_pass": "ask for the SSH password (first contact; needs sshpass)",
-            "check": "dry run: show what would change, change nothing"})
-def cluster_setup(c: Context, inventory: str | None = None, ask_pass: bool = False,
-                  check: bool = False) -> None:
+@verb("cluster setup")
+def cluster_setup(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Provision every node with deploy.yml (SSH keys, virtualenv, ZooKeeper, agents)."""
-    _call(commands.cluster_setup, inventory=_inv(inventory), ask_pass=ask_pass, check=check)
+    _call_verb(commands.cluster_setup, "cluster setup", inventory, options)
 
 
-@task(help={**INVENTORY_HELP, "zookeeper": "also stop ZooKeeper and remove its service",
-            "purge": "also remove virtualenvs, work directories and ZooKeeper data"})
-def cluster_teardown(c: Context, inventory: str | None = None, zookeeper: bool = False,
-                     purge: bool = False) -> None:
+@verb("cluster teardown")
+def cluster_teardown(c: Context, inventory: str | None = None, **options: Any) -> None:
     """Stop the agents (and ZooKeeper on request) and remove what cluster.setup installed."""
-    _call(commands.cluster_teardown, inventory=_inv(inventory), zookeeper=zookeeper,
-          purge=purge)
+    _call_verb(commands.cluster_teardown, "cluster teardown", inventory, options)
 
 
-@task(help={"hosts": "number of hosts (network namespaces)", "gpus": "static GPUs per host",
-            "no_agents": "bare hosts: no agent started",
-            "zookeeper_members": "1: one ZooKeeper server; 3 or 5: a quorum ensemble"})
-def lab_up(c: Context, hosts: int = 3, gpus: int = 4, no_agents: bool = False,
-           zookeeper_members: int = 1) -> None:
+@verb("lab up", inventory=False)
+def lab_up(c: Context, **options: Any) -> None:
     """Create a multi-host lab on this machine; the last line printed is its inventory."""
-    _call(commands.lab_up, hosts=hosts, gpus=gpus, agents=not no_agents,
-          zookeeper_members=zookeeper_members)
+    _call(commands.lab_up, **command_args(VERB_OPTIONS["lab up"], options))
 
 
-@task(help={"name": "lab id (default: every lab)"})
-def lab_down(c: Context, name: str | None = None) -> None:
+@verb("lab down", inventory=False)
+def lab_down(c: Context, **options: Any) -> None:
     """Remove the lab(s): hosts, sshd, agents, ZooKeeper, namespaces, bridge, files."""
-    _call(commands.lab_down, name=name)
+    _call(commands.lab_down, **command_args(VERB_OPTIONS["lab down"], options))
 
 
-@task
-def lab_list(c: Context) -> None:
+@verb("lab list", inventory=False)
+def lab_list(c: Context, **options: Any) -> None:
     """List the labs that are up."""
-    _call(commands.lab_list)
+    _call(commands.lab_list, **command_args(VERB_OPTIONS["lab list"], options))
 
 
 @task(auto_shortflags=False, iterable=option_lists(TRAIN_OPTIONS), help={**INVENTORY_HELP,
@@ -233,10 +262,11 @@ def train(c: Context, inventory: str | None = None, **options: Any) -> None:
 
 
 @task(auto_shortflags=False, iterable=option_lists(TRAIN_OPTIONS), help={
-    **INVENTORY_HELP, **option_help(TRAIN_OPTIONS), **option_help(EXPORT_OPTIONS)})
+    **INVENTORY_HELP, **option_help(TRAIN_OPTIONS), **option_help(EXPORT_OPTIONS),
+    **{option.name: "train only: export refuses it" for option in TRAIN_ONLY}})
 @with_options(TRAIN_OPTIONS + EXPORT_OPTIONS)
 def export(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Write a train command as k8s, tfjob, marathon or docker files; script args after '--'."""
+    """Write a train command as jobset, volcano, k8s, tfjob, marathon or docker files."""
     from hypertf import export as exporter
 
     if not options["script"] or not options["to"]:
@@ -323,26 +353,22 @@ def bench(c: Context, quick: bool = False, only: str | None = None, out: str | N
         raise Exit(f"benchmarks failed: {', '.join(failed)}", code=1)
 
 
-@task(help={**INVENTORY_HELP, "reset": "delete a root made without credentials first"})
-def auth_init(c: Context, inventory: str | None = None, reset: bool = False) -> None:
+@verb("auth init")
+def auth_init(c: Context, inventory: str | None = None, **options: Any) -> None:
     """As the admin: make the cluster's ZooKeeper credentials and secure its root."""
-    _call(commands.auth, inventory=_inv(inventory), action="init", reset=reset)
+    _call_verb(commands.auth, "auth init", inventory, options, action="init")
 
 
-@task(help={**INVENTORY_HELP, "user": "the user's name (their login on the machine they use)"})
-def auth_add_user(c: Context, user: str, inventory: str | None = None) -> None:
+@verb("auth add-user")
+def auth_add_user(c: Context, inventory: str | None = None, **options: Any) -> None:
     """As the admin: register a user and write the credential file to hand them."""
-    _call(commands.auth, inventory=_inv(inventory), action="add-user", user=user)
+    _call_verb(commands.auth, "auth add-user", inventory, options, action="add-user")
 
 
-@task(help={**INVENTORY_HELP, "user": "the registered user to limit",
-            "max_priority": "the highest --priority that counts for the user (default 10)",
-            "gpu_limit": "GPUs the user may hold at once (0: hypertf_user_gpu_limit)"})
-def auth_limits(c: Context, user: str, inventory: str | None = None,
-                max_priority: int | None = None, gpu_limit: int | None = None) -> None:
+@verb("auth limits")
+def auth_limits(c: Context, inventory: str | None = None, **options: Any) -> None:
     """As the admin: a user's maximum priority and GPU limit, which the keeper enforces."""
-    _call(commands.auth, inventory=_inv(inventory), action="limits", user=user,
-          max_priority=max_priority, gpu_limit=gpu_limit)
+    _call_verb(commands.auth, "auth limits", inventory, options, action="limits")
 
 
 zk = Collection("zk")
@@ -369,5 +395,5 @@ lab.add_task(lab_up, "up")
 lab.add_task(lab_down, "down")
 lab.add_task(lab_list, "list")
 
-ns = Collection(zk, auth, agent, cluster, lab, train, export, sweep, jobs, kill, cancel, queue,
-                logs, dashboard, test, bench)
+ns = Collection(zk, auth, agent, cluster, lab, train, export, sweep, jobs, kill, cancel, hold,
+                unhold, queue, logs, dashboard, test, bench)

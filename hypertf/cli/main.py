@@ -14,9 +14,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hypertf.cli import commands, trainargs
+from hypertf.cli.options import VERB_OPTIONS, add_arguments
 from hypertf.cli.trainargs import (
     add_train_options,
     default_inventory,
@@ -51,6 +52,7 @@ def parse_export(argv: Sequence[str]) -> argparse.Namespace:
     """``export`` takes every train option (parse_train's rules for the script's arguments)
     and its own (export.EXPORT_OPTIONS)."""
     from hypertf.export import EXPORT_OPTIONS
+    from hypertf.export.targets import TRAIN_ONLY
 
     argv = list(argv)
     extra: list[str] = []
@@ -58,9 +60,14 @@ def parse_export(argv: Sequence[str]) -> argparse.Namespace:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(prog="hypertf export", allow_abbrev=False,
-                                     description="write a train command as Kubernetes, TFJob, "
-                                                 "Marathon or Docker files (docs/kubernetes.md)")
+                                     description="write a train command as a JobSet, Volcano, "
+                                                 "Kubernetes, TFJob, Marathon or Docker files "
+                                                 "(docs/kubernetes.md)")
     add_train_options(parser)
+    train_only = {option.name for option in TRAIN_ONLY}  # parsed to be refused, not listed
+    for action in parser._actions:
+        if action.dest in train_only:
+            action.help = argparse.SUPPRESS
     for option in EXPORT_OPTIONS:
         names = [option.flag, "-o"] if option.name == "output" else [option.flag]
         parser.add_argument(*names, type=option.kind, default=option.default,
@@ -78,10 +85,13 @@ def parse_export(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _verb(sub: argparse._SubParsersAction, name: str, func: Callable[..., int], help: str,
-          inventory: bool = True) -> argparse.ArgumentParser:
+          inventory: bool = True, words: str | None = None) -> argparse.ArgumentParser:
+    """A verb's parser: ``-i/--inventory`` and its options in VERB_OPTIONS (by ``words``,
+    default ``name`` for a top-level verb), shared with Invoke's tasks, if it has any there."""
     p = sub.add_parser(name, help=help)
     if inventory:
         inventory_option(p)
+    add_arguments(p, VERB_OPTIONS.get(words or name, ()))
     p.set_defaults(func=func)
     return p
 
@@ -93,40 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
                "<idle seconds> turns on for 'hypertf train' (README, 'A warm launcher')")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = _verb(sub, "status", commands.status, "hosts x GPUs, agents and ZooKeeper health")
-    p.add_argument("--json", dest="as_json", action="store_true", help="one JSON object")
-
-    p = _verb(sub, "jobs", commands.jobs, "recent jobs, newest first")
-    p.add_argument("--last", type=int, default=20, help="how many (default 20)")
-    p.add_argument("--json", dest="as_json", action="store_true", help="the records as JSON")
-
-    p = _verb(sub, "kill", commands.kill, "stop a running job from anywhere (by task key)")
-    p.add_argument("task_key")
-
-    p = _verb(sub, "cancel", commands.kill,
-              "end a waiting or running job (owner or admin), by task key")
-    p.add_argument("task_key")
-
-    p = _verb(sub, "queue", commands.queue,
-              "waiting jobs in admission order: position, priority, shape, waiting, reason")
-    p.add_argument("--json", dest="as_json", action="store_true", help="the rows as JSON")
-
-    p = _verb(sub, "dashboard", commands.dashboard,
-              "a read-only web page of the matrix, queue, jobs, logs and sweeps")
-    p.add_argument("--port", type=int, default=8470, help="TCP port (default 8470)")
-    p.add_argument("--bind", help="address to listen on (default 127.0.0.1; any other "
-                                  "wants the token in the URL printed at start)")
-
-    p = _verb(sub, "hold", commands.hold, "keep a waiting job in the queue, not admitted")
-    p.add_argument("task_key")
-    p = _verb(sub, "unhold", commands.unhold, "let a held job be admitted again")
-    p.add_argument("task_key")
-
-    p = _verb(sub, "logs", commands.logs, "a job's task logs, read on the nodes over SSH")
-    p.add_argument("task_key")
-    p.add_argument("-f", "--follow", action="store_true",
-                   help="follow until the tasks end (a waiting job: once it starts)")
-    p.add_argument("--task", help="only this task, e.g. worker:1")
+    _verb(sub, "status", commands.status, "hosts x GPUs, agents and ZooKeeper health")
+    _verb(sub, "jobs", commands.jobs, "recent jobs, newest first")
+    _verb(sub, "kill", commands.kill, "stop a running job from anywhere (by task key)")
+    _verb(sub, "cancel", commands.kill,
+          "end a waiting or running job (owner or admin), by task key")
+    _verb(sub, "queue", commands.queue,
+          "waiting jobs in admission order: position, priority, shape, waiting, reason")
+    _verb(sub, "dashboard", commands.dashboard,
+          "a read-only web page of the matrix, queue, jobs, logs and sweeps")
+    _verb(sub, "hold", commands.hold, "keep a waiting job in the queue, not admitted")
+    _verb(sub, "unhold", commands.unhold, "let a held job be admitted again")
+    _verb(sub, "logs", commands.logs, "a job's task logs, read on the nodes over SSH")
 
     p = _verb(sub, "agent", commands.agent, "run this node's resource agent in the foreground")
     p.add_argument("--host", required=True, help="this node's name in the inventory")
@@ -139,23 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _verb(sub, "agents", commands.agents, "start/stop the agents of many nodes (over SSH)")
     p.add_argument("action", choices=("start", "stop"))
-    p.add_argument("--host", help="only this node (default: every GPU node)")
 
     p = _verb(sub, "zk", commands.zk, "the local standalone ZooKeeper the inventory names")
     p.add_argument("action", choices=("start", "stop", "status"))
 
-    p = _verb(sub, "auth", commands.auth,
-              "credentials and the secured ZooKeeper root (the admin)")
-    p.add_argument("action", choices=("init", "add-user", "limits"))
-    p.add_argument("user", nargs="?", help="the user to register (add-user) or to limit")
-    p.add_argument("--max-priority", type=int, default=None,
-                   help="limits: the highest --priority that counts for the user (default 10)")
-    p.add_argument("--gpu-limit", type=int, default=None,
-                   help="limits: GPUs the user may hold at once (0: hypertf_user_gpu_limit)")
-    p.add_argument("--reset", action="store_true",
-                   help="delete a root made without credentials, then secure it (init)")
-    p.add_argument("--print-dir", action="store_true",
-                   help="end with the credentials directory alone on a line (for Ansible)")
+    auth = sub.add_parser("auth", help="credentials and the secured ZooKeeper root (the admin)")
+    verbs = auth.add_subparsers(dest="action", required=True)
+    _verb(verbs, "init", commands.auth, "make the cluster's credentials and secure its root",
+          words="auth init")
+    _verb(verbs, "add-user", commands.auth,
+          "register a user and write the credential file to hand them", words="auth add-user")
+    _verb(verbs, "limits", commands.auth,
+          "a user's maximum priority and GPU limit, which the keeper enforces",
+          words="auth limits")
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
                    add_help=False)
@@ -169,16 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster = sub.add_parser("cluster", help="provision or tear down the inventory's nodes")
     verbs = cluster.add_subparsers(dest="action", required=True)
-    p = _verb(verbs, "setup", commands.cluster_setup,
-              "provision every node with deploy.yml (keys, venv, ZooKeeper, agents)")
-    p.add_argument("--ask-pass", action="store_true",
-                   help="ask for the SSH password (first contact; needs sshpass)")
-    p.add_argument("--check", action="store_true", help="dry run: change nothing")
-    p = _verb(verbs, "teardown", commands.cluster_teardown,
-              "stop the agents and remove what setup installed")
-    p.add_argument("--zookeeper", action="store_true", help="also stop and remove ZooKeeper")
-    p.add_argument("--purge", action="store_true",
-                   help="also remove virtualenvs, work directories and ZooKeeper data")
+    _verb(verbs, "setup", commands.cluster_setup,
+          "provision every node with deploy.yml (keys, venv, ZooKeeper, agents)",
+          words="cluster setup")
+    _verb(verbs, "teardown", commands.cluster_teardown,
+          "stop the agents and remove what setup installed", words="cluster teardown")
     _verb(verbs, "local-packages", commands.local_packages,
           "install the inventory's hypertf_python_packages into this virtualenv")
 
@@ -192,15 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     lab = sub.add_parser("lab", help="a multi-host test cluster of network namespaces")
     verbs = lab.add_subparsers(dest="action", required=True)
-    p = _verb(verbs, "up", commands.lab_up, "create a lab", inventory=False)
-    p.add_argument("--hosts", type=int, default=3, help="number of hosts")
-    p.add_argument("--gpus", type=int, default=4, help="static GPUs per host")
-    p.add_argument("--no-agents", dest="agents", action="store_false", help="bare hosts")
-    p.add_argument("--zookeeper-members", type=int, default=1,
-                   help="1: standalone ZooKeeper; 3 or 5: a quorum ensemble")
-    p = _verb(verbs, "down", commands.lab_down, "remove labs", inventory=False)
-    p.add_argument("--name", help="lab id to remove (default all)")
-    _verb(verbs, "list", commands.lab_list, "the labs that are up", inventory=False)
+    _verb(verbs, "up", commands.lab_up, "create a lab", inventory=False, words="lab up")
+    _verb(verbs, "down", commands.lab_down, "remove labs", inventory=False, words="lab down")
+    _verb(verbs, "list", commands.lab_list, "the labs that are up", inventory=False,
+          words="lab list")
     p = _verb(verbs, "inventory", commands.lab_inventory,
               "an inventory that provisions a lab's bare hosts; prints its path",
               inventory=False)
@@ -267,8 +241,14 @@ def _dispatch(argv: list[str]) -> int:
         quiet_kazoo()
     if args.command in ("train", "export"):
         return run(lambda: args.func(args))
+    func, kwargs = verb_call(args)
+    return run(lambda: func(**kwargs))
+
+
+def verb_call(args: argparse.Namespace) -> tuple[Callable[..., int], dict[str, Any]]:
+    """The function (hypertf.cli.commands) a parsed verb runs, and its keyword arguments."""
     kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     if args.command in ("cluster", "lab", "inventory"):
         kwargs.pop("action")  # the sub-verb, already chosen as func
-    return run(lambda: args.func(**kwargs))
+    return args.func, kwargs
 

@@ -7,6 +7,7 @@ pipe test runs ``hypertf`` in a shell pipeline).
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from invoke import Collection, Parser, Task
+from invoke import Collection, Context, Parser, Task
 from invoke.parser import ParseResult
 
 import tasks
@@ -267,3 +268,110 @@ def test_a_sweep_spec_refuses_what_is_no_trial_option(key: str) -> None:
 
     with pytest.raises(UsageError, match=f"train option '{key}' is unknown"):
         train_argv_of(SweepSpec(script="t.py", grid={"lr": [0.1]}, train={key: 1}))
+
+
+# -- every other verb: hypertf VERB and invoke VERB agree (hypertf.cli.options) -------------
+
+BOTH = {  # invoke's task: hypertf's words (an action word included)
+    "cluster.status": "status", "jobs": "jobs", "kill": "kill", "cancel": "cancel",
+    "queue": "queue", "hold": "hold", "unhold": "unhold", "logs": "logs",
+    "dashboard": "dashboard", "zk.start": "zk start", "zk.stop": "zk stop",
+    "zk.status": "zk status", "agent.start": "agents start", "agent.stop": "agents stop",
+    "auth.init": "auth init", "auth.add-user": "auth add-user", "auth.limits": "auth limits",
+    "cluster.setup": "cluster setup", "cluster.teardown": "cluster teardown",
+    "lab.up": "lab up", "lab.down": "lab down", "lab.list": "lab list",
+}
+OWN_TABLES = {"train", "export", "sweep"}  # TRAIN_OPTIONS: tested above
+INVOKE_ONLY = {"test", "bench"}  # the repository's, not the package's
+
+
+def test_every_invoke_task_is_paired_with_its_hypertf_verb() -> None:
+    """A new task is checked below, or said to have no hypertf twin."""
+    assert {name for name, _ in invoke_tasks(tasks.ns)} == {*BOTH, *OWN_TABLES, *INVOKE_ONLY}
+
+
+def hypertf_verb(words: str) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The parser of ``hypertf WORDS`` and the words left for it (a zk or agents action)."""
+    parser, left = cli.build_parser(), words.split()
+    while left:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or left[0] not in subs[0].choices:
+            break
+        parser = subs[0].choices[left.pop(0)]
+    return parser, left
+
+
+def hypertf_options(words: str) -> dict[str, tuple[str | None, bool]]:
+    """``hypertf WORDS``'s options (long flag without dashes, or the positional's name, in
+    Python spelling) with their help and whether each is a positional; -h and the action
+    word aside."""
+    parser, left = hypertf_verb(words)
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or (left and action.choices):
+            continue
+        longs = [s for s in action.option_strings if s.startswith("--")]
+        name = longs[0][2:].replace("-", "_") if longs else action.dest
+        found[name] = (action.help, not action.option_strings)
+    return found
+
+
+def invoke_options(task: str) -> dict[str, tuple[str | None, bool]]:
+    arguments = dict(invoke_tasks(tasks.ns))[task].get_arguments()
+    return {(a.attr_name or a.name): (a.help, a.positional) for a in arguments}
+
+
+@pytest.mark.parametrize(("task", "words"), BOTH.items(), ids=list(BOTH))
+def test_both_command_lines_name_the_same_options_with_the_same_help(
+        task: str, words: str) -> None:
+    """``hypertf WORDS --help`` and ``invoke --help TASK``: the same options, positionals
+    and help (``invoke jobs`` had no --json; ``hypertf logs``'s --follow said more)."""
+    assert hypertf_options(words) == invoke_options(task)
+
+
+def sample_argv(words: str) -> list[str]:
+    """A value other than the default for every option of ``hypertf WORDS``."""
+    parser, left = hypertf_verb(words)
+    positionals, flags = [], []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or (left and action.choices):
+            continue
+        if not action.option_strings:
+            positionals.append("K")
+        elif action.nargs == 0:
+            flags.append(action.option_strings[-1])
+        else:
+            flags += [action.option_strings[-1], "7" if action.type is int else "v.yml"]
+    return [*positionals, *flags]
+
+
+def both_calls(task: str, words: str, argv: list[str],
+               monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
+    """(function, keyword arguments) that ``hypertf WORDS ARGV`` and ``invoke TASK ARGV``
+    would run (hypertf.cli.commands), nothing run."""
+    called: list[tuple[object, dict[str, object]]] = []
+    monkeypatch.setattr(tasks, "_call", lambda func, **kwargs: called.append((func, kwargs)))
+    parsed = invoke_parse([task, *argv])[0]
+    dict(invoke_tasks(tasks.ns))[task].body(Context(), **parsed.as_kwargs)
+    hypertf = cli.verb_call(cli.build_parser().parse_args([*words.split(), *argv]))
+    return hypertf, called[0]
+
+
+@pytest.mark.parametrize(("task", "words"), BOTH.items(), ids=list(BOTH))
+def test_both_command_lines_call_the_same_command_with_the_same_defaults(
+        task: str, words: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without options (the defaults; a positional given), and with every option given."""
+    positionals = [word for word in sample_argv(words) if word == "K"]
+    hypertf, invoked = both_calls(task, words, positionals, monkeypatch)
+    assert hypertf == invoked
+    hypertf, invoked = both_calls(task, words, sample_argv(words), monkeypatch)
+    assert hypertf == invoked
+
+
+def test_the_option_table_feeds_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One spelling for a case that needs care: --no-agents is the command's agents=False."""
+    from hypertf.cli.options import VERB_OPTIONS
+
+    assert "json" in {option.name for option in VERB_OPTIONS["jobs"]}
+    hypertf, invoked = both_calls("lab.up", "lab up", ["--no-agents"], monkeypatch)
+    assert hypertf == invoked and invoked[1]["agents"] is False  # type: ignore[index]

@@ -1,0 +1,124 @@
+"""The options of every verb but ``train``, ``export`` and ``sweep`` (those have
+launch.request.TRAIN_OPTIONS), declared once: ``hypertf VERB`` (argparse, hypertf.cli.main)
+and ``invoke VERB`` (tasks.py) are both built from ``VERB_OPTIONS``, so the two name the same
+options with the same types, defaults and help.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hypertf.launch.request import Option
+
+
+@dataclass(frozen=True)
+class VerbOption(Option):
+    """One option of a verb. Beyond ``Option``: a positional argument (``task_key``), a short
+    flag for argparse (Invoke picks its own), and the command's parameter where its name is
+    not the option's (``--json``: ``as_json``; ``--no-agents``: ``agents``, negated)."""
+
+    positional: bool = False
+    short: str | None = None
+    dest: str | None = None
+    negated: bool = False
+
+    @property
+    def target(self) -> str:
+        """The keyword argument of the command (hypertf.cli.commands) that receives it."""
+        return self.dest or self.name
+
+
+def _task_key(required: bool = True) -> VerbOption:
+    return VerbOption("task_key", str, None, "the job's task key (hypertf jobs, hypertf queue)",
+                      "TASK_KEY", required=required, positional=True)
+
+
+def _json(help: str) -> VerbOption:
+    return VerbOption("json", bool, False, help, dest="as_json")
+
+
+def _user(help: str) -> VerbOption:
+    # optional for argparse, so that the command names what is missing (UsageError, exit 2)
+    return VerbOption("user", str, None, help, "USER", positional=True)
+
+
+PRINT_DIR = VerbOption("print_dir", bool, False,
+                       "end with the credentials directory alone on a line (for Ansible)")
+HOST = VerbOption("host", str, None, "only this node (default: every GPU node)", "HOST")
+
+VERB_OPTIONS: dict[str, tuple[VerbOption, ...]] = {
+    "status": (_json("print one JSON object instead of the table"),),
+    "jobs": (VerbOption("last", int, 20, "how many jobs (default 20)", "N"),
+             _json("print the records as JSON")),
+    "kill": (_task_key(),),
+    "cancel": (_task_key(),),
+    "queue": (_json("print the rows as JSON"),),
+    "hold": (_task_key(),),
+    "unhold": (_task_key(),),
+    "logs": (_task_key(),
+             VerbOption("follow", bool, False, "follow until the tasks end (a waiting job: "
+                        "once it starts)", short="f"),
+             VerbOption("task", str, None, "only this task, e.g. worker:1", "TASK")),
+    "dashboard": (VerbOption("port", int, 8470, "TCP port (default 8470)", "PORT"),
+                  VerbOption("bind", str, None, "address to listen on (default 127.0.0.1; "
+                             "any other wants the token in the URL printed at start)",
+                             "ADDRESS")),
+    "zk": (),
+    "agents": (HOST,),
+    "auth init": (VerbOption("reset", bool, False, "delete a root made without credentials "
+                             "first, then secure it"), PRINT_DIR),
+    "auth add-user": (_user("the user's name (their login on the machine they use)"),
+                      PRINT_DIR),
+    "auth limits": (_user("the registered user to limit"),
+                    VerbOption("max_priority", int, None, "the highest --priority that counts "
+                               "for the user (default 10)", "N"),
+                    VerbOption("gpu_limit", int, None, "GPUs the user may hold at once (0: "
+                               "hypertf_user_gpu_limit)", "N")),
+    "cluster setup": (VerbOption("ask_pass", bool, False, "ask for the SSH password (first "
+                                 "contact; needs sshpass)"),
+                      VerbOption("check", bool, False, "dry run: show what would change, "
+                                 "change nothing")),
+    "cluster teardown": (VerbOption("zookeeper", bool, False, "also stop ZooKeeper and remove "
+                                    "its service"),
+                         VerbOption("purge", bool, False, "also remove virtualenvs, work "
+                                    "directories and ZooKeeper data")),
+    "lab up": (VerbOption("hosts", int, 3, "number of hosts (network namespaces; default 3)",
+                          "N"),
+               VerbOption("gpus", int, 4, "static GPUs per host (default 4)", "N"),
+               VerbOption("no_agents", bool, False, "bare hosts: no agent started",
+                          dest="agents", negated=True),
+               VerbOption("zookeeper_members", int, 1, "1: one ZooKeeper server; 3 or 5: a "
+                          "quorum ensemble", "N")),
+    "lab down": (VerbOption("name", str, None, "lab id (default: every lab)", "NAME"),),
+    "lab list": (),
+}
+"""Each verb's options (``-i/--inventory`` aside), by its words on ``hypertf``'s command line
+(``zk`` and ``agents`` take their action as a positional word; Invoke has a task per action)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, options: tuple[VerbOption, ...]) -> None:
+    """The options as argparse arguments, each stored under the command's parameter name."""
+    for option in options:
+        if option.positional:
+            parser.add_argument(option.target, nargs=None if option.required else "?",
+                                default=option.default, metavar=option.metavar,
+                                help=option.help)
+            continue
+        names = [*([f"-{option.short}"] if option.short else []), option.flag]
+        if option.kind is bool:
+            parser.add_argument(*names, dest=option.target, help=option.help,
+                                action="store_false" if option.negated else "store_true")
+        else:
+            parser.add_argument(*names, dest=option.target, type=option.kind,
+                                default=option.default, required=option.required,
+                                metavar=option.metavar, help=option.help)
+
+
+def command_args(options: tuple[VerbOption, ...], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The command's keyword arguments for the options' values (keyed by ``Option.name``, as
+    Invoke gives them)."""
+    return {option.target: (not values[option.name]) if option.negated else values[option.name]
+            for option in options}
