@@ -9,6 +9,9 @@ hypertf.core.spec, the legacy flags when ``train`` would pass them, the inventor
 
 from __future__ import annotations
 
+import getpass
+import hashlib
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,15 +23,20 @@ from hypertf.core.scheduler import Placement
 from hypertf.core.spec import build as build_spec
 from hypertf.launch.request import TrainRequest
 
-TARGETS = ("k8s", "tfjob", "marathon", "docker")
-CONTAINER_TARGETS = ("k8s", "tfjob", "marathon")  # they run an image: --image is required
+TARGETS = ("jobset", "volcano", "k8s", "tfjob", "marathon", "docker")
+CONTAINER_TARGETS = ("jobset", "volcano", "k8s", "tfjob", "marathon")  # --image is required
+WORKDIR = "/app"  # the image's working directory: the code --to docker copies, every manifest
+
 PORT = 2222  # TensorFlow's customary port; the TFJob operator's default (tfjob-port)
 MAX_LABEL = 63  # RFC 1123 label: a Service name, a pod's hostname, a DNS label
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # Kept equal to hypertf.launch.attempt.QUIET_ENV (a test checks): that module pulls in fabric.
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
-DEFAULT_PACKAGES = ("scikit-learn",)  # the python_env role's default for the examples
+# The python_env role's defaults (roles/python_env/defaults/main.yml): the examples need
+# scikit-learn; TensorBoard callbacks and tf.summary need tensorboard.
+DEFAULT_PACKAGES = ("scikit-learn", "tensorboard")
+TENSORFLOW_VARIABLE = "python_env_tensorflow_package"
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class NodeSetup:
     task_env: tuple[tuple[str, str], ...] = ()
     python_packages: tuple[str, ...] | None = None
     python_packages_no_deps: tuple[str, ...] | None = None
+    tensorflow: str | None = None  # the inventory's python_env_tensorflow_package, if set
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -48,13 +57,30 @@ class NodeSetup:
 def node_setup(inventory: Inventory) -> NodeSetup:
     """What the GPU nodes share; an image or a pod template has one setup, so nodes that
     differ are a usage error (set the value for the group instead)."""
+    tensorflow = tensorflow_packages(inventory)
     found = {NodeSetup(n.settings.task_env, n.settings.python_packages,
-                       n.settings.python_packages_no_deps) for n in inventory.nodes.values()}
+                       n.settings.python_packages_no_deps, tensorflow.get(n.name))
+             for n in inventory.nodes.values()}
     if len(found) > 1:
-        raise UsageError(f"{inventory.path}: the nodes differ in hypertf_task_env or "
-                         f"hypertf_python_packages(_no_deps); an exported job has one "
-                         f"environment and one image: set them for the whole group")
+        raise UsageError(f"{inventory.path}: the nodes differ in hypertf_task_env, "
+                         f"hypertf_python_packages(_no_deps) or {TENSORFLOW_VARIABLE}; an "
+                         f"exported job has one environment and one image: set them for the "
+                         f"whole group")
     return found.pop() if found else NodeSetup()
+
+
+def tensorflow_packages(inventory: Inventory) -> dict[str, str]:
+    """Each node's python_env_tensorflow_package where the inventory sets it (a role
+    variable, not a HyperTF setting: read with Ansible's own variable resolution)."""
+    from hypertf.config import inventory as inventory_module
+
+    hosts = inventory_module._ansible_hosts(inventory.path.resolve())
+    result = {}
+    for name in inventory.nodes:
+        value = hosts.get(name, ({}, ()))[0].get(TENSORFLOW_VARIABLE)
+        if isinstance(value, str) and value.strip() and "{{" not in value:
+            result[name] = value.strip()
+    return result
 
 
 @dataclass(frozen=True)
@@ -63,11 +89,13 @@ class ExportOptions:
 
     target: str
     image: str | None = None
-    name: str | None = None  # default: from the script's name
+    name: str | None = None  # default: <script>-<user>-<hash of the job>
     namespace: str = "default"
     queue: str | None = None  # a Kueue LocalQueue (kueue.x-k8s.io/queue-name)
     base_image: str = "python:3.11-slim"
-    tensorflow: str | None = None  # default: tensorflow[and-cuda] with GPUs, else -cpu
+    tensorflow: str | None = None  # default: the nodes' (see hypertf.export.docker)
+    cpu: str | None = None  # requests.cpu of every task's container
+    memory: str | None = None  # requests.memory of every task's container
 
 
 @dataclass(frozen=True)
@@ -128,11 +156,25 @@ def check_label(value: str, what: str, longest: int = MAX_LABEL) -> str:
     return value
 
 
-def default_name(script: str) -> str:
-    """The script's stem made a DNS label: 'mirrored_strategy.py' -> 'mirrored-strategy'."""
-    stem = re.sub(r"[^a-z0-9]+", "-", Path(script).stem.lower()).strip("-")
-    stem = stem.lstrip("0123456789-") or "tf"
-    return stem[:40].rstrip("-")
+def _label_part(text: str, longest: int) -> str:
+    part = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return part[:longest].strip("-")
+
+
+def default_name(request: TrainRequest, options: ExportOptions) -> str:
+    """'<script>-<user>-<hash>': 'main.py' alone names half the jobs of a namespace. The
+    hash is of the job (request and options), so exporting it again gives the same name."""
+    stem = _label_part(Path(request.script).stem, 20).lstrip("0123456789-") or "tf"
+    user = _label_part(getpass.getuser(), 12)
+    shape = json.dumps([request.without_env_values().to_json(), options.namespace],
+                       sort_keys=True)
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:6]
+    return "-".join(part for part in (stem, user, digest) if part)
+
+
+def name_of(request: TrainRequest, options: ExportOptions) -> str:
+    """--name, or the default name."""
+    return options.name or default_name(request, options)
 
 
 def service_address(name: str, namespace: str) -> Callable[[str, int], str]:
@@ -150,16 +192,29 @@ def script_reads_flags(request: TrainRequest) -> bool:
 
 
 def script_in_image(request: TrainRequest) -> str:
-    """The script as the image's WORKDIR holds it: its path inside --sync DIR, else its name
-    (hypertf.export.docker copies it there)."""
-    return request.script if request.sync_dir else Path(request.script).name
+    """The script's absolute path in the image: hypertf.export.docker copies --sync DIR, or
+    the script's directory, to WORKDIR. Absolute, so a pod runs it whatever working
+    directory its image has."""
+    inside = request.script if request.sync_dir else Path(request.script).name
+    return f"{WORKDIR}/{inside}"
+
+
+def servers_without_timeout(request: TrainRequest) -> str | None:
+    """Parameter servers (and a TF2 coordinator's workers) never exit by themselves: a target
+    that cannot stop them at the end runs them until a deadline."""
+    if request.ps and request.timeout is None:
+        return ("hypertf: this job's parameter servers never exit by themselves: its "
+                "Jobs end only at a deadline; give --timeout S (or export --to jobset, "
+                "whose success policy stops them)")
+    return None
 
 
 def plan(request: TrainRequest, options: ExportOptions, setup: NodeSetup,
          address: Callable[[str, int], str] | None = None,
-         tf_config: bool = True) -> ExportJob:
+         tf_config: bool = True, suffix: Callable[[int], str] | None = None) -> ExportJob:
     """The job's tasks with the environment and command ``hypertf train`` would give them;
-    ``address(role, index)`` is the name the target resolves for a task."""
+    ``address(role, index)`` is the name the target resolves for a task, ``suffix(index)``
+    the longest name the target adds to the job's (for the length check)."""
     request.validate()
     if request.offload_hosts:
         raise UsageError("--offload-hosts is not exported: its MPI world runs over the static "
@@ -171,8 +226,9 @@ def plan(request: TrainRequest, options: ExportOptions, setup: NodeSetup,
     if options.target in CONTAINER_TARGETS and not options.image:
         raise UsageError(f"--to {options.target} runs a container: give --image IMAGE (e.g. "
                          f"one built from 'hypertf export --to docker -o DIR')")
-    name = options.name or default_name(request.script)
-    longest = len(f"-worker-{request.workers + request.ps}")
+    name = name_of(request, options)
+    last = max(request.workers, request.ps)
+    longest = len(suffix(last) if suffix else f"-worker-{last}")
     check_label(name, "--name", MAX_LABEL - longest)
     check_label(options.namespace, "--namespace")
     if options.queue is not None:
@@ -199,4 +255,6 @@ def plan(request: TrainRequest, options: ExportOptions, setup: NodeSetup,
     notice = request.topology_notice()
     if notice:
         notes.append(f"hypertf: {notice}")
+    if not options.name:
+        notes.append(f"hypertf: the job is named {name} (--name NAME to choose)")
     return ExportJob(name, options, request, setup, legacy, tuple(tasks), tuple(notes))

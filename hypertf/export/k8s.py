@@ -5,6 +5,7 @@ TF_CONFIG can name it before the pod exists. ``publishNotReadyAddresses`` lets p
 resolve a pod that has not yet passed a readiness check: TensorFlow dials its peers while
 starting. A Job restarts only its own pod (``backoffLimit`` = --max-restarts), where
 ``hypertf train`` restarts the whole job; a mirrored job's survivors fail and restart too.
+Kueue admits each Job alone. hypertf.export.jobset is the target that keeps a job whole.
 """
 
 from __future__ import annotations
@@ -13,16 +14,22 @@ import math
 from typing import Any
 
 from hypertf.export.job import PORT, ExportJob, ExportTask
+from hypertf.export.kueue import QUEUE as KUEUE_QUEUE
+from hypertf.export.kueue import priority_class_name
 
 LABEL_JOB = "hypertf.io/job"
 LABEL_TASK = "hypertf.io/task"
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 GPU = "nvidia.com/gpu"
+CLUSTER_SCOPED = ("PriorityClass", "WorkloadPriorityClass")  # not in any namespace
+NOTE = ("hypertf: plain Jobs restart their own pod only (a mirrored or parameter-server job "
+        "needs the whole job restarted) and Kueue admits each Job alone: --to jobset keeps "
+        "the job whole")
 
 
-def priority_class_name(priority: int) -> str:
-    """--priority N as a PriorityClass name ('hypertf-priority-5', '...-minus-5')."""
-    return f"hypertf-priority-{'minus-' if priority < 0 else ''}{abs(priority)}"
+def literal(value: str) -> str:
+    """A value Kubernetes leaves as it is: it expands $(NAME) in env values, command and
+    args, and '$$' is its escape."""
+    return value.replace("$", "$$")
 
 
 def priority_class(priority: int) -> dict[str, Any]:
@@ -39,13 +46,25 @@ def container(job: ExportJob, task: ExportTask, name: str, port_name: str,
               with_env: bool = True) -> dict[str, Any]:
     """The task's container: its command, environment, port and GPU limit."""
     result: dict[str, Any] = {
-        "name": name, "image": job.image, "command": list(task.argv),
+        "name": name, "image": job.image, "command": [literal(a) for a in task.argv],
         "ports": [{"name": port_name, "containerPort": PORT, "protocol": "TCP"}],
     }
     if with_env:
-        result["env"] = [{"name": k, "value": v} for k, v in task.env.items()]
+        result["env"] = [{"name": k, "value": literal(v)} for k, v in task.env.items()]
+    wanted = resources(job, task)
+    if wanted:
+        result["resources"] = wanted
+    return result
+
+
+def resources(job: ExportJob, task: ExportTask) -> dict[str, Any]:
+    """GPUs as a limit (the device plugin hands out whole GPUs), --cpu/--memory as requests."""
+    result: dict[str, Any] = {}
     if task.gpus:
-        result["resources"] = {"limits": {GPU: task.gpus}}
+        result["limits"] = {GPU: task.gpus}
+    requests = {k: v for k, v in (("cpu", job.options.cpu), ("memory", job.options.memory)) if v}
+    if requests:
+        result["requests"] = requests
     return result
 
 

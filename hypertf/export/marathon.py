@@ -1,4 +1,5 @@
-"""Marathon (Mesos): an app group with one sub-group per role, one app per task.
+"""Marathon (Mesos): an app group with one sub-group per role, one app per task. Legacy:
+Apache Mesos and Marathon moved to the Apache Attic in 2025; kept for clusters that run them.
 
 Like tensorflow/ecosystem's Marathon template, each task is its own app: Marathon gives an
 app's instances no index, and TF_CONFIG needs one. The app '/<job>/worker/0' answers to
@@ -15,7 +16,7 @@ from hypertf.export.job import PORT, ExportJob, ExportTask
 
 NOTE = ("hypertf: Marathon restarts tasks that exit (it runs services): remove the group "
         "when the job is done ('dcos marathon group remove'); --max-restarts, --timeout and "
-        "--priority have no Marathon equivalent")
+        "--priority have no Marathon equivalent. Marathon is legacy (Apache Attic, 2025)")
 
 
 def mesos_dns_address(name: str) -> Any:

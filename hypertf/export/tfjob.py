@@ -1,4 +1,6 @@
-"""Kubeflow's TFJob (kubeflow.org/v1): Chief, PS and Worker replica specs.
+"""Kubeflow's TFJob (kubeflow.org/v1): Chief, PS and Worker replica specs. Legacy: Kubeflow
+Trainer v2 (TrainJob) replaced the training operator and has no TensorFlow runtime; the
+training operator v1.9 still runs TFJobs. --to jobset is the current target.
 
 The training operator makes the headless Services and injects TF_CONFIG into every pod
 (addresses '<job>-<role>-<index>.<namespace>.svc:2222', as hypertf.export.job names them
@@ -12,19 +14,23 @@ import math
 from typing import Any
 
 from hypertf.export.job import ExportJob
-from hypertf.export.k8s import KUEUE_QUEUE, container, priority_class, priority_class_name
+from hypertf.export.k8s import container, literal, priority_class
+from hypertf.export.kueue import QUEUE as KUEUE_QUEUE
+from hypertf.export.kueue import priority_class_name
 
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
 CONTAINER = "tensorflow"  # the operator finds the container by this name...
 PORT_NAME = "tfjob-port"  # ... and the port by this one
 NOTE = ("hypertf: the TFJob carries no TF_CONFIG: the training operator injects it into "
-        "each pod (with the same Service names the legacy flags use)")
+        "each pod (with the same Service names the legacy flags use). TFJob is legacy "
+        "(Kubeflow Trainer v2 dropped TensorFlow): --to jobset is the current target")
 
 
 def replica_spec(job: ExportJob, role: str) -> dict[str, Any]:
     tasks = job.roles()[role]
     first = tasks[0]
-    env = [{"name": k, "value": v} for k, v in first.env.items() if k != "HYPERTF_TASK"]
+    env = [{"name": k, "value": literal(v)} for k, v in first.env.items()
+           if k != "HYPERTF_TASK"]
     main = container(job, first, CONTAINER, PORT_NAME, with_env=False)
     main["env"] = env
     # the per-task flags differ: the job name and index come from the pod's TF_CONFIG.
@@ -57,7 +63,9 @@ def shell_command(job: ExportJob, role: str) -> list[str]:
             "print(json.loads(os.environ[\"TF_CONFIG\"])[\"task\"][\"index\"])'")
     before = " ".join(shlex.quote(a) for a in argv[:index])
     after = " ".join(shlex.quote(a) for a in argv[index + 1:])
-    return ["sh", "-c", f'exec {before} --task_index="$({read})" {after}'.rstrip()]
+    # '$$' is Kubernetes' escape of '$' (it expands $(NAME) in commands).
+    script = literal(f'exec {before} --task_index="$({read})" {after}'.rstrip())
+    return ["sh", "-c", script]
 
 
 def manifest(job: ExportJob) -> list[dict[str, Any]]:
@@ -79,8 +87,10 @@ def manifest(job: ExportJob) -> list[dict[str, Any]]:
                  "tfReplicaSpecs": {REPLICA_TYPES[role]: replica_spec(job, role)
                                     for role in job.roles()}},
     }
-    if request.ps and not request.chief:
-        # Legacy between-graph: the workers finish, the ps serve forever.
+    if not (request.ps and request.chief):
+        # Legacy between-graph: the workers finish, the ps serve forever. Mirrored: every
+        # worker is a finisher, as in train; the default policy (the chief or worker 0)
+        # with cleanPodPolicy Running would delete workers still training.
         tfjob["spec"]["successPolicy"] = "AllWorkers"
     objects: list[dict[str, Any]] = []
     if request.priority:

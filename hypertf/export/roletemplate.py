@@ -1,0 +1,56 @@
+"""One pod template per role (JobSet, Volcano): what differs per task comes from the pod.
+
+The operator knows each pod's index (an annotation); the downward API gives it to the
+container as HYPERTF_TASK_INDEX, defined first, so Kubernetes' $(NAME) expansion puts it
+into TF_CONFIG, HYPERTF_TASK and a legacy --task_index. HYPERTF_ATTEMPT is the operator's
+restart count, as ``hypertf train`` numbers its attempts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypertf.export import k8s
+from hypertf.export.job import ExportJob, ExportTask
+
+INDEX_ENV = "HYPERTF_TASK_INDEX"
+_MARKER = "__HYPERTF_INDEX__"
+
+
+def tf_config(job: ExportJob, role: str) -> str:
+    """The role's TF_CONFIG with '$(HYPERTF_TASK_INDEX)' for the task's index."""
+    cluster = {r: [t.address for t in tasks] for r, tasks in job.roles().items()}
+    text = json.dumps({"cluster": cluster, "task": {"type": role, "index": _MARKER}})
+    return k8s.literal(text).replace(f'"{_MARKER}"', f"$({INDEX_ENV})")
+
+
+def field(path: str) -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": path}}
+
+
+def environment(job: ExportJob, first: ExportTask, index_field: str,
+                attempt_field: str) -> list[dict[str, Any]]:
+    """The role's environment: the index and attempt first (Kubernetes expands $(NAME) only
+    from variables defined before), TF_CONFIG when the task env has it."""
+    env: list[dict[str, Any]] = [
+        {"name": INDEX_ENV, "valueFrom": field(index_field)},
+        {"name": "HYPERTF_ATTEMPT", "valueFrom": field(attempt_field)},
+    ]
+    for name, value in first.env.items():
+        if name == "HYPERTF_TASK":
+            env.append({"name": name, "value": f"{first.role}:$({INDEX_ENV})"})
+        elif name == "TF_CONFIG":
+            env.append({"name": name, "value": tf_config(job, first.role)})
+        else:
+            env.append({"name": name, "value": k8s.literal(value)})
+    return env
+
+
+def command(job: ExportJob, first: ExportTask) -> list[str]:
+    """The role's command; a legacy --task_index is the pod's own."""
+    argv = [k8s.literal(a) for a in first.argv]
+    if job.legacy_flags:
+        argv = [f"--task_index=$({INDEX_ENV})" if a.startswith("--task_index=") else a
+                for a in argv]
+    return argv
