@@ -2,8 +2,8 @@
 
 The operator knows each pod's index (an annotation); the downward API gives it to the
 container as HYPERTF_TASK_INDEX, defined first, so Kubernetes' $(NAME) expansion puts it
-into TF_CONFIG, HYPERTF_TASK and a legacy --task_index. HYPERTF_ATTEMPT is the operator's
-restart count, as ``hypertf train`` numbers its attempts.
+into TF_CONFIG, HYPERTF_TASK and a legacy --task_index. HYPERTF_RESTART is the operator's
+restart count (0 on the first run: train's HYPERTF_ATTEMPT less one; Kubernetes cannot add).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def environment(job: ExportJob, first: ExportTask, index_field: str,
     from variables defined before), TF_CONFIG when the task env has it."""
     env: list[dict[str, Any]] = [
         {"name": INDEX_ENV, "valueFrom": field(index_field)},
-        {"name": "HYPERTF_ATTEMPT", "valueFrom": field(attempt_field)},
+        {"name": "HYPERTF_RESTART", "valueFrom": field(attempt_field)},
     ]
     for name, value in first.env.items():
         if name == "HYPERTF_TASK":

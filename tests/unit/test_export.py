@@ -552,7 +552,7 @@ def test_jobset_pods_get_trains_tf_config_from_their_own_names(shape):
         role, index = tf_config["task"]["type"], tf_config["task"]["index"]
         assert host == f"tf-{role}-0-{index}.tf"
         assert env["HYPERTF_TASK"] == f"{role}:{index}"
-        assert env["HYPERTF_ATTEMPT"] == "0"
+        assert env["HYPERTF_RESTART"] == "0"
         assert [f"{h}:2222" for h in hosts if f"-{role}-0-" in h] == \
             tf_config["cluster"][role]
         assert set(tf_config["cluster"]) == set(json.loads(
