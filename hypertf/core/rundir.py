@@ -6,6 +6,8 @@ as an argument (it spells nothing itself).
 ::
 
     <workdir>/runs/<task key>/<task>.log    the task's output (task = worker0, ps1, chief0)
+    <workdir>/runs/<task key>/<task>/       the task's working directory (its relative
+                                            outputs), unless --sync or --workdir
     <workdir>/runs/<task key>/<task>.pid    its wrapper's PID = its process group
     <workdir>/runs/<task key>/<task>.exit   its exit code, written when it ends
     <workdir>/runs/<task key>/drained       the agent's mark: tasks starting now do not run
@@ -15,7 +17,8 @@ as an argument (it spells nothing itself).
     <workdir>/runs/<task key>.code.tar.gz   the --sync archive, while it is unpacked
     ./runs/<task key>/{<task>.log,summary.json}  the launcher's local copy (its working dir)
     <workdir>/checkpoints/<job id>/         HYPERTF_CHECKPOINT_DIR when --checkpoint-dir is not
-                                            given (the job id: its first attempt's task key)
+                                            given (the job id: its first attempt's task key);
+                                            made only for a job with --max-restarts
     <workdir>/tensorboard/<job id>/         HYPERTF_TENSORBOARD_DIR: the job's own summaries
 """
 
@@ -122,6 +125,11 @@ class RunDir:
 
     def log(self, task: str) -> PurePath:
         return self.path / f"{task}.log"
+
+    def task_dir(self, task: str) -> PurePath:
+        """The task's own working directory: where its relative outputs land (made when
+        the task starts; --sync and --workdir replace it)."""
+        return self.path / task
 
     def pid(self, task: str) -> PurePath:
         return self.path / f"{task}.pid"

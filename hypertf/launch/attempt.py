@@ -252,18 +252,20 @@ class Attempt:
             by_host.setdefault(task_spec.placement.host, []).append(task_spec)
         self.start_after = specs.start_after(placements, addresses)
         legacy_flags = self.legacy_flags = job.announce_flags()
-        script = job.request.script if job.request.sync_dir else job.script_path()
+        script = job.script_path()
 
         def launch(session: Session) -> None:
             """Upload (--sync), start and watch in one command: one round trip per host,
             whose channel then carries the tasks' events (logs, listening, exits)."""
             host = session.node.name
             requests = task_requests(self, session.node, by_host[host], legacy_flags)
+            run, workdir = self.run_dir(host), session.node.settings.workdir
+            make_dirs = [job.checkpoint_dir(host)] if job.request.makes_checkpoint_dir else []
             with job.timeline.phase("start", host):
                 NodeClient(session).start_watching(
-                    self.run_dir(host), requests, self.events,
-                    make_dirs=[job.checkpoint_dir(host)], sync_dir=job.request.sync_dir,
-                    script=script, ended=self.ended)
+                    run, requests, self.events, make_dirs=make_dirs,
+                    sync_dir=job.request.sync_dir,
+                    script=job.request.script_on(workdir, run, script), ended=self.ended)
             self.watched.add(host)
 
         update_job(job.store, self.task_key, state="starting")
@@ -489,8 +491,7 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
     """What ``tasknode start`` gets for each task on ``node``: name, port, working dir,
     environment (TF_CONFIG, GPU pinning, attempt, checkpoints, the user's) and argv."""
     job, run = attempt.job, attempt.run_dir(node.name)
-    cwd = str(run.code) if job.request.sync_dir else node.settings.workdir
-    script = job.request.script if job.request.sync_dir else job.script_path()
+    script = job.request.script_on(node.settings.workdir, run, job.script_path())
     requests = []
     for task_spec in task_specs:
         task = attempt.tasks[task_spec.placement.name]
@@ -511,6 +512,7 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
             argv = offload_command(
                 offload_spec(attempt, node, task.file_name), str(run.offload_dir(task.file_name)),
                 str(run.offload(task.file_name)), argv)
+        cwd = job.request.task_cwd(node.settings.workdir, run, task.file_name)
         requests.append({"name": task.file_name, "port": task.port, "cwd": cwd, "env": env,
                          "argv": argv})
     return requests

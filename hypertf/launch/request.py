@@ -12,13 +12,14 @@ import itertools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hypertf.config.inventory import Node
 from hypertf.config.settings import ENV_NAME, check_env
 from hypertf.core import diagnose
 from hypertf.core.errors import UsageError
+from hypertf.core.rundir import RunDir
 from hypertf.core.scheduler import POLICIES, TaskSlot
 from hypertf.core.spec import slots_for
 from hypertf.offload import DEFAULT_MIN_FLOPS
@@ -44,6 +45,7 @@ class TrainRequest:
     gpus_per_ps: int = 0
     gpus_per_chief: int | None = None  # None: as many as a worker
     sync_dir: str | None = None
+    workdir: str | None = None  # the tasks' working directory (default: one per task)
     start_timeout: float = 120.0
     timeout: float | None = None
     legacy_flags: str = "auto"  # auto: only if the script reads them; on; off
@@ -87,8 +89,8 @@ class TrainRequest:
             script=values["script"], workers=values["worker"], ps=values["ps"],
             chief=values["chief"], policy=values["policy"],
             gpus_per_worker=values["gpus_per_worker"], gpus_per_ps=values["gpus_per_ps"],
-            gpus_per_chief=values["gpus_per_chief"],
-            sync_dir=values["sync"], start_timeout=values["start_timeout"],
+            gpus_per_chief=values["gpus_per_chief"], sync_dir=values["sync"],
+            workdir=values["workdir"], start_timeout=values["start_timeout"],
             timeout=values["timeout"], grace=values["grace"], legacy_flags=legacy,
             env=tuple(values["env"] or ()), idle_timeout=values["idle_timeout"] or None,
             idle_fail=values["idle_fail"], max_restarts=values["max_restarts"],
@@ -130,6 +132,31 @@ class TrainRequest:
         """The user's environment for the tasks on ``node``: the inventory's
         hypertf_task_env, then --env over it."""
         return {**dict(node.settings.task_env), **self.env_vars()}
+
+    def task_cwd(self, node_workdir: str, run: RunDir, task: str) -> str:
+        """Where ``task`` runs on its node (hypertf_workdir ``node_workdir``): --workdir
+        (a relative one: below the node's work dir), else with --sync the synced copy (as
+        before: the script's neighbours are where it expects them), else a directory of its
+        own in the run, so two tasks on one node never write the same relative file."""
+        if self.workdir:
+            return str(PurePosixPath(node_workdir) / self.workdir)
+        return str(run.code if self.sync_dir else run.task_dir(task))
+
+    def script_on(self, node_workdir: str, run: RunDir, script: str) -> str:
+        """The script's absolute path on the node, whatever the task's working directory:
+        in the synced copy with --sync, else ``script`` (absolute when it is a file here,
+        see Job.script_path) with a relative path below the node's work dir."""
+        if self.sync_dir:
+            return str(run.code / self.script)
+        return str(PurePosixPath(node_workdir) / script)
+
+    @property
+    def makes_checkpoint_dir(self) -> bool:
+        """Whether HYPERTF_CHECKPOINT_DIR is made before the tasks start: for
+        --checkpoint-dir and for a job that may restart (its attempts resume from it);
+        otherwise it is only named, and a script that saves makes it (TensorFlow's
+        checkpoint writers do), so a job leaves no empty directory behind."""
+        return self.checkpoint_dir is not None or self.max_restarts > 0
 
     def slots(self, cpu_only: bool) -> tuple[TaskSlot, ...]:
         """The tasks to place (no GPUs asked on a cluster without any)."""
@@ -220,6 +247,9 @@ class TrainRequest:
                 not self.checkpoint_dir.startswith("/") or "\0" in self.checkpoint_dir):
             raise UsageError(f"--checkpoint-dir {self.checkpoint_dir!r} must be an absolute "
                              f"path (the same on every node, e.g. on shared storage)")
+        if self.workdir is not None and (not self.workdir or "\0" in self.workdir):
+            raise UsageError(f"--workdir {self.workdir!r} must be a directory path (absolute, "
+                             f"or relative to the node's hypertf_workdir)")
         if not self.grace >= 0:
             raise UsageError(f"--grace must be zero or more seconds, not {self.grace}")
         if "\0" in self.script or any("\0" in arg for arg in self.args):
@@ -287,8 +317,12 @@ TRAIN_OPTIONS: tuple[Option, ...] = (
     Option("gpus_per_chief", int, R.gpus_per_chief, "GPUs for the chief (default: as many as "
            "a worker; 0 for a parameter-server coordinator that computes nothing)", "N"),
     Option("gpus_per_ps", int, R.gpus_per_ps, "GPUs per parameter server (default 0)", "N"),
-    Option("sync", str, R.sync_dir, "upload this directory into the job's run directory first",
-           "DIR"),
+    Option("sync", str, R.sync_dir, "upload this directory into the job's run directory first; "
+           "the node's tasks run in that copy", "DIR"),
+    Option("workdir", str, R.workdir, "run every task of the job in this directory on its "
+           "node, made if missing and shared by the node's tasks (relative: to the node's "
+           "hypertf_workdir); default: a directory of its own per task, <workdir>/runs/<key>/"
+           "<task>/ (with --sync: the synced copy)", "DIR"),
     Option("start_timeout", float, R.start_timeout,
            "seconds for every task to listen on its port (default 120)", "S"),
     Option("timeout", float, R.timeout, "seconds for the whole job (default none)", "S"),

@@ -96,7 +96,8 @@ def start(request: Mapping[str, Any], archive: bytes = b"") -> dict[str, Any]:
     group can be signalled whole; returns ``{"busy": [ports]}`` without starting anything
     when a granted port is already in use (the launcher retries on fresh ports),
     ``{"problems": [...]}`` when ``archive`` (``--sync``, a tar.gz) does not unpack or the
-    request's ``script`` is not there, else ``{"started": {name: pid}}``."""
+    request's ``script`` is not there or a task's ``cwd`` cannot be made (each task's is made
+    here: its own directory in the run, or --workdir), else ``{"started": {name: pid}}``."""
     tasks = request["tasks"]
     busy = sorted(t["port"] for t in tasks if _listening(int(t["port"])))
     if busy:
@@ -108,6 +109,11 @@ def start(request: Mapping[str, Any], archive: bytes = b"") -> dict[str, Any]:
     if script and tasks and not (Path(tasks[0]["cwd"]) / script).is_file():
         problems.append(f"script {script} not found (relative paths start in "
                         f"{tasks[0]['cwd']})")
+    for cwd in sorted({task["cwd"] for task in tasks} if not problems else ()):
+        try:
+            Path(cwd).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            problems.append(f"cannot make the working directory {cwd} ({err.strerror})")
     if problems:
         return {"problems": problems}
     for directory in request.get("make_dirs", ()):  # checkpoints: kept across attempts

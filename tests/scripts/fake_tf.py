@@ -6,7 +6,9 @@ task misbehave: ``--fail_on worker:1 [--fail_s 1]``, ``--never_listen_on worker:
 ``--ignore_term`` (like MultiWorkerMirroredStrategy), ``--until_file PATH`` (work until the test
 creates PATH, so a test that inspects a running job decides when it ends), ``--write_metrics``
 (the reporting task writes ``{"score": lr + batch_size / 1000}`` from ``--lr``/``--batch_size``
-to HYPERTF_METRICS_FILE, as a sweep trial does). Every task prints its argv as JSON.
+to HYPERTF_METRICS_FILE, as a sweep trial does), ``--write_relative PATH`` (append the
+task's name to PATH, relative to its working directory, and print where that was). Every
+task prints its argv as JSON.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def main() -> int:
     parser.add_argument("--metrics", default="yes", help="no: write no metrics after all")
     parser.add_argument("--fail_lr", type=float, help="fail when --lr is this ...")
     parser.add_argument("--fail_unless", help="... unless this file exists")
+    parser.add_argument("--write_relative", help="append this task's name to this relative "
+                        "path (directories made) and print 'wrote ABSOLUTE-PATH'")
     args, _ = parser.parse_known_args()
     config = json.loads(os.environ["TF_CONFIG"])
     role, index = config["task"]["type"], config["task"]["index"]
@@ -71,6 +75,11 @@ def main() -> int:
           f"checkpoint_dir={os.environ.get('HYPERTF_CHECKPOINT_DIR')}", flush=True)
     print(f"gpu_order={os.environ.get('CUDA_DEVICE_ORDER')} "
           f"gpus={os.environ.get('HYPERTF_GPUS')!r}", flush=True)
+    if args.write_relative:
+        os.makedirs(os.path.dirname(args.write_relative) or ".", exist_ok=True)
+        with open(args.write_relative, "a") as handle:
+            handle.write(me + "\n")
+        print(f"wrote {os.path.abspath(args.write_relative)}", flush=True)
     if args.report_foreign:
         print(f"foreign task processes: {len(foreign_task_processes())}", flush=True)
     if args.ignore_term:
