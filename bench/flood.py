@@ -11,7 +11,8 @@ keeper pass (sync + read + screen + admission + view) with the flood waiting.
 Goal: alice's p50 with the flood at most 1.2x the idle one. With the keeper-only grants of
 issue 37, requests past ``hypertf_user_queue_limit`` (200) are refused, and the keeper reads
 a waiting record again only when it changed; the code before read and placed every waiting
-record at every pass. Run it against another checkout with ``PYTHONPATH=<checkout>``.
+record at every pass. For another checkout, copy this file into its bench/ and run it there
+(bench/common.py puts its own repository first on the path).
 """
 
 from __future__ import annotations
