@@ -58,7 +58,9 @@ def mpiexec_argv(channel: str, processors: int, python: str = sys.executable,
     # offload hosts are provisioned alike).
     argv += ["-hosts", ",".join(f"{h}:1" for h in ("localhost", *hosts)),
              "-n", "1", *agent, ":", "-n", str(len(hosts)),
-             (remote_python[0] if remote_python else python), "-m",
+             # hydra's proxies enter mpiexec's working directory on every host, and the
+             # task's own (<workdir>/runs/<key>/<task>/) exists only on the task's node
+             "-wdir", "/", (remote_python[0] if remote_python else python), "-m",
              "hypertf.offload.processor"]
     return argv
 

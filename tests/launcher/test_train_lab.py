@@ -212,7 +212,9 @@ def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
     assert job.returncode == 8, out  # killed: not a failure of the job (README, exit codes)
     assert f"job {key} was killed: its lease was dropped" in out
     wait_for(lambda: processes_of(lab.inventory, key) == {}, 90, "the killed job's processes")
-    assert all_free(lab.inventory)
+    # its GPUs are freed once each host's agent has reported the processes dead (its record)
+    # and the keeper has read the report: a moment after they are gone
+    wait_for(lambda: all_free(lab.inventory), 30, "the killed job's GPUs freed")
     again = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
     assert "was neither running nor waiting (killed)" in again.stdout
     unknown = hypertf("kill", "-i", lab.inventory, "nope", cwd=tmp_path)

@@ -41,7 +41,8 @@ def test_hydra_puts_the_agent_here_and_one_processor_on_each_host():
     assert argv[argv.index("-hosts") + 1] == "localhost:1,10.0.0.2:1,10.0.0.3:1"
     agent, processors = " ".join(argv).split(" : ")
     assert "-n 1 /venv/bin/python -m hypertf.offload.agent --channel /c" in agent
-    assert processors == "-n 2 /opt/venv/bin/python -m hypertf.offload.processor"
+    # the processors run in "/": the task's own working directory exists on its node only
+    assert processors == "-n 2 -wdir / /opt/venv/bin/python -m hypertf.offload.processor"
 
 
 def test_the_summary_adds_the_tasks_and_the_line_says_what_went():
