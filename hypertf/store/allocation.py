@@ -75,8 +75,8 @@ class MatrixDamaged(StoreError):
 
 
 def damaged_message(root: str, what: str) -> str:
-    return (f"the GPU matrix under {root} is damaged ({what}): the keeper rewrites it at its "
-            f"next pass; if this stays, the cluster admin runs 'hypertf auth init -i "
+    return (f"the GPU matrix under {root} is damaged ({what}): the keeper rewrites it within "
+            f"seconds; if this stays, the cluster admin runs 'hypertf auth init -i "
             f"INVENTORY' (it rewrites a damaged index or shard; running jobs keep their GPUs)")
 
 
@@ -412,16 +412,20 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
 
 
 def sync(store: Store, grants: Mapping[str, Held] | None = None,
-         cache: RecordCache | None = None, last_good: Matrix | None = None) -> Synced:
+         cache: RecordCache | None = None, last_good: Matrix | None = None,
+         repair: bool = False) -> Synced:
     """``sync_matrix``, saying also the stored versions and the leases read (after the
     matrix: a job admitted in between is in both), which the keeper's admission goes by.
     Cells an agent reported drained (its record's ``drained``: it saw the job's processes
     dead on its host) are freed on that host only. A damaged shard or index is rewritten
-    first (the keeper's ``last_good`` read fills it; its running grants are restored)."""
+    first when ``repair`` (the keeper's ``last_good`` read fills it; its running grants are
+    restored); else MatrixDamaged is raised."""
     def attempt(_retries: int) -> tuple[Synced, set[str]]:
         try:
             matrix, version = read_matrix(store)
         except MatrixDamaged as err:
+            if not repair:
+                raise
             log.error("%s: rewriting it", err)
             auth.ensure_matrix(store.client, store.layout, store.acls.matrix(), 0,
                                fallback=last_good)

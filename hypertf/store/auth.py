@@ -42,7 +42,15 @@ from hypertf.core.grants import grant_to_json
 from hypertf.core.jobrecord import held_of, placements_of, ports_of
 from hypertf.core.layout import Layout
 from hypertf.core.limits import Limits
-from hypertf.core.matrix import Held, Matrix, MatrixIndex, joined, shard_count, split
+from hypertf.core.matrix import (
+    MIN_SHARDS,
+    Held,
+    Matrix,
+    MatrixIndex,
+    joined,
+    shard_count,
+    split,
+)
 from hypertf.core.records import decode
 
 IDENTITY_ENV = "HYPERTF_ZK_IDENTITY"
@@ -494,7 +502,7 @@ def ensure_matrix(client: KazooClient, layout: Layout, acl: list[ACL], wanted: i
             for result in pending:
                 result.get(timeout=30)
             return
-        shards = max(count, wanted)
+        shards = max(count, wanted, MIN_SHARDS)  # an index of no shards is damaged
         if old_layout:  # the previous layout: the whole matrix in this znode
             whole = Matrix.from_json(data or b"")
         else:

@@ -65,7 +65,9 @@ from hypertf.core.requestcheck import (
 from hypertf.store import RecordCache, Store, decode, encode, owner_of, until_committed
 from hypertf.store.allocation import (
     TRANSACTION_BYTES,
+    MatrixDamaged,
     MatrixVersion,
+    Synced,
     check_registered,
     matrix_writes,
     owner_info,
@@ -79,6 +81,7 @@ log = logging.getLogger(__name__)
 QUEUED = JobState.QUEUED
 INVALID = "Invalid"  # refused before the pass: invalid, past a limit, never fits
 FULL_READ_S = 10.0  # every waiting record read again at least this often (a lost watch)
+REPAIR_AFTER_S = 2.0  # a matrix that reads damaged this long is rewritten by the keeper
 LIMITS_READ_S = 5.0  # the admin's limits read again at least this often
 VIEW_AFTER_S = 0.25  # a job admitted sooner never reads the queue's view
 LEASE_CHECK_S = 2.0  # a waiter checks its lease this often (no keeper: nobody marks it)
@@ -390,6 +393,7 @@ class Admitter:
     _read_waiting: list[Waiting] | None = None
     _read_matrix: tuple[Matrix, MatrixVersion] | None = None
     _last_good: Matrix | None = None  # the last matrix read whole: fills a damaged shard
+    _damaged_at: float | None = None  # when the matrix first read damaged (monotonic)
     _limits: Limits | None = None  # the admin's, until the watch on them fires
     _limits_read: float = 0.0
 
@@ -404,9 +408,9 @@ class Admitter:
         leases it read (one listing of every user's leases per pass, not two)."""
         if not self.reader.read_once:  # fresh grants before the repair (a new keeper)
             waiting = self.reader.waiting()
-            done = sync(self.store, self.reader.grants, self.cache, self._last_good)
+            done = self._sync()
         else:
-            done = sync(self.store, self.reader.grants, self.cache, self._last_good)
+            done = self._sync()
             waiting = self.reader.waiting(done.leases)
         self._last_good = done.matrix
         self.drop_ended_grants(done.leases)
@@ -415,6 +419,22 @@ class Admitter:
         self._synced_live, self._read_waiting = sorted(done.records), waiting
         self._read_matrix = (done.matrix, done.version)
         return self.admit()
+
+    def _sync(self) -> Synced:
+        """The sync; a damaged matrix is rewritten only once it has read damaged for
+        REPAIR_AFTER_S (an admin's migration or reshard passes through states that read
+        damaged for a moment: the keeper must not race it)."""
+        due = self._damaged_at is not None and \
+            time.monotonic() - self._damaged_at >= REPAIR_AFTER_S
+        try:
+            done = sync(self.store, self.reader.grants, self.cache, self._last_good,
+                        repair=due)
+        except MatrixDamaged:
+            if self._damaged_at is None:
+                self._damaged_at = time.monotonic()
+            raise
+        self._damaged_at = None
+        return done
 
     def drop_ended_grants(self, leases: set[str]) -> None:
         """A grant lives while its job's lease does: the sync has drained or freed the
