@@ -183,6 +183,7 @@ class Agent:
         self._drained: set[str] = set()  # ended jobs seen dead here, reported to the keeper
         self._row: list[Cell] = []  # this host's cells as last read
         self.trespasses: list[Trespass] = []
+        self._suspects: set[tuple[int, int, str, str]] = set()  # seen once, not yet twice
         self._wake = threading.Event()
         self._records_changed = threading.Event()  # the keeper: some host's record changed
         self._stop = threading.Event()
@@ -245,16 +246,21 @@ class Agent:
         """Probe the node, publish the record, and serve it as metrics; True when the
         record's content changed."""
         force, self._republish = self._republish, False
-        record = self.reports(self.prober.probe(fresh=force))
+        record = self.reports(zk, self.prober.probe(fresh=force))
         changed = self.publish(zk, record, force)
         self.metrics.update(record=record)
         self.metrics_server.start(record.mgmt_addr, self.node.settings.metrics_port)
         return record, changed
 
-    def reports(self, record: AgentRecord) -> AgentRecord:
+    def reports(self, zk: Store, record: AgentRecord) -> AgentRecord:
         """The record with this agent's reports: the ended jobs it saw dead here, and the
         processes on its GPUs that their job was not granted (stopped under
-        ``hypertf_gpu_enforce: stop``)."""
+        ``hypertf_gpu_enforce: stop``).
+
+        A trespass counts only when two probes in a row see it, the second against this
+        host's row read afresh from ZooKeeper: a task that starts on a GPU the keeper has
+        just granted its job must not be taken for a trespasser because this agent's row
+        was read before the grant, or because its wrapper has not written its PID yet."""
         enforce = self.node.settings.gpu_enforce
         found: list[Trespass] = []
         # An idle node (no job holds or drains a GPU here, NVML sees no process) is not
@@ -264,12 +270,23 @@ class Agent:
         if enforce != "off" and self._row and busy:
             seen = trespass.scan(record.gpus, self.node.settings.workdir)
             found = trespass.judge(seen, self._row, record.gpus)
+            if found:
+                zk.client.sync(self.layout.matrix)  # the keeper's latest grants
+                fresh, _ = read_matrix(zk, hosts=[self.node.name])
+                self._row = list(fresh.gpus.get(self.node.name, []))
+                found = trespass.judge(seen, self._row, record.gpus)
+            suspects = {(t.pid, t.gpu, t.claims, t.holder) for t in found}
+            found = [t for t in found
+                     if (t.pid, t.gpu, t.claims, t.holder) in self._suspects]
+            self._suspects = suspects
             if found and enforce == "stop":
                 found = trespass.stop(found, seen)
             elif found and found != self.trespasses:
                 for t in found:
                     log.warning("trespass: pid %d (%s) on GPU %d granted to %s", t.pid,
                                 t.claims or "no job", t.gpu, t.holder or "no job")
+        else:
+            self._suspects = set()
         self.trespasses = found
         if not found and not self._drained:
             return record
