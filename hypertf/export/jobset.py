@@ -27,7 +27,7 @@ from hypertf.export.job import PORT, ExportJob
 from hypertf.export.kueue import priority_class_name
 
 API = "jobset.x-k8s.io/v1alpha2"
-CONTAINER = "tensorflow"
+CONTAINER = roletemplate.CONTAINER
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 RESTART_ATTEMPT = "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"
 OWN_FAILURES = list(range(1, 128))  # a task's own exit; 128+ is a signal: retried, as in train
@@ -58,16 +58,8 @@ def finishers(job: ExportJob) -> list[str]:
 
 def replicated_job(job: ExportJob, role: str) -> dict[str, Any]:
     tasks = job.roles()[role]
-    first = tasks[0]
     request = job.request
-    main = k8s.container(job, first, CONTAINER, "tf", with_env=False)
-    main["env"] = roletemplate.environment(job, first, COMPLETION_INDEX, RESTART_ATTEMPT)
-    main["command"] = roletemplate.command(job, first)
-    pod: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": max(1, math.ceil(request.grace)),
-        "containers": [main],
-    }
+    pod = roletemplate.pod(job, role, COMPLETION_INDEX, RESTART_ATTEMPT)
     if request.priority and not job.options.queue:
         pod["priorityClassName"] = priority_class_name(request.priority)
     spec: dict[str, Any] = {

@@ -9,6 +9,7 @@ restart count (0 on the first run: train's HYPERTF_ATTEMPT less one; Kubernetes 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from hypertf.export import k8s
@@ -54,3 +55,23 @@ def command(job: ExportJob, first: ExportTask) -> list[str]:
         argv = [f"--task_index=$({INDEX_ENV})" if a.startswith("--task_index=") else a
                 for a in argv]
     return argv
+
+
+CONTAINER = "tensorflow"
+
+
+def pod(job: ExportJob, role: str, index_field: str, restart_field: str) -> dict[str, Any]:
+    """A role's pod spec as JobSet and Volcano both run it: one container of the job's
+    image with the role's environment and command, never restarted in place (the set or
+    the job restarts as a whole), the launcher's grace as the termination grace; the caller
+    adds what its controller needs."""
+    first = job.roles()[role][0]
+    main = k8s.container(job, first, CONTAINER, "tf", with_env=False)
+    main["env"] = environment(job, first, index_field, restart_field)
+    main["command"] = command(job, first)
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": max(1, math.ceil(job.request.grace)),
+        "containers": [main],
+    }
+    return spec

@@ -20,7 +20,7 @@ from hypertf.export.job import PORT, ExportJob
 from hypertf.export.kueue import priority_class_name
 
 API = "batch.volcano.sh/v1alpha1"
-CONTAINER = "tensorflow"
+CONTAINER = roletemplate.CONTAINER
 TASK_INDEX = "metadata.annotations['volcano.sh/task-index']"
 RETRY_COUNT = "metadata.annotations['volcano.sh/job-retry-count']"
 SIGNALS = (137, 143)  # SIGKILL, SIGTERM: a lost node, an OOM kill, a preemption
@@ -56,16 +56,8 @@ def policies(job: ExportJob) -> list[dict[str, Any]]:
 
 def task(job: ExportJob, role: str) -> dict[str, Any]:
     tasks = job.roles()[role]
-    first = tasks[0]
     request = job.request
-    main = k8s.container(job, first, CONTAINER, "tf", with_env=False)
-    main["env"] = roletemplate.environment(job, first, TASK_INDEX, RETRY_COUNT)
-    main["command"] = roletemplate.command(job, first)
-    pod: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": max(1, math.ceil(request.grace)),
-        "containers": [main],
-    }
+    pod = roletemplate.pod(job, role, TASK_INDEX, RETRY_COUNT)
     if request.timeout is not None:
         pod["activeDeadlineSeconds"] = math.ceil(request.timeout)
     result: dict[str, Any] = {
