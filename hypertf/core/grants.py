@@ -9,8 +9,9 @@ keeper rebuilds what running jobs hold from grants alone (docs/zookeeper-layout.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping, Sequence
 
+from hypertf.core.errors import StoreError
 from hypertf.core.jobrecord import placements_json, placements_of, ports_of
 from hypertf.core.matrix import Held
 from hypertf.core.placement import Grant
@@ -18,8 +19,8 @@ from hypertf.core.records import decode, encode
 from hypertf.core.scheduler import Placement
 
 
-def grant_to_json(task_key: str, placements: tuple[Placement, ...] | list[Placement],
-                  ports: dict[str, int] | Any, when: float | None = None) -> bytes:
+def grant_to_json(task_key: str, placements: Sequence[Placement], ports: Mapping[str, int],
+                  when: float | None = None) -> bytes:
     return encode({"task_key": task_key, "placements": placements_json(placements, ports),
                    "granted": time.time() if when is None else when})
 
@@ -33,10 +34,8 @@ def grant_from_json(data: bytes, task_key: str) -> Grant:
             raise ValueError(f"names {payload.get('task_key')!r}")
         placements = placements_of(payload)
         ports = ports_of(payload)
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError, StoreError) as err:
         raise ValueError(f"the grant of {task_key} is damaged ({err})") from None
-    except Exception as err:  # StoreError: not JSON, another format
-        raise ValueError(str(err)) from None
     return Grant(task_key, placements, ports)
 
 

@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -161,5 +161,5 @@ def stop(trespasses: Sequence[Trespass], seen: Iterable[Seen]) -> list[Trespass]
                             trespass.gpu, trespass.holder or "no job")
             except OSError as err:
                 log.error("cannot stop trespassing pid %d: %s", trespass.pid, err)
-        marked.append(Trespass(**{**trespass.__dict__, "stopped": stopped}))
+        marked.append(replace(trespass, stopped=stopped))
     return marked

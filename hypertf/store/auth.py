@@ -451,17 +451,19 @@ def _whole_matrix(client: KazooClient, layout: Layout) -> Matrix:
     return joined(_shard_or_empty(client, layout, i)[0] for i in range(count))
 
 
-def _shard_or_empty(client: KazooClient, layout: Layout, i: int) -> tuple[Matrix, int | None]:
-    """A shard and its version; a damaged one reads as empty (the keeper restores its
-    running jobs' cells from their grants); a missing one as empty with no version."""
+def _shard_or_empty(client: KazooClient, layout: Layout, i: int,
+                    ) -> tuple[Matrix, int | None, bool]:
+    """A shard, its version and whether it is damaged: a damaged one reads as empty (the
+    keeper restores its running jobs' cells from their grants), a missing one as empty,
+    damaged, with no version."""
     try:
         data, stat = client.get(layout.matrix_shard(i))
     except NoNodeError:
-        return Matrix(), None
+        return Matrix(), None, True
     try:
-        return Matrix.from_json(data), stat.version
+        return Matrix.from_json(data), stat.version, False
     except (StoreError, ValueError, TypeError, AttributeError):
-        return Matrix(), stat.version
+        return Matrix(), stat.version, True
 
 
 def ensure_matrix(client: KazooClient, layout: Layout, acl: list[ACL], wanted: int,
@@ -486,17 +488,18 @@ def ensure_matrix(client: KazooClient, layout: Layout, acl: list[ACL], wanted: i
         except (ValueError, StoreError):  # damaged: as many shards as there are
             index, old_layout = None, False
             data = b""
-        children = _shard_children(client, layout) if stat is not None else []
-        count = index.shards if index else max(children, default=-1) + 1
-        read = {i: _shard_or_empty(client, layout, i) for i in range(count)} \
+        if index is not None:
+            count = index.shards
+        else:  # damaged (or none): as many shards as there are
+            count = max(_shard_children(client, layout), default=-1) + 1 if stat else 0
+        shards_read = {i: _shard_or_empty(client, layout, i) for i in range(count)} \
             if not old_layout else {}
-        broken = {i for i in range(count) if _damaged(client, layout, i)} if read else set()
-        damaged = bool(broken)
+        broken = {i for i, (_, _, bad) in shards_read.items() if bad}
+        read = {i: (part, version) for i, (part, version, _) in shards_read.items()}
         if fallback is not None and broken and count:
             rows = split(fallback, count)
             read.update({i: (rows[i], read[i][1]) for i in broken})
-        if count >= wanted and index is not None and not damaged \
-                and all(version is not None for _, version in read.values()):
+        if count >= wanted and index is not None and not broken:
             pending = [client.set_acls_async(path, acl) for path in
                        [layout.matrix, *(layout.matrix_shard(i) for i in range(count))]]
             for result in pending:
@@ -533,16 +536,6 @@ def _shard_children(client: KazooClient, layout: Layout) -> list[int]:
         return sorted(int(c) for c in client.get_children(layout.matrix) if c.isdigit())
     except NoNodeError:
         return []
-
-
-def _damaged(client: KazooClient, layout: Layout, i: int) -> bool:
-    try:
-        Matrix.from_json(client.get(layout.matrix_shard(i))[0])
-    except NoNodeError:
-        return True
-    except (StoreError, ValueError, TypeError, AttributeError):
-        return True
-    return False
 
 
 def open_root_message(root: str) -> str:
