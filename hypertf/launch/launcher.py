@@ -28,6 +28,7 @@ from hypertf.core.errors import HyperTFError, InsufficientResources
 from hypertf.core.monitor import Verdict
 from hypertf.core.placement import Grant, Request, new_task_key
 from hypertf.core.rundir import checkpoint_dir
+from hypertf.core.spec import offload_hosts
 from hypertf.core.timeline import Timeline
 from hypertf.launch.attempt import (
     Attempt,
@@ -101,6 +102,8 @@ class Job:
         self.result = "failed"
         self.message = ""
         self.preflighted: set[str] = set()
+        self.offload_placed: set[str] = set()  # hosts lent to products: preflighted as such
+        self.offload_checked: set[str] = set()
         self.connecting: set[str] = set()  # hosts whose SSH connection is being made early
         self.script_reads_flags = False
         self.tf_keras: dict[str, bool] = {}  # preflight: tf-keras in each host's venv
@@ -183,8 +186,10 @@ class Job:
         cluster = self._cluster(hosts)
         script = self._preflight_script()
         cache = self._preflight_cache()
+        offload = {host for host in hosts if host in self.offload_placed}
         results: GroupResult[dict[str, Any]] = GroupResult()
-        for host, answer in cache.get(self.inventory.node(h) for h in hosts).items():
+        for host, answer in cache.get(self.inventory.node(h) for h in hosts
+                                      if h not in offload).items():
             now = time.monotonic()
             self.timeline.add("preflight", now, now, host, note="cached")
             results[host] = answer
@@ -192,18 +197,26 @@ class Job:
         def check(session: Session) -> dict[str, Any]:
             with self.timeline.phase("preflight", session.node.name):
                 return NodeClient(session).preflight(
-                    script, timeout=self.inventory.cluster.ssh_timeout * 3)
+                    script, timeout=self.inventory.cluster.ssh_timeout * 3,
+                    offload=session.node.name in offload)
 
         asked = cluster.each(check, [host for host in hosts if host not in results])
         results.update(asked)
         cache.put((self.inventory.node(host), answer)
-                  for host, answer in asked.succeeded.items())
+                  for host, answer in asked.succeeded.items() if host not in offload)
         cache.forget(asked.failed)
         self.script_reads_flags |= any(v.get("legacy_flags") for v in results.succeeded.values())
         self.tf_keras.update({host: bool(v["tf_keras"]) for host, v in results.succeeded.items()
                               if "tf_keras" in v})
-        self.preflighted.update(results.succeeded)
+        self.preflighted.update(h for h in results.succeeded if h not in offload)
+        self.offload_checked.update(h for h in results.succeeded if h in offload)
         return results
+
+    def unchecked(self, hosts: Iterable[str]) -> list[str]:
+        """Those of ``hosts`` not yet preflighted for their part (a task's or an offload
+        host's: checked for different things)."""
+        return [host for host in hosts if host not in (
+            self.offload_checked if host in self.offload_placed else self.preflighted)]
 
     def _preflight_script(self) -> str:
         """The script preflight looks for on a node ("" with --sync: the start brings it)."""
@@ -217,6 +230,7 @@ class Job:
         preflights them again if it places tasks there again."""
         hosts = list(hosts)
         self.preflighted.difference_update(hosts)
+        self.offload_checked.difference_update(hosts)
         self._preflight_cache().forget(hosts)
 
     def _cluster(self, hosts: list[str]) -> Cluster:
@@ -285,6 +299,7 @@ class Job:
         """The hosts the job would use now (a dry run): only those are preflighted, so a
         broken node the job does not need does not fail it."""
         placements = plan(self.store, self._allocation_request(hosts))
+        self.offload_placed = set(offload_hosts(placements))
         used = {p.host for p in placements}
         return [host for host in hosts if host in used]
 
@@ -313,7 +328,7 @@ class Job:
                 expect_wait = True
             else:
                 self.connect_soon(chosen)
-                new = [host for host in chosen if host not in self.preflighted]
+                new = self.unchecked(chosen)
                 if new:
                     self.preflight(new)
         return self._wait_in_queue(task_key, request, exclude, expect_wait)
@@ -365,7 +380,8 @@ class Job:
         if gone:
             raise JobFailed(f"the agent of {', '.join(gone)} went away while the job waited",
                             retryable=True, hosts=frozenset(gone))
-        new = [host for host in hosts if host not in self.preflighted]
+        self.offload_placed = set(offload_hosts(grant.placements))
+        new = self.unchecked(hosts)
         if new:
             self.preflight(new)
         return grant

@@ -127,11 +127,13 @@ class NodeClient:
         raise RemoteError(f"{self.node.name}: no answer from hypertf.node.tasknode (it printed "
                           f"{said[:200]!r}); is HyperTF installed in {self.node.settings.venv}?")
 
-    def preflight(self, script: str, timeout: float) -> dict[str, Any]:
-        """Venv, work dir and script on this node; problems raise RemoteError."""
-        report = self._answer(self.session.run(self._tasknode(
-            "preflight", "--workdir", self.node.settings.workdir, "--script", script),
-            timeout=timeout))
+    def preflight(self, script: str, timeout: float, offload: bool = False) -> dict[str, Any]:
+        """Venv, work dir and script on this node; problems raise RemoteError. An offload
+        host runs no script: what its processor needs is checked (hypertf.offload.hostcheck)."""
+        command = (command_line([f"{self.node.settings.venv}/bin/python", "-m",
+                                 "hypertf.offload.hostcheck"]) if offload else self._tasknode(
+            "preflight", "--workdir", self.node.settings.workdir, "--script", script))
+        report = self._answer(self.session.run(command, timeout=timeout))
         if report["problems"]:
             raise RemoteError("; ".join(report["problems"]))
         return report
