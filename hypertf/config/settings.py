@@ -59,6 +59,12 @@ def _optional_text(key: str, value: Any) -> str | None:
     return None if value is None else _text(key, value)
 
 
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
 def _gpu_source(key: str, value: Any) -> str:
     if value not in ("nvml", "static", "none"):
         raise ValueError(f"{key} must be one of nvml, static, none, not {value!r}")
@@ -180,6 +186,14 @@ SETTINGS: dict[str, Setting] = {
     # told, so it is kept to this range (firewall it to the data network); every other
     # offload process binds the task's data address.
     "hypertf_offload_port_range": Setting(_port_range, "21000-21999", agent=False),
+    # This node takes part in matrix offload (docs/offload.md, "Node-to-node trust"):
+    # cluster.setup installs MPICH and hypertf[offload] and the cluster-internal SSH key;
+    # the key and the known_hosts every such node shares lie at these paths on the node
+    # ("~" is the login user's home there).
+    "hypertf_offload": Setting(_flag, False, agent=False),
+    "hypertf_offload_key": Setting(_text, "~/.ssh/hypertf_offload_ed25519", agent=False),
+    "hypertf_offload_known_hosts": Setting(_text, "~/.ssh/hypertf_offload_known_hosts",
+                                           agent=False),
     "hypertf_agent_interval": Setting(_positive(float), 5.0),
     # NVIDIA dcgm-exporter's --hpc-job-mapping-dir: the agent writes one file per GPU naming
     # the task key that holds it, so every DCGM_FI_* series carries it (docs/gpu.md).
@@ -249,6 +263,9 @@ class NodeSettings:
     port_range: tuple[int, int]
     agent_interval: float
     offload_port_range: tuple[int, int] = (21000, 21999)  # mpiexec's control port
+    offload: bool = False  # takes part in matrix offload (cluster.setup gives it the key)
+    offload_key: str = "~/.ssh/hypertf_offload_ed25519"  # the cluster-internal key, on the node
+    offload_known_hosts: str = "~/.ssh/hypertf_offload_known_hosts"  # nodes' pinned host keys
     metrics_port: int = 0  # 0: no /metrics
     gpu_enforce: str = "stop"  # stop / report / off: trespasses on this node's GPUs
     dcgm_job_mapping_dir: str | None = None  # dcgm-exporter's HPC job mapping directory

@@ -520,8 +520,9 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
 
 def offload_spec(attempt: Attempt, node: Node, file_name: str) -> OffloadSpec:
     """What the task's runner on ``node`` needs to start its world: the offload hosts as
-    this node reaches them over SSH (the cluster's pinned known_hosts and key), and a
-    channel name of the task's own (the node's agent can find it by the task key)."""
+    this node reaches them over SSH (with the cluster-internal key and the known_hosts the
+    nodes share, both on the node where cluster.setup put them: never the controller's),
+    and a channel name of the task's own (the node's agent can find it by the task key)."""
     job = attempt.job
     hosts = tuple(OffloadHost(address=n.address, port=n.port, user=n.user,
                               python=f"{n.settings.venv}/bin/python")
@@ -529,8 +530,9 @@ def offload_spec(attempt: Attempt, node: Node, file_name: str) -> OffloadSpec:
     record = job.records.get(node.name)
     return OffloadSpec(hosts=hosts, channel=channel_name(attempt.task_key, file_name),
                        local_address=record.data_addr if record else node.address,
-                       known_hosts=job.inventory.cluster.known_hosts,
-                       key_file=node.key_file, min_flops=job.request.offload_min_flops,
+                       known_hosts=node.settings.offload_known_hosts,
+                       key_file=node.settings.offload_key,
+                       min_flops=job.request.offload_min_flops,
                        start_timeout=min(60.0, job.request.start_timeout),
                        port_range=node.settings.offload_port_range)
 
