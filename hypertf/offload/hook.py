@@ -12,8 +12,9 @@ a graph whose shapes are not known when it is traced, a ``tf.cond`` on the runti
 decides.
 
 Right or local, never wrong: if the channel fails (agent gone, late, or an error), the
-product is computed locally with numpy, one warning line is printed, and every later
-product stays local.
+product is computed locally with numpy and one warning line is printed; later products
+stay local until a live agent serves the channel again (the task's runner starts a new
+world under the same name when one ends), looked for at most once a second.
 
 What this does not catch: graphs that run without Python building them (a loaded
 SavedModel), ``tf.raw_ops.MatMul`` (bound before the hook), XLA-compiled functions (the
@@ -48,6 +49,8 @@ PATCHED = ("mat_mul", "batch_mat_mul_v2", "batch_mat_mul_v3")
 class Offloader:
     """The process's one client of its agent: counts, the lock, and the fallback."""
 
+    RETRY_S = 1.0
+
     def __init__(self, channel: str, min_flops: int = DEFAULT_MIN_FLOPS,
                  timeout: float = 60.0) -> None:
         self.name = channel
@@ -55,7 +58,9 @@ class Offloader:
         self.timeout = timeout
         self.channel: ClientChannel | None = None
         self.lock = threading.Lock()
-        self.broken = ""
+        self.broken = ""  # the last failure (kept once the world is back: the counts say it)
+        self.down = False  # products local until retry_at, then the channel is tried again
+        self.retry_at = 0.0
         self.ops = self.bytes = self.fallbacks = self.local = 0
         self.seconds = 0.0
 
@@ -64,19 +69,53 @@ class Offloader:
                 "fallbacks": self.fallbacks, "local": self.local, "min_flops": self.min_flops,
                 "failed": self.broken}
 
+    def attached(self) -> ClientChannel:
+        """The channel of the world now running: attached again when the agent it had is
+        gone (the runner starts a new world under the same name after one ends)."""
+        channel = self.channel
+        if channel is not None and not channel.agent_alive(channel.header().agent_pid):
+            channel.close()
+            channel = self.channel = None
+        if channel is None:
+            channel = ClientChannel.attach(self.name)
+            if not channel.agent_alive(channel.header().agent_pid):
+                channel.close()
+                raise ChannelError(f"the offload agent of {self.name} is gone")
+            self.channel = channel
+        return channel
+
+    def back(self) -> bool:
+        """Whether products may go to the agent: always, unless a failure put them local;
+        then only once a live agent serves the channel again (looked for every RETRY_S)."""
+        if not self.down:
+            return True
+        if time.monotonic() < self.retry_at:
+            return False
+        try:
+            self.attached()
+        except (ChannelError, OSError, ValueError):
+            self.retry_at = time.monotonic() + self.RETRY_S
+            return False
+        self.down = False
+        return True
+
     def compute(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """a @ b (equal leading dimensions): by the agent, or locally if it cannot."""
+        """a @ b (equal leading dimensions): by the agent, or locally if it cannot. After
+        a failure the products are local until a world serves the channel again: one line
+        per outage, not per product."""
         with self.lock:
-            if not self.broken:
+            if self.back():
                 started = time.perf_counter()
                 try:
-                    if self.channel is None:
-                        self.channel = ClientChannel.attach(self.name)
-                    out = self.channel.matmul(a, b, self.timeout)
+                    out = self.attached().matmul(a, b, self.timeout)
                 except (ChannelError, OSError, ValueError) as exc:
-                    self.broken = str(exc)
-                    print(f"hypertf offload: {exc}; computing matrix products locally from "
-                          "now on", file=sys.stderr, flush=True)
+                    if self.channel is not None:
+                        self.channel.close()
+                    self.channel = None
+                    self.broken, self.down = str(exc), True
+                    self.retry_at = time.monotonic() + self.RETRY_S
+                    print(f"hypertf offload: {exc}; computing matrix products locally "
+                          "until the offload world is back", file=sys.stderr, flush=True)
                 else:
                     self.ops += 1
                     self.bytes += a.nbytes + b.nbytes + out.nbytes
@@ -142,8 +181,8 @@ def _offloaded(tf: Any, off: Offloader, a: Any, b: Any, ta: bool, tb: bool,
 def _route(tf: Any, original: Callable[..., Any], a: Any, b: Any, ta: bool, tb: bool,
            call_original: Callable[[], Any], product: Callable[..., Any]) -> Any:
     off = _offloader
-    if off is None or off.broken:
-        return call_original()
+    if off is None or (off.down and not off.back()):
+        return call_original()  # no hook, or no world now: TensorFlow's own kernel
     a = tf.convert_to_tensor(a)
     b = tf.convert_to_tensor(b, dtype_hint=a.dtype)
     if a.dtype not in (tf.float32, tf.float64) or b.dtype != a.dtype:

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,18 +87,93 @@ def counts(spec: Spec, hook_stats: Path, failed: str, seconds: float) -> dict[st
     return result
 
 
+class Supervisor:
+    """The task's world, started again when it dies under the live task.
+
+    Hydra's mpiexec (MPICH 4.0.2) binds its control port on every address and ends the
+    whole world on one connection there that is not one of its proxies; a processor or an
+    offload host lost ends it too. The hook then computes locally for a moment and attaches
+    to the next world under the same channel name (hook.py), so such an event costs a few
+    local products, not the job's offloading. Bounded: at most ``RESTARTS`` restarts within
+    ``WINDOW_S``, each start tried ``len(BACKOFF_S) + 1`` times; past that, one line and
+    local products for the rest of the task."""
+
+    RESTARTS = 3
+    WINDOW_S = 600.0
+    BACKOFF_S = (1.0, 2.0, 4.0)
+
+    def __init__(self, make: Callable[[], World], start_timeout: float) -> None:
+        self.make = make  # a new World, not started (the same channel name each time)
+        self.start_timeout = start_timeout
+        self.world: World | None = None
+        self.failed = ""
+        self.restarts: list[float] = []  # monotonic times of the restarts in the window
+        self.restarted = 0
+
+    def start(self, child: subprocess.Popen[Any] | None = None) -> bool:
+        """A world up (tried again after each backoff while ``child`` lives); False, with
+        ``failed`` said in one line, when none came up."""
+        last = ""
+        for delay in (0.0, *(self.BACKOFF_S if child is not None else ())):
+            if delay and child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(delay)
+                    return False  # the task ended meanwhile: no world needed
+            try:
+                self.world = self.make().start(self.start_timeout)
+                return True
+            except (RuntimeError, OSError) as exc:
+                last = str(exc)
+        self.give_up(f"the offload world did not start ({last})")
+        return False
+
+    def give_up(self, why: str) -> None:
+        self.failed = why
+        self.world = None
+        print(f"hypertf offload: {why}; matrix products stay local", file=sys.stderr,
+              flush=True)
+
+    def died(self) -> bool:
+        world = self.world
+        return world is not None and world.proc is not None and world.proc.poll() is not None
+
+    def restart(self, child: subprocess.Popen[Any]) -> None:
+        """The world ended under the live task: its names unlinked, a new one started."""
+        assert self.world is not None
+        said = self.world.output().strip().splitlines()
+        self.world.stop()
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < self.WINDOW_S] + [now]
+        if len(self.restarts) > self.RESTARTS:
+            self.give_up(f"the offload world ended {len(self.restarts)} times in "
+                         f"{self.WINDOW_S / 60:.0f} min (last: "
+                         f"{said[-1] if said else 'no output'})")
+            return
+        self.restarted += 1
+        self.world = None
+        self.start(child)
+
+    def wait(self, child: subprocess.Popen[Any], poll_s: float = 0.5) -> int:
+        """The task's exit code; the world watched (and restarted) meanwhile."""
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return child.wait(poll_s if self.world is not None else None)
+            if self.died():
+                self.restart(child)
+
+    def stop(self) -> None:
+        if self.world is not None:
+            self.world.stop()
+
+
 def run(spec: Spec, argv: Sequence[str], private: Path, out: Path) -> int:
-    """Start the world, run ``argv`` beside it, stop it; write ``out``; the task's code."""
+    """Start the world, run ``argv`` beside it (its world restarted if it dies), stop it;
+    write ``out``; the task's code."""
     started = time.monotonic()
     hook_stats = private / "hook.json"
-    world: World | None = None
-    failed = ""
-    try:
-        world = prepare(spec, private).start(spec.start_timeout)
-    except (RuntimeError, OSError) as exc:
-        failed = f"the offload world did not start ({exc})"
-        print(f"hypertf offload: {failed}; matrix products stay local", file=sys.stderr,
-              flush=True)
+    supervisor = Supervisor(lambda: prepare(spec, private), spec.start_timeout)
+    supervisor.start()
+    world = supervisor.world
     env = {**os.environ, **(world.task_env(spec.min_flops, hook_stats) if world else {})}
     child = subprocess.Popen(list(argv), env=env)
 
@@ -108,10 +183,11 @@ def run(spec: Spec, argv: Sequence[str], private: Path, out: Path) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    code = child.wait()
-    if world is not None:
-        world.stop()
-    out.write_text(json.dumps(counts(spec, hook_stats, failed, time.monotonic() - started)))
+    code = supervisor.wait(child)
+    supervisor.stop()
+    result = counts(spec, hook_stats, supervisor.failed, time.monotonic() - started)
+    result["restarts"] = supervisor.restarted
+    out.write_text(json.dumps(result))
     return code if code >= 0 else 128 - code
 
 

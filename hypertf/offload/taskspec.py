@@ -59,7 +59,7 @@ def summarize(per_task: Mapping[str, Mapping[str, Any]], hosts: Sequence[str]) -
     """The job's offload over its ``hosts``, summed over its tasks (summary.json, the
     launcher's last line)."""
     total = {key: sum(t.get(key, 0) for t in per_task.values())
-             for key in ("ops", "bytes", "fallbacks", "local")}
+             for key in ("ops", "bytes", "fallbacks", "local", "restarts")}
     seconds = round(sum(float(t.get("seconds", 0.0)) for t in per_task.values()), 3)
     failed = {name: t["failed"] for name, t in per_task.items() if t.get("failed")}
     return {**total, "seconds": seconds, "hosts": list(hosts), "failed": failed,
@@ -73,4 +73,6 @@ def line(summary: Mapping[str, Any]) -> str:
     if summary["fallbacks"] or summary["failed"]:
         text += (f"; {summary['fallbacks']} computed locally after a failure "
                  f"({'; '.join(f'{k}: {v}' for k, v in sorted(summary['failed'].items()))})")
+    if summary.get("restarts"):
+        text += f"; the offload world was started again {summary['restarts']} time(s)"
     return text

@@ -53,15 +53,15 @@ def mpiexec_argv(channel: str, processors: int, python: str = sys.executable,
         argv += ["-launcher-exec", launcher_exec]
     if iface:
         argv += ["-iface", iface]
-    # One slot per host, in order: rank 0 (the agent) here, rank i on host i. Hydra takes
-    # no host per MPMD section, so the processors share one python (the first host's venv:
-    # offload hosts are provisioned alike).
-    argv += ["-hosts", ",".join(f"{h}:1" for h in ("localhost", *hosts)),
-             "-n", "1", *agent, ":", "-n", str(len(hosts)),
-             # hydra's proxies enter mpiexec's working directory on every host, and the
-             # task's own (<workdir>/runs/<key>/<task>/) exists only on the task's node
-             "-wdir", "/", (remote_python[0] if remote_python else python), "-m",
-             "hypertf.offload.processor"]
+    # One slot per host, in order: hydra fills the slots in the order of the MPMD sections,
+    # so rank 0 (the agent) is here and rank i, a section of its own started with host i's
+    # python (its venv), on host i.
+    argv += ["-hosts", ",".join(f"{h}:1" for h in ("localhost", *hosts)), "-n", "1", *agent]
+    pythons = list(remote_python) + [python] * (len(hosts) - len(remote_python))
+    for host_python in pythons[:len(hosts)]:
+        # hydra's proxies enter mpiexec's working directory on every host, and the task's
+        # own (<workdir>/runs/<key>/<task>/) exists only on the task's node
+        argv += [":", "-n", "1", "-wdir", "/", host_python, "-m", "hypertf.offload.processor"]
     return argv
 
 

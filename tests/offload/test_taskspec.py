@@ -35,14 +35,16 @@ def test_the_ssh_config_pins_host_keys_and_never_asks():
 def test_hydra_puts_the_agent_here_and_one_processor_on_each_host():
     argv = mpiexec_argv("/c", 2, "/venv/bin/python", hosts=["10.0.0.2", "10.0.0.3"],
                         launcher_exec="/run/ssh", iface="eth0",
-                        remote_python=["/opt/venv/bin/python"])
+                        remote_python=["/opt/venv/bin/python", "/srv/venv/bin/python"])
     assert argv[:7] == ["mpiexec", "-launcher", "ssh", "-launcher-exec", "/run/ssh", "-iface",
                         "eth0"]
     assert argv[argv.index("-hosts") + 1] == "localhost:1,10.0.0.2:1,10.0.0.3:1"
-    agent, processors = " ".join(argv).split(" : ")
+    agent, *processors = " ".join(argv).split(" : ")
     assert "-n 1 /venv/bin/python -m hypertf.offload.agent --channel /c" in agent
-    # the processors run in "/": the task's own working directory exists on its node only
-    assert processors == "-n 2 -wdir / /opt/venv/bin/python -m hypertf.offload.processor"
+    # the processors run in "/": the task's own working directory exists on its node only;
+    # each with its own host's venv (issue 42 item 4): a section per host, in slot order
+    assert processors == ["-n 1 -wdir / /opt/venv/bin/python -m hypertf.offload.processor",
+                          "-n 1 -wdir / /srv/venv/bin/python -m hypertf.offload.processor"]
 
 
 def test_the_summary_adds_the_tasks_and_the_line_says_what_went():
