@@ -78,6 +78,7 @@ def run(argv: Sequence[str], default_inventory: str) -> int:
         spec = SweepSpec(script=parsed.script, train={}, grid=parse_grid_option(known.grid))
         request = train_request(parsed)
     request.validate()
+    env = request.env_vars()  # --env NAME read here (unset: a usage error before anything)
     trials = expand(spec)
     if not trials:
         raise UsageError("a sweep needs --grid NAME=V1,V2 (or a spec file with grid/random)")
@@ -89,8 +90,8 @@ def run(argv: Sequence[str], default_inventory: str) -> int:
     print(f"hypertf: sweep {sweep.sweep_id}: {len(trials)} trials, at most "
           f"{sweep.max_concurrent} at once; state in {sweep.dir}/", flush=True)
     if known.detach:
-        return sweeps.detach(sweep)
-    return sweeps.Driver(sweep, say=lambda line: print(line, flush=True)).run()
+        return sweeps.detach(sweep, env)
+    return sweeps.Driver(sweep, env, say=lambda line: print(line, flush=True)).run()
 
 
 def _verb(argv: list[str], default_inventory: str) -> int:
@@ -142,12 +143,13 @@ def _cancel(inventory: str, sweep_id: str) -> int:
 
 def _resume(sweep_id: str, detach: bool) -> int:
     sweep = sweeps.resume(sweep_id)
+    env = sweep.env_values()
     again = sum(t["state"] == "pending" for t in sweep.trials)
     print(f"hypertf: sweep {sweep_id}: re-running {again} failed, lost or cancelled trials",
           flush=True)
     if detach:
-        return sweeps.detach(sweep)
-    return sweeps.Driver(sweep, say=lambda line: print(line, flush=True)).run()
+        return sweeps.detach(sweep, env)
+    return sweeps.Driver(sweep, env, say=lambda line: print(line, flush=True)).run()
 
 
 def invoke_args(**options: Any) -> list[str]:

@@ -11,6 +11,12 @@ dies between the two leaves a key without a job, which ``resume`` sees as ``lost
 again under a new key; a key is never started twice. ``resume`` re-runs only failed, lost and
 cancelled trials.
 
+**Secrets.** ``sweep.json`` and every trial's request hold ``--env`` *names* only (the sweep's
+folder is 0700, its files 0600). The values live in the driver's memory: it hands them to
+each trial's launcher on its stdin (as ``hypertf train --detach`` does), a detached driver
+gets them on its own stdin, and ``resume`` takes them from its environment again (``--env
+NAME`` semantics: NAME must be set there).
+
 Trials are ordinary queued jobs (priorities, per-user limits, owner-only cancel, draining
 all apply); the driver keeps at most ``max_concurrent`` launchers alive and stops starting
 new trials after ``max_failed`` failures. A trial reports its metric by writing JSON to
@@ -27,14 +33,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hypertf.core.errors import Cancelled, UsageError
 from hypertf.core.placement import new_task_key
-from hypertf.core.rundir import RunDir
+from hypertf.core.rundir import RunDir, make_private, write_private
+from hypertf.launch.detach import ENV_ON_STDIN, hand_env
 from hypertf.launch.request import TrainRequest
 from hypertf.node import procs
 from hypertf.store import auth
@@ -73,7 +80,7 @@ class Sweep:
 
     sweep_id: str
     inventory: str
-    request: dict[str, Any]  # the TrainRequest every trial runs (JSON), the trial's args added
+    request: dict[str, Any]  # the TrainRequest every trial runs (JSON, --env names only)
     trials: list[dict[str, Any]]
     metric: str | None = None
     mode: str = "max"
@@ -87,10 +94,20 @@ class Sweep:
         return sweep_dir(self.sweep_id)
 
     def save(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_private(self.dir)
         temporary = self.dir / "sweep.json.tmp"
-        temporary.write_text(json.dumps(self.__dict__, indent=2))
+        write_private(temporary, json.dumps(self.__dict__, indent=2))
         os.replace(temporary, self.dir / "sweep.json")
+
+    def env_values(self) -> dict[str, str]:
+        """The trials' --env values, read from this process's environment by the names the
+        sweep saved (a missing one is a usage error naming it): what ``resume`` hands on."""
+        request = TrainRequest.from_json(self.request)
+        try:
+            return request.env_vars()
+        except UsageError as err:
+            raise UsageError(f"sweep {self.sweep_id}: {err} (its trials take their --env "
+                             f"values from the environment of 'hypertf sweep resume')") from None
 
     @classmethod
     def load(cls, sweep_id: str) -> Sweep:
@@ -139,7 +156,8 @@ def create(inventory: str, request: TrainRequest, trials: Sequence[Any],
            max_failed: int | None) -> Sweep:
     """A new sweep with every trial ``pending`` (expanded once, saved before anything runs)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    sweep = Sweep(f"sweep-{stamp}-{secrets.token_hex(3)}", str(inventory), request.to_json(),
+    sweep = Sweep(f"sweep-{stamp}-{secrets.token_hex(3)}", str(inventory),
+                  request.without_env_values().to_json(),
                   [{"index": t.index, "params": dict(t.params), "args": t.args(),
                     "label": t.label(), "state": "pending", "tries": 0} for t in trials],
                   metric, mode, max_concurrent, max_failed)
@@ -151,8 +169,9 @@ def create(inventory: str, request: TrainRequest, trials: Sequence[Any],
 class Driver:
     """Start trials up to ``max_concurrent``, reap them, record each result."""
 
-    def __init__(self, sweep: Sweep, say: Any = print) -> None:
+    def __init__(self, sweep: Sweep, env: Mapping[str, str], say: Any = print) -> None:
         self.sweep = sweep
+        self.env = dict(env)  # the --env values: in memory only, handed to each launcher
         self.say = say
         self.running: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -162,11 +181,12 @@ class Driver:
         return replace(request, args=(*request.args, *trial["args"]))
 
     def trial_argv(self, trial: dict[str, Any], key: str) -> list[str]:
-        """A launcher of its own for the trial, from its request file (as a detached job's)."""
+        """A launcher of its own for the trial, from its request file (as a detached job's:
+        --env names in the file, the values on its stdin)."""
         path = self.sweep.dir / f"trial-{trial['index']}.request.json"
-        path.write_text(json.dumps(self.trial_request(trial).to_json()))
+        write_private(path, json.dumps(self.trial_request(trial).to_json()))
         return [sys.executable, "-m", "hypertf.launch.detach", self.sweep.inventory, str(path),
-                key]
+                key, ENV_ON_STDIN]
 
     def start(self, trial: dict[str, Any]) -> None:
         key = new_task_key(auth.job_owner())
@@ -174,9 +194,12 @@ class Driver:
                      started=time.time(), metric=None, unranked_metric=None, wall_s=None,
                      message="")
         self.sweep.save()  # the key is recorded before the job can exist: never two jobs
-        with open(self.sweep.dir / f"trial-{trial['index']}.log", "ab") as log:
-            launcher = subprocess.Popen(self.trial_argv(trial, key), stdin=subprocess.DEVNULL,
+        fd = os.open(self.sweep.dir / f"trial-{trial['index']}.log",
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as log:
+            launcher = subprocess.Popen(self.trial_argv(trial, key), stdin=subprocess.PIPE,
                                         stdout=log, stderr=subprocess.STDOUT)
+        hand_env(launcher, self.env)
         trial["launcher_pid"] = launcher.pid
         trial["state"] = "running"
         self.running[trial["index"]] = launcher
@@ -343,12 +366,15 @@ def list_sweeps() -> list[Sweep]:
     return found
 
 
-def detach(sweep: Sweep) -> int:
-    """The driver in a session of its own (survives logout); its output in sweep.log."""
-    with open(sweep.dir / "sweep.log", "ab") as log:
-        driver = subprocess.Popen([sys.executable, "-m", "hypertf.sweep.driver", sweep.sweep_id],
-                                  stdin=subprocess.DEVNULL, stdout=log,
+def detach(sweep: Sweep, env: Mapping[str, str]) -> int:
+    """The driver in a session of its own (survives logout); its output in sweep.log, the
+    --env values on its stdin (never on its command line nor in a file)."""
+    fd = os.open(sweep.dir / "sweep.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as log:
+        driver = subprocess.Popen([sys.executable, "-m", "hypertf.sweep.driver", sweep.sweep_id,
+                                   ENV_ON_STDIN], stdin=subprocess.PIPE, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
+    hand_env(driver, dict(env))
     print(sweep.sweep_id)
     print(f"hypertf: sweep {sweep.sweep_id} detached (driver PID {driver.pid}, output "
           f"{sweep.dir / 'sweep.log'}); see 'hypertf sweep status {sweep.sweep_id}', end "
@@ -356,9 +382,11 @@ def detach(sweep: Sweep) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the detached driver: python -m hypertf.sweep.driver ID
+if __name__ == "__main__":  # the detached driver: python -m hypertf.sweep.driver ID --env-on-stdin
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    from hypertf.launch.detach import env_from_stdin
     from hypertf.launch.exits import run
 
-    sys.exit(run(lambda: Driver(Sweep.load(sys.argv[1]), say=lambda line: print(
+    values = env_from_stdin() if ENV_ON_STDIN in sys.argv[2:] else {}
+    sys.exit(run(lambda: Driver(Sweep.load(sys.argv[1]), values, say=lambda line: print(
         line, flush=True)).run()))

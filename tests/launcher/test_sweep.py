@@ -104,8 +104,10 @@ def test_a_random_search_from_a_spec_expands_the_same_trials_twice(tmp_path):
 
 def test_a_sweep_cancelled_mid_way_leaves_nothing_running_or_held(lab, tmp_path):
     never = tmp_path / "never"
+    secret = f"sweep-secret-{time.time_ns()}"
     done = hypertf("sweep", "-i", lab.inventory, "--detach", "--script", FAKE, "--worker", "2",
-                   "--grid", "lr=0.1,0.2,0.3,0.4", "--max-concurrent", "2", "--",
+                   "--grid", "lr=0.1,0.2,0.3,0.4", "--max-concurrent", "2",
+                   "--env", f"SWEEP_TOKEN={secret}", "--",
                    "--until_file", str(never), cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     sweep_id = done.stdout.split()[-1]
@@ -115,6 +117,16 @@ def test_a_sweep_cancelled_mid_way_leaves_nothing_running_or_held(lab, tmp_path)
             .count("tasks listening") for t in sweep_state(tmp_path, sweep_id)["trials"]) == 2,
             90, "two trials running")
         keys = [t["task_key"] for t in sweep_state(tmp_path, sweep_id)["trials"][:2]]
+        # the --env value reached the tasks through the detached driver and each trial's
+        # launcher (their stdin), and no file or command line of the sweep holds it
+        environments = " ".join(" ".join(lines) for lines in
+                                processes_of(lab.inventory, keys[0]).values())
+        assert f"SWEEP_TOKEN={secret}" in environments
+        folder = tmp_path / "runs" / "sweeps" / sweep_id
+        assert not [p.name for p in folder.iterdir() if p.is_file() and secret in
+                    p.read_text(errors="replace")]
+        driver_pid = sweep_state(tmp_path, sweep_id)["driver_pid"]
+        assert secret not in Path(f"/proc/{driver_pid}/cmdline").read_text(errors="replace")
         cancel = hypertf("sweep", "cancel", "-i", lab.inventory, sweep_id, cwd=tmp_path)
         assert cancel.returncode == 0 and "2 waiting or running trials ended" in cancel.stdout
         wait_for(lambda: sweep_state(tmp_path, sweep_id)["driver_pid"] is None, 90,

@@ -217,7 +217,7 @@ def test_the_driver_records_a_nan_metric_and_says_it_is_ranked_last(tmp_path, mo
     sweep = sweeps.create("inv.yml", TrainRequest(script="s.py"), expand(spec), "acc", "max", 2,
                           None)
     said: list[str] = []
-    driver = sweeps.Driver(sweep, say=said.append)
+    driver = sweeps.Driver(sweep, {}, say=said.append)
     for trial, reported in zip(sweep.trials, ("NaN", "0.25"), strict=True):
         key = f"key{trial['index']}"
         trial.update(task_key=key, started=0.0)
@@ -237,27 +237,51 @@ def test_the_driver_records_a_nan_metric_and_says_it_is_ranked_last(tmp_path, mo
 def test_a_sweep_stores_its_train_request_and_each_trial_adds_its_arguments(tmp_path,
                                                                              monkeypatch):
     """sweep.json holds the TrainRequest as JSON (not a command line); a trial runs that
-    request with its hyperparameters after the script's own arguments, from a request file."""
+    request with its hyperparameters after the script's own arguments, from a request file.
+    Both files hold --env names only (issue 38): the values go to the launcher's stdin."""
     import json
 
+    from hypertf.launch.detach import ENV_ON_STDIN
     from hypertf.launch.request import TrainRequest
     from hypertf.sweep import driver as sweeps
 
     monkeypatch.chdir(tmp_path)
-    asked = TrainRequest(script="s.py", workers=2, priority=3, env=("A=1",), args=("--x", "1"))
+    asked = TrainRequest(script="s.py", workers=2, priority=3, env=("A=s3cret-1",),
+                         args=("--x", "1"))
     spec = SweepSpec("s.py", grid={"lr": [0.1, 0.2]})
     sweep = sweeps.create("inv.yml", asked, expand(spec), "acc", "max", 2, None)
     saved = json.loads((sweep.dir / "sweep.json").read_text())
     assert saved["request"]["workers"] == 2 and "train_argv" not in saved
     loaded = sweeps.Sweep.load(sweep.sweep_id)
-    driver = sweeps.Driver(loaded)
+    driver = sweeps.Driver(loaded, asked.env_vars())
     trial = loaded.trials[1]
     argv = driver.trial_argv(trial, "k.me")
-    assert argv[1:3] == ["-m", "hypertf.launch.detach"] and argv[-1] == "k.me"
-    ran = TrainRequest.from_json(json.loads(Path(argv[-2]).read_text()))
-    assert ran == TrainRequest(script="s.py", workers=2, priority=3, env=("A=1",),
+    assert argv[1:3] == ["-m", "hypertf.launch.detach"] and argv[-2:] == ["k.me", ENV_ON_STDIN]
+    ran = TrainRequest.from_json(json.loads(Path(argv[-3]).read_text()))
+    assert ran == TrainRequest(script="s.py", workers=2, priority=3, env=("A",),
                                args=("--x", "1", *trial["args"]))
     assert ran.args[-2:] == ("--lr", "0.2")
+    assert ran.with_env(driver.env).env_vars() == {"A": "s3cret-1"}
+    for path in (sweep.dir / "sweep.json", Path(argv[-3])):
+        assert "s3cret" not in path.read_text() and path.stat().st_mode & 0o777 == 0o600
+    assert sweep.dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_resumed_sweep_takes_its_env_values_from_the_environment(tmp_path, monkeypatch):
+    """``resume`` has no values saved: it reads the --env names again, and an unset one is
+    one usage error naming it and where it is read."""
+    from hypertf.launch.request import TrainRequest
+    from hypertf.sweep import driver as sweeps
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYPERTF_T_SWEEP_SECRET", raising=False)
+    asked = TrainRequest(script="s.py", env=("HYPERTF_T_SWEEP_SECRET=v1",))
+    sweep = sweeps.create("inv.yml", asked, expand(SweepSpec("s.py", grid={"lr": [0.1]})),
+                          None, "max", 1, None)
+    with pytest.raises(UsageError, match=r"HYPERTF_T_SWEEP_SECRET is not set.*sweep resume"):
+        sweeps.Sweep.load(sweep.sweep_id).env_values()
+    monkeypatch.setenv("HYPERTF_T_SWEEP_SECRET", "v2")
+    assert sweeps.Sweep.load(sweep.sweep_id).env_values() == {"HYPERTF_T_SWEEP_SECRET": "v2"}
 
 
 def test_a_request_with_a_field_this_version_does_not_know_is_refused_by_name():
