@@ -29,9 +29,10 @@ from pathlib import Path
 import common
 import numpy as np
 
+from hypertf.offload import channel as channel_module
 from hypertf.offload.channel import PING, ClientChannel, Header, layout
 from hypertf.offload.plan import CostModel
-from hypertf.offload.world import loopback_env, private_network, world
+from hypertf.offload.world import World, loopback_env, private_network, world
 
 
 def best(fn, repeat: int) -> float:
@@ -108,13 +109,134 @@ def mpi_vs_socket(size: int, repeat: int) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# -- --pin: what a weak node gains from K helpers ----------------------------------------------
+PINNED = "HYPERTF_BENCH_PINNED"  # set once this process runs on the task's cores
+GOAL = ("16 cores, C = 2, 3 processors of 4 cores: offloaded >= 2x faster than local for "
+        "n >= 4,096, and within 1.3x of the model")
+
+
+def pin_plan(cpus: list[int], task_cores: int | None,
+             processors: int | None) -> tuple[list[int], list[list[int]]]:
+    """The task's C CPUs (default 2 from 8 CPUs up, else 1) and K disjoint sets of the
+    others, one per processor (default: up to 3 of 4 CPUs each; at least 1 of 1)."""
+    c = task_cores or (2 if len(cpus) >= 8 else 1)
+    if not 0 < c < len(cpus):
+        raise SystemExit(f"--task-cores {c}: this machine has {len(cpus)} CPUs; leave at "
+                         f"least one to the processors")
+    rest = cpus[c:]
+    k = processors or max(1, min(3, len(rest) // 4))
+    if k > len(rest):
+        raise SystemExit(f"--processors {k}: only {len(rest)} CPUs are left after the task's")
+    each = len(rest) // k
+    return cpus[:c], [rest[i * each:(i + 1) * each] for i in range(k)]
+
+
+def pin_self(task: list[int]) -> None:
+    """Run this bench again on the task's CPUs, its BLAS with as many threads: the thread
+    count is read when numpy loads, and a thread keeps the CPUs it was created with."""
+    if os.environ.get(PINNED) == "1":
+        return
+    threads = str(len(task))
+    os.environ.update({PINNED: "1", "OMP_NUM_THREADS": threads,
+                       "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+    os.sched_setaffinity(0, task)
+    os.execv(sys.executable, [sys.executable, __file__, *sys.argv[1:]])
+
+
+def pinned(args) -> int:
+    """Local on C CPUs vs offloaded to K processors on CPUs of their own, n = 1,024 ...
+    8,192 (quick: 1,024), the model's prediction beside each, the hop vs a memcpy."""
+    cpus = sorted(os.sched_getaffinity(0)) if os.environ.get(PINNED) != "1" else sorted(
+        int(c) for c in os.environ["HYPERTF_BENCH_CPUS"].split(","))
+    task, sets = pin_plan(cpus, args.task_cores, args.processors)
+    os.environ["HYPERTF_BENCH_CPUS"] = ",".join(map(str, cpus))
+    pin_self(task)
+    sizes = [1024] if args.quick else [1024, 2048, 4096, 8192]
+    repeat = 2 if args.quick else 3
+    report = common.Report("offload", args)
+    report.start()
+    report.note(f"pinned: the task (and its agent) on CPUs {task}, {len(sets)} processor(s) on "
+                f"{' | '.join(','.join(map(str, s)) for s in sets)}")
+    rng = np.random.default_rng(0)
+    local: dict[int, float] = {}
+    offloaded: dict[int, float] = {}
+    for n in sizes:
+        a, b = (rng.random((n, n), np.float32) for _ in range(2))
+        local[n] = best(lambda a=a, b=b: a @ b, repeat if n <= 4096 else 1)
+        report.add(f"local n={n} on {len(task)} CPU(s)", 1000 * local[n], "ms",
+                   gflops=2 * n**3 / local[n] / 1e9)
+    per_cpu = 2 * sizes[-1] ** 3 / local[sizes[-1]] / len(task)
+    moved = mpi_vs_socket(16 << 20, 3)
+    link = (16 << 20) / moved["mpi_s"]
+    pin = tuple(",".join(map(str, s)) for s in (task, *sets))
+    with tempfile.TemporaryDirectory(prefix="bench-offload-") as tmp:
+        w = World(channel_module.new_name(), len(sets), Path(tmp), pin=pin)
+        try:
+            w.start(60)
+            channel = ClientChannel.attach(w.channel)
+            try:
+                n = 2048 if not args.quick else 1024
+                a, b = (rng.random((n, n), np.float32) for _ in range(2))
+                hop_s = best(lambda: hop(channel, a, b), 10)
+                src = np.concatenate([a.ravel(), b.ravel(), a.ravel()])
+                copy = np.empty_like(src)
+                memcpy_s = best(lambda: np.copyto(copy, src), 10)
+                report.add(f"shared-memory hop n={n} ({src.nbytes >> 20} MiB)", 1000 * hop_s,
+                           "ms")
+                report.add("memcpy of the same bytes", 1000 * memcpy_s, "ms")
+                report.add("ratio hop/memcpy (goal <= 1.5)", common.ratio(hop_s, memcpy_s), "x")
+                model = CostModel(host_flops=per_cpu * len(sets[0]),
+                                  local_flops=per_cpu * len(task), link_bytes_s=link,
+                                  hop_bytes_s=src.nbytes / hop_s)
+                for n in sizes:
+                    a, b = (rng.random((n, n), np.float32) for _ in range(2))
+                    out = channel.matmul(a, b, 600)  # warm: the segment sized
+                    error = float(np.abs(out - a @ b).max() / max(np.abs(a @ b).max(), 1))
+                    offloaded[n] = best(lambda a=a, b=b: channel.matmul(a, b, 600),
+                                        repeat if n <= 4096 else 1)
+                    predicted = model.offload_s(n, n, n, len(sets))
+                    report.add(f"offloaded n={n} on {len(sets)} processor(s)",
+                               1000 * offloaded[n], "ms", relative_error=error,
+                               model_ms=round(1000 * predicted, 2))
+                    report.add(f"speed-up local/offloaded n={n} (goal >= 2 from 4,096)",
+                               common.ratio(local[n], offloaded[n]), "x")
+                    report.add(f"measured/model n={n} (goal <= 1.3)",
+                               common.ratio(offloaded[n], predicted), "x")
+            finally:
+                channel.close()
+        finally:
+            w.stop()
+    report.note(f"model: {per_cpu / 1e9:.1f} Gflop/s per CPU (measured locally on the task's "
+                f"CPUs) x {len(sets[0])} per processor, {link / 1e9:.2f} GB/s MPI on loopback, "
+                f"the hop as measured")
+    report.note(f"goal: {GOAL}")
+    if len(cpus) < 8:
+        report.note(f"this machine has {len(cpus)} CPUs: it cannot show a speed-up (the task "
+                    f"keeps {len(task)}, {len(sets)} processor(s) get the rest); run it on 8 "
+                    f"or more (README 'Measured')")
+    elif not args.quick:
+        met = all(local[n] / offloaded[n] >= 2 for n in sizes if n >= 4096)
+        report.note(f"speed-up goal {'met' if met else 'NOT met'} on {len(cpus)} CPUs")
+    report.finish()
+    return 0
+
+
 def main() -> int:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--pingpong", type=int, help=argparse_hidden())
     p.add_argument("--repeat", type=int, default=5, help=argparse_hidden())
+    p.add_argument("--pin", action="store_true",
+                   help="pin the task to --task-cores CPUs and each processor to CPUs of its "
+                        "own: local vs offloaded as a weak node helped by others would see it")
+    p.add_argument("--task-cores", type=int, metavar="C",
+                   help="with --pin: the task's CPUs (default 2 on 8+ CPUs, else 1)")
+    p.add_argument("--processors", type=int, metavar="K",
+                   help="with --pin: processors (default: up to 3 of 4 CPUs each)")
     args = p.parse_args()
     if args.pingpong:
         return pingpong(args.pingpong, args.repeat)
+    if args.pin:
+        return pinned(args)
     sizes = [512, 1024] if args.quick else [512, 1024, 2048, 4096, 8192]
     counts = [1, 2] if args.quick else [1, 2, 4]
     repeat = 2 if args.quick else 3

@@ -33,9 +33,11 @@ def mpiexec_argv(channel: str, processors: int, python: str = sys.executable,
                  hosts: Sequence[str] = (), launcher_exec: str | None = None,
                  ready: str | None = None, stats: str | None = None,
                  data_mb: int = 64, iface: str | None = None,
-                 remote_python: Sequence[str] = ()) -> list[str]:
+                 remote_python: Sequence[str] = (), pin: Sequence[str] = ()) -> list[str]:
     """mpiexec's command line: the agent here (rank 0), the processors on ``hosts`` (one
-    each, started with ``remote_python``: their venv) or, without hosts, forked here."""
+    each, started with ``remote_python``: their venv) or, without hosts, forked here.
+    ``pin`` (forked worlds, bench/offload.py --pin): CPU lists, the agent's first, then one
+    per processor, each run under ``taskset`` with as many BLAS threads as it has CPUs."""
     if processors < 1:
         raise ValueError("an offload world needs at least one processor")
     agent = [python, "-m", "hypertf.offload.agent", "--channel", channel,
@@ -44,6 +46,16 @@ def mpiexec_argv(channel: str, processors: int, python: str = sys.executable,
         agent += ["--ready", ready]
     if stats:
         agent += ["--stats", stats]
+    if not hosts and pin:
+        if len(pin) != processors + 1:
+            raise ValueError(f"pin names {len(pin)} CPU lists for {processors + 1} ranks")
+        argv = ["mpiexec", "-launcher", "fork", "-hosts", "localhost", "-iface", "lo"]
+        for rank, cpus in enumerate(pin):
+            threads = str(len(cpus.split(",")))
+            command = agent if rank == 0 else [python, "-m", "hypertf.offload.processor"]
+            argv += [*([":"] if rank else []), "-n", "1", "-env", "OMP_NUM_THREADS", threads,
+                     "-env", "OPENBLAS_NUM_THREADS", threads, "taskset", "-c", cpus, *command]
+        return argv
     if not hosts:
         return ["mpiexec", "-launcher", "fork", "-hosts", "localhost", "-iface", "lo",
                 "-n", "1", *agent, ":", "-n", str(processors), python, "-m",
@@ -120,6 +132,7 @@ class World:
     remote_python: tuple[str, ...] = ()  # each host's python (its venv)
     own_session: bool = True  # False: in the caller's process group (a task's: stopped with it)
     port_range: tuple[int, int] | None = None  # hydra's control port (hosts only)
+    pin: tuple[str, ...] = ()  # CPU lists: the agent's, then each processor's (forked only)
 
     @property
     def ready_file(self) -> Path:
@@ -133,7 +146,8 @@ class World:
         argv = mpiexec_argv(
             self.channel, self.processors, python, hosts=self.hosts,
             launcher_exec=self.launcher_exec, ready=str(self.ready_file),
-            stats=str(self.stats_file), iface=self.iface, remote_python=self.remote_python)
+            stats=str(self.stats_file), iface=self.iface, remote_python=self.remote_python,
+            pin=self.pin)
         if self.hosts:
             env = {**os.environ, **network_env(self.iface, self.port_range)}
         else:
