@@ -48,6 +48,7 @@ HOSTS = tuple(f"n{i:02d}" for i in range(1, 17))
 GPUS_PER_HOST = 8
 HOLD_S = 0.01
 SESSION_TIMEOUT = 15.0  # 64 sessions on 2 cores: short sessions starve and expire
+GOAL_PER_S = 500  # issue 43: admissions (allocate+release cycles) per second, 32 submitters
 
 
 def settings(zk_hosts: str, root: str) -> ClusterSettings:
@@ -109,13 +110,15 @@ def worker(args: argparse.Namespace) -> int:
 
     threads = [threading.Thread(target=loop, args=(c,)) for c in clients]
     late = time.time() > args.start_at
+    cpu = common.process_cpu()  # imports and connects done: the round's CPU only
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    cpu = common.process_cpu() - cpu
     for client in clients:
         store.close(client)
-    json.dump({"late": late, "events": events}, sys.stdout)
+    json.dump({"late": late, "events": events, "cpu_s": cpu}, sys.stdout)
     return 0
 
 
@@ -155,7 +158,7 @@ def concurrent(zk_hosts: str, root: str, mode: str, count: int, duration: float,
                     f"{root}/plain-set"], stdout=subprocess.PIPE, text=True)
         for n in per
     ]
-    events, late = [], False
+    events, late, cpu = [], False, 0.0
     for proc in started:
         out, _ = proc.communicate(timeout=duration + 120)
         if proc.returncode:
@@ -163,7 +166,8 @@ def concurrent(zk_hosts: str, root: str, mode: str, count: int, duration: float,
         result = json.loads(out)
         events.extend(result["events"])
         late = late or result["late"]
-    return {"events": events, "late": late, "processes": processes}
+        cpu += result.get("cpu_s", 0.0)
+    return {"events": events, "late": late, "processes": processes, "cpu_s": cpu}
 
 
 def double_bookings(events: list[dict]) -> int:
@@ -243,9 +247,13 @@ def main() -> int:
                 rounds = {}
                 for mode in ("alloc", "set"):
                     before = common.zk_stat(zk)
+                    # the keeper is a thread of this process, which does nothing else then
+                    cpu = (common.process_cpu(), common.process_cpu(zk.pid()))
                     rounds[mode] = concurrent(zk.hosts, root, mode, count, duration, kids,
                                               matrix_bytes)
                     if mode == "alloc":
+                        keeper_s = common.process_cpu() - cpu[0]
+                        server_s = common.process_cpu(zk.pid()) - cpu[1]
                         after = common.zk_stat(zk)
                         sent = {f: int(after[f]) - int(before[f])
                                 for f in ("zk_packets_received", "zxid")}
@@ -257,11 +265,20 @@ def main() -> int:
                 set_rate = len(sets) / duration
                 tag = f"C={count}"
                 report.add(f"{tag} allocate+release cycles/s ({rounds['alloc']['processes']} "
-                           f"processes, own sessions)", through, "/s", n=count)
+                           f"processes, own sessions)", through, "/s", n=count,
+                           goal=(">=", GOAL_PER_S) if count == 32 else None)
                 report.add(f"{tag} ZooKeeper requests / transactions per cycle "
                            f"(server's count, with connects and pings)",
                            f"{common.ratio(sent['zk_packets_received'], len(grants)):.1f} / "
                            f"{common.ratio(sent['zxid'], len(grants)):.2f}")
+                client_s = rounds["alloc"]["cpu_s"]
+                report.add(f"{tag} CPU per cycle: submitters / keeper / ZooKeeper = total",
+                           " / ".join(f"{1000 * common.ratio(x, len(grants)):.2f}" for x in
+                                      (client_s, keeper_s, server_s,
+                                       client_s + keeper_s + server_s)), "ms",
+                           client_ms=1000 * common.ratio(client_s, len(grants)),
+                           keeper_ms=1000 * common.ratio(keeper_s, len(grants)),
+                           server_ms=1000 * common.ratio(server_s, len(grants)))
                 report.add(f"{tag} plain set/s, same clients", set_rate, "/s")
                 report.add(f"{tag} ratio set/s / cycles/s", common.ratio(set_rate, through), "x")
                 report.add(f"{tag} conflict retries per grant, mean",
@@ -276,7 +293,7 @@ def main() -> int:
                            1000 * common.median([e["release_s"] for e in grants]), "ms")
                 report.add(f"{tag} allocations given up (StoreError)", len(failed))
                 booked = double_bookings(alloc)
-                report.add(f"{tag} double-bookings (must be 0)", booked)
+                report.add(f"{tag} double-bookings", booked, goal=("<=", 0))
                 if rounds["alloc"]["late"] or rounds["set"]["late"]:
                     report.note(f"{tag}: a worker process started after the common start time")
                 common.wait_until(lambda: all_free(client, layout), 30,

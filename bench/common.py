@@ -116,6 +116,19 @@ def zk_stat(server: ZooKeeperServer) -> dict[str, str]:
     return values
 
 
+def process_cpu(pid: int | None = None) -> float:
+    """CPU seconds (user + system) a process has used: this one, or ``pid`` (from /proc:
+    ZooKeeper's JVM); 0.0 when it is gone."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # -- processes we start -----------------------------------------------------------------------
 class Children:
     """Every process this benchmark starts; ``stop_all`` ends the ones still running."""
@@ -361,10 +374,17 @@ class Report:
         rel = Path(sys.argv[0]).resolve().relative_to(REPO)
         return f"cd {REPO} && .venv/bin/python {shlex.join([str(rel), *argv])}"
 
-    def add(self, figure: str, value: float | int | str, unit: str = "", **extra: Any) -> None:
+    def add(self, figure: str, value: float | int | str, unit: str = "",
+            goal: tuple[str, float] | None = None, **extra: Any) -> None:
+        """One figure; ``goal`` (``("<=", 1.0)``: the value must be at most 1.0, in
+        ``unit``) is printed beside it with whether it is met. A missed goal is a figure
+        like any other: the bench still exits 0 (issue 43 item 4)."""
         row = {"figure": figure, "value": value, "unit": unit, **extra}
+        if goal is not None:
+            row["goal"] = f"{goal[0]} {fmt(goal[1])} {unit}".rstrip()
+            row["met"] = meets(value, goal)
         self.rows.append(row)
-        print(f"  {figure}: {fmt(value)} {unit}".rstrip(), flush=True)
+        print(f"  {figure}: {fmt(value)} {unit}{goal_text(row)}".rstrip(), flush=True)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -382,7 +402,13 @@ class Report:
         print(f"\n== {self.name}: figures ({elapsed:.0f} s)")
         width = max((len(r["figure"]) for r in self.rows), default=10)
         for row in self.rows:
-            print(f"  {row['figure']:<{width}}  {fmt(row['value'])} {row['unit']}".rstrip())
+            print(f"  {row['figure']:<{width}}  {fmt(row['value'])} {row['unit']}"
+                  f"{goal_text(row)}".rstrip())
+        goals = [row for row in self.rows if "goal" in row]
+        if goals:
+            missed = [row["figure"] for row in goals if not row["met"]]
+            print(f"  goals: {len(goals) - len(missed)} of {len(goals)} met"
+                  + (f"; missed: {'; '.join(missed)}" if missed else ""))
         for text in self.notes:
             print(f"  note: {text}")
         load = self.load or [os.getloadavg()[0]]
@@ -400,6 +426,20 @@ class Report:
                 "load_at_end": os.getloadavg(), "load_during": during,
                 "rows": self.rows, "notes": self.notes,
             }, indent=2))
+
+
+def meets(value: float | int | str, goal: tuple[str, float]) -> bool:
+    """Whether ``value`` meets ``goal`` (``("<=", x)`` or ``(">=", x)``); a value that is
+    no number (n/a) does not."""
+    if not isinstance(value, (int, float)) or value != value:
+        return False
+    return value <= goal[1] if goal[0] == "<=" else value >= goal[1]
+
+
+def goal_text(row: dict[str, Any]) -> str:
+    if "goal" not in row:
+        return ""
+    return f"   [goal {row['goal']}: {'met' if row['met'] else 'MISSED'}]"
 
 
 def fmt(value: float | int | str) -> str:

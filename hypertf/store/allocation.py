@@ -31,6 +31,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
+from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.retry import ForceRetryError
 
 from hypertf.core.errors import InsufficientResources, NotAllowed, StoreError, UsageError
@@ -339,6 +340,8 @@ def wait_settled(store: Store, task_key: str, timeout: float,
     once and again when the watch on them fires. False after ``timeout`` (no keeper yet:
     it will)."""
     deadline = time.monotonic() + timeout
+    if _grant_dropped(store, task_key, timeout):
+        return True
     while True:
         changed = threading.Event()
         try:
@@ -351,6 +354,26 @@ def wait_settled(store: Store, task_key: str, timeout: float,
         if left <= 0:
             return False
         changed.wait(min(left, 1.0))
+
+
+def _grant_dropped(store: Store, task_key: str, timeout: float) -> bool:
+    """Whether the keeper dropped the job's grant within ``timeout``: it does so only in
+    the pass whose sync freed or drained every cell of the job, so a grant that existed
+    and went says the matrix is settled, with a watch on this job's znode alone (a watch
+    on the shards fired for every client at every admission). False when there was none
+    (never admitted, or dropped before): the matrix is read then."""
+    gone = threading.Event()
+
+    def deleted(event: WatchedEvent) -> None:
+        if event.type == EventType.DELETED:
+            gone.set()
+
+    try:
+        if store.client.exists(store.layout.grant(task_key), watch=deleted) is None:
+            return False
+    except NoAuthError:
+        return False  # a root secured before grants existed
+    return gone.wait(timeout)
 
 
 def read_shards(store: Store, hosts: Sequence[str] | None,

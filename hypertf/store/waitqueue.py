@@ -440,8 +440,16 @@ class Admitter:
         """A grant lives while its job's lease does: the sync has drained or freed the
         cells of a job whose lease is gone, so its grant goes too."""
         ended = [key for key in self.reader.grants if key not in leases]
+        if len(ended) > 1:  # one transaction for all (one request, one log entry)
+            tx = self.store.client.transaction()
+            for key in ended:
+                tx.delete(self.store.layout.grant(key))
+            if not any(isinstance(r, Exception) for r in tx.commit()):
+                for key in ended:
+                    self.reader.grants.pop(key, None)
+                return
         pending = [(key, self.store.client.delete_async(self.store.layout.grant(key)))
-                   for key in ended]
+                   for key in ended]  # one of them gone already: each on its own
         for key, result in pending:
             with contextlib.suppress(NoNodeError):
                 result.get(timeout=30)
@@ -650,12 +658,13 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
     they change. Returns the keeper's grant (never the record's own placements: its owner
     may write those); raises Cancelled when the lease goes.
 
-    Few requests, since every submitter pays them at every job: a read of its own record
-    with a one-shot watch, and the same again each time the watch fires (the keeper's
-    admission, a refusal, a cancel, and ``lost`` when the lease went without one are all
-    written there). Only a job still waiting after VIEW_AFTER_S reads and watches the
-    queue's view (its position) and checks its lease every LEASE_CHECK_S (a root without a
-    keeper marks no lost job)."""
+    Few requests, since every submitter pays them at every job: a one-shot watch on its
+    own record (set with ``exists``: the record is as it created it), then, each time the
+    watch fires, a read of the grant (the keeper's admission writes both) and, without
+    one, of the record with a new watch (a refusal, a cancel, and ``lost`` when the lease
+    went without one are written there). Only a job still waiting after VIEW_AFTER_S
+    reads and watches the queue's view (its position) and checks its lease every
+    LEASE_CHECK_S (a root without a keeper marks no lost job)."""
     fired: set[str] = set()
     wake = threading.Event()
     job_path, view_path = store.layout.job(task_key), store.layout.queue_view
@@ -667,6 +676,7 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
     since = time.monotonic()
     lease_checked = since
     fired.add(job_path)
+    first = True
     watching_view = False
     shown: tuple[int, int, str] | None = None
     while True:
@@ -681,6 +691,18 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
             # watch can be lost (test_outage waited forever without this read)
             fired.add(job_path)
             lease_gone = store.client.exists(store.layout.lease(task_key)) is None
+        if first:  # the record as this waiter created it (version 0): a watch only
+            first = False
+            fired.discard(job_path)
+            stat = store.client.exists(job_path, watch=changed)
+            if stat is not None and stat.version > 0:
+                fired.add(job_path)  # changed already: read it
+        elif job_path in fired and not lease_gone:
+            # the grant first: the keeper writes it with the record's admission, and it is
+            # what a launcher starts on (one read per admitted job instead of two)
+            grant = read_grant(store, task_key)
+            if grant is not None:
+                return grant
         if job_path in fired:
             fired.discard(job_path)
             record = read_job(store, task_key, watch=changed) or JobRecord()
