@@ -2,10 +2,11 @@
 its world opened is found with ``ss`` on each host. None but hydra's control port is on a
 wildcard address: MPICH's mpiexec (4.0.2) binds it on every address whatever it is told, so
 it is held to the inventory's hypertf_offload_port_range instead. Garbage sent from another
-lab host to every other port (the agent's and each processor's) ends neither the agent nor
-the job's offloading. Hydra's own port is left out of that: hydra ends the whole world on a
-connection that is not one of its proxies ("cannot find proxy with ID"), a limit of MPICH's
-process manager that docs/offload.md states (firewall the range to the data network)."""
+lab host to every port ends neither the agent nor the job's offloading: the agent's and the
+processors' ports change nothing, and hydra's own (hydra ends the whole world on a
+connection that is not one of its proxies: "cannot find proxy with ID") costs one world,
+which the task's runner starts again and the hook attaches to, so every product is still
+offloaded (docs/offload.md, "What listens")."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import shlex
 import pytest
 
 from hypertf.config.inventory import load_inventory
-from tests.conftest import on_host
+from hypertf.core.rundir import RunDir
+from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import all_free, summaries
 from tests.offload.test_hook import check_results
 from tests.offload.test_launch import nothing_left, start_paused
@@ -31,6 +33,13 @@ GARBAGE = ("import os, socket, sys\n"
            "        except OSError as err:\n"
            "            print(port, err)\n"
            "print('sent')\n")
+
+
+def world_pids(inventory, host: str, word: str) -> list[str]:
+    """The PIDs of the processes on ``host`` whose command line has ``word`` (mpiexec's,
+    which names every rank's command, left out)."""
+    return [line.split()[0] for line in on_host(inventory, host, "ps -eo pid,args").splitlines()
+            if word in line and "mpiexec" not in line and "ps -eo" not in line]
 
 
 def world_listeners(inventory, host: str) -> list[tuple[str, int, str]]:
@@ -69,12 +78,25 @@ def test_offload_listens_narrowly_and_survives_garbage_on_its_ports(lab, tmp_pat
                                           f"{inventory.node(host).address} {ports}")
         assert said.strip().endswith("sent"), said
     assert job.poll() is None
+    # hydra's control port last: it ends the world, the runner starts another
+    (agent,) = world_pids(inventory, "h1", "hypertf.offload.agent")
+    (hydra,) = [port for bound, port, users in opened["h1"] if bound in WILDCARD]
+    said = on_host(inventory, "h3", f"/usr/bin/python3 -c {shlex.quote(GARBAGE)} "
+                                    f"{inventory.node('h1').address} {hydra}")
+    assert said.strip().endswith("sent"), said
+    private = RunDir.of(inventory.node("h1").settings.workdir, key).offload_dir("worker0")
+    wait_for(lambda: world_pids(inventory, "h1", "hypertf.offload.agent") not in ([], [agent])
+             and "ready-" in on_host(inventory, "h1", f"ls {shlex.quote(str(private))}"),
+             90, "the runner to start a new world")
+    assert job.poll() is None
     go.touch()
     output, _ = job.communicate(timeout=120)
     assert job.returncode == 0, output
     (summary,) = summaries(tmp_path)
     offload = summary["offload"]
     assert (offload["ops"], offload["fallbacks"], offload["failed"]) == (8, 0, {}), offload
+    assert offload["restarts"] == 1, offload
+    assert "the offload world was started again 1 time(s)" in output
     check_results(out)
     assert nothing_left(lab.inventory, key)
     assert all_free(lab.inventory)
