@@ -6,6 +6,7 @@ or read them need no ZooKeeper client.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -150,7 +151,7 @@ def _unreadable(host: object, err: Exception) -> StoreError:
                       f"{err}; restart that host's agent to rewrite it")
 
 
-def encode(payload: dict[str, Any], fmt: int = FORMAT) -> bytes:
+def encode(payload: Mapping[str, Any], fmt: int = FORMAT) -> bytes:
     """JSON bytes with the format number first (``fmt``: a record whose layout changed
     has its own); refuses what ZooKeeper would refuse."""
     fields = {key: value for key, value in payload.items() if key != "format"}

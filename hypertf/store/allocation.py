@@ -34,8 +34,9 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.retry import ForceRetryError
 
+from hypertf.core import jobtransitions as transitions
 from hypertf.core.errors import InsufficientResources, NotAllowed, StoreError, UsageError
-from hypertf.core.jobrecord import ENDED_BY_OTHERS, LIVE_STATES, JobState
+from hypertf.core.jobrecord import LIVE_STATES
 from hypertf.core.matrix import (
     Held,
     Matrix,
@@ -313,11 +314,9 @@ def release(store: Store, task_key: str, state: str = "released",
             job = decode(data, "job record")
             hosts = sorted({str(p.get("host")) for p in job.get("placements") or ()
                             if isinstance(p, dict)})
-            ended = job.get("state") if job.get("state") in ENDED_BY_OTHERS else state
-            job.update({"released": time.time(), **(extra or {}), "state": ended})
-            if not lease_gone:  # after a kill the agents confirm every host
-                job["stopped_on"] = "all" if stopped_on is None else sorted(stopped_on)
-            tx.set_data(store.layout.job(task_key), encode(job), version=job_stat.version)
+            ended = transitions.released(job, state, extra or {}, stopped_on, lease_gone,
+                                         time.time())
+            tx.set_data(store.layout.job(task_key), encode(ended), version=job_stat.version)
         if not lease_gone:
             tx.delete(store.layout.lease(task_key))
         results = tx.commit()
@@ -537,10 +536,8 @@ def kill(store: Store, task_key: str) -> bool:
             raise UsageError(f"no job {task_key!r}; list them with 'hypertf jobs'") from None
         if store.client.exists(store.layout.lease(task_key)) is None:
             return False
-        job = decode(data, "job record")
-        ended = JobState.CANCELLED if job.get("state") == JobState.QUEUED else JobState.KILLED
-        job.update({"state": ended, ended: time.time(),
-                    f"{ended}_by": {**owner_info(), "identity": identity}})
+        job = transitions.ended_by(decode(data, "job record"),
+                                   {**owner_info(), "identity": identity}, time.time())
         tx = store.client.transaction()
         tx.set_data(store.layout.job(task_key), encode(job), version=stat.version)
         tx.delete(store.layout.lease(task_key))

@@ -16,8 +16,9 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.protocol.states import WatchedEvent
 from kazoo.retry import ForceRetryError
 
+from hypertf.core import jobtransitions as transitions
 from hypertf.core.errors import StoreError
-from hypertf.core.jobrecord import ENDED_BY_OTHERS, LIVE_STATES, JobRecord, JobState
+from hypertf.core.jobrecord import LIVE_STATES, JobRecord, JobState
 from hypertf.store import Store, decode, encode, until_committed
 from hypertf.store.zkclient import get_many
 
@@ -26,9 +27,8 @@ def mark_lost(store: Store, task_key: str) -> None:
     """A job whose lease vanished without a release or a kill: its launcher died."""
     with contextlib.suppress(NoNodeError, BadVersionError, StoreError, NoAuthError):
         data, stat = store.client.get(store.layout.job(task_key))
-        job = decode(data, "job record")
-        if job.get("state") in LIVE_STATES:
-            job.update(state=JobState.LOST, lost=time.time())
+        job = transitions.lost(decode(data, "job record"), time.time())
+        if job is not None:
             store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
 
 
@@ -65,10 +65,7 @@ def update_job(store: Store, task_key: str, **changes: Any) -> None:
     else (``killed``, ``lost``) is never overwritten."""
     def attempt(_retries: int) -> None:
         data, stat = store.client.get(store.layout.job(task_key))
-        job = decode(data, "job record")
-        kept = ({k: v for k, v in changes.items() if k != "state"}
-                if job.get("state") in ENDED_BY_OTHERS else changes)
-        job.update(kept)
+        job = transitions.changed(decode(data, "job record"), changes)
         try:
             store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
         except BadVersionError:

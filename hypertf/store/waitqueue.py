@@ -33,12 +33,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import WatchedEvent
 from kazoo.retry import ForceRetryError
 
+from hypertf.core import jobtransitions as transitions
 from hypertf.core.admission import (
     HELD,
     PRIORITY,
@@ -52,7 +53,7 @@ from hypertf.core.admission import (
 )
 from hypertf.core.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
 from hypertf.core.grants import grant_from_json, grant_to_json, held_of_grant
-from hypertf.core.jobrecord import JobRecord, JobState, placements_json
+from hypertf.core.jobrecord import JobRecord, JobState, Owner
 from hypertf.core.limits import Limits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import Grant, Request, cannot_place, compact_hosts
@@ -111,10 +112,10 @@ def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, 
     its next pass or refuses it."""
     if not request.slots:
         raise UsageError("a job needs at least one task")
-    owner = {**owner_info(), "user": owner_of(task_key)}
-    job = {"task_key": task_key, "state": QUEUED, "created": time.time(), "owner": owner,
-           "policy": request.policy, "placements": [],
-           "queue": request_to_json(request, priority, exclude_ports, wait), **record}
+    owner = cast(Owner, {**owner_info(), "user": owner_of(task_key)})
+    job = transitions.queued(task_key, owner,
+                             request_to_json(request, priority, exclude_ports, wait),
+                             request.policy, record, time.time())
     tx = store.client.transaction()
     tx.create(store.layout.lease(task_key), encode(owner), acl=store.acls.lease(),
               ephemeral=True)
@@ -166,12 +167,14 @@ def set_held(store: Store, task_key: str, held: bool) -> None:
         except NoNodeError:
             raise UsageError(f"no job {task_key!r}; list them with 'hypertf queue'") from None
         record = decode(data, "job record")
-        if record.get("state") != QUEUED or "queue" not in record:
-            raise UsageError(f"job {task_key} is not waiting in the queue "
-                             f"({record.get('state')}): only a waiting job can be held")
-        record["queue"]["held"] = held
         try:
-            store.client.set(store.layout.job(task_key), encode(record), version=stat.version)
+            changed = transitions.held(record, held)
+        except ValueError:
+            raise UsageError(f"job {task_key} is not waiting in the queue "
+                             f"({record.get('state')}): only a waiting job can be held"
+                             ) from None
+        try:
+            store.client.set(store.layout.job(task_key), encode(changed), version=stat.version)
         except BadVersionError:
             raise ForceRetryError() from None
         except NoAuthError:
@@ -526,11 +529,9 @@ class Admitter:
                 why = refusals.get(key) or self.refusal(decision, record or {}, taken, live,
                                                         limits)
                 whole = key not in self.reader.rejected
-                data = encode({**_kept_fields(record if whole else None, key),
-                               "state": JobState.REFUSED,
-                               "refused": now, "refused_reason": why,
-                               **({"refused_kind": "invalid"} if key in refusals
-                                  and why.startswith("invalid") else {})})
+                data = encode(transitions.refused(
+                    record if whole else None, key, why,
+                    invalid=key in refusals and why.startswith("invalid"), now=now))
                 tx.set_data(self.store.layout.job(key), data, version=record_version)
                 ops.append(key)
                 size += len(data)
@@ -538,10 +539,8 @@ class Admitter:
             held = Held.of(decision.placements, decision.ports)
             taken = taken.take(key, held.gpus, held.ports)
             tx.check(self.store.layout.lease(key), -1)
-            data = encode({
-                **(record or {}), "state": JobState.ALLOCATED, "admitted": now,
-                "waited_s": round(now - float((record or {}).get("created", now)), 3),
-                "placements": placements_json(decision.placements, decision.ports)})
+            data = encode(transitions.admitted(record, decision.placements, decision.ports,
+                                               now))
             tx.set_data(self.store.layout.job(key), data, version=record_version)
             tx.create(self.store.layout.grant(key),
                       grant_to_json(key, decision.placements, decision.ports, now),
@@ -614,12 +613,6 @@ class Admitter:
             except (NoNodeError, NoAuthError):
                 pass  # a root secured before the keeper existed: waiters poll, no view
         self.published = data
-
-
-def _kept_fields(record: Mapping[str, Any] | None, key: str) -> dict[str, Any]:
-    """What a refused record keeps: all of a valid one; of an unreadable or invalid one
-    (None), only its key: its request is what was wrong."""
-    return {"task_key": key} if record is None else dict(record)
 
 
 def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting]) -> dict[str, Any]:
