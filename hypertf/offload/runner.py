@@ -29,23 +29,26 @@ from typing import Any
 
 import psutil
 
+from hypertf.offload import trust
 from hypertf.offload.taskspec import Spec
 from hypertf.offload.world import World
 
 
 def ssh_config(spec: Spec) -> str:
     """An ssh_config for hydra: per-host port and user first (ssh keeps the first value it
-    reads), then the pinned, non-interactive defaults for every host."""
+    reads), then the pinned, non-interactive defaults for every host: the cluster-internal
+    key and the known_hosts the nodes share, at their paths on this node (trust.py)."""
     lines = []
     for host in spec.hosts:
         lines += [f"Host {host.address}", f"  Port {host.port}"]
         if host.user:
             lines.append(f"  User {host.user}")
     lines += ["Host *", "  BatchMode yes", "  StrictHostKeyChecking yes",
-              f"  UserKnownHostsFile {spec.known_hosts}", "  ConnectTimeout 10",
+              f'  UserKnownHostsFile "{trust.node_path(spec.known_hosts)}"',
+              "  ConnectTimeout 10",
               "  ServerAliveInterval 5", "  ServerAliveCountMax 3", "  LogLevel ERROR"]
     if spec.key_file:
-        lines += ["  IdentitiesOnly yes", f"  IdentityFile {spec.key_file}"]
+        lines += ["  IdentitiesOnly yes", f'  IdentityFile "{trust.node_path(spec.key_file)}"']
     return "\n".join(lines) + "\n"
 
 
@@ -66,11 +69,14 @@ def prepare(spec: Spec, private: Path) -> World:
     launcher = private / "ssh"
     launcher.write_text(f"#!/bin/sh\nexec ssh -F {shlex.quote(str(config))} \"$@\"\n")
     launcher.chmod(0o700)
-    return World(spec.channel, len(spec.hosts), private,
+    problem = trust.local_problem(spec)
+    if problem:
+        raise RuntimeError(problem)
+    return trust.TrustedWorld(spec.channel, len(spec.hosts), private,
                  hosts=tuple(h.address for h in spec.hosts), launcher_exec=str(launcher),
                  iface=iface_of(spec.local_address),
                  remote_python=tuple(h.python for h in spec.hosts), own_session=False,
-                 port_range=spec.port_range)
+                 port_range=spec.port_range, known_hosts=spec.known_hosts)
 
 
 def counts(spec: Spec, hook_stats: Path, failed: str, seconds: float) -> dict[str, Any]:

@@ -7,10 +7,13 @@ agent with a static GPU source. A ZooKeeper for the lab listens on the bridge ad
 and the subnet carry a random lab id, so two labs (or a lab and a CI run) never collide.
 Everything the lab creates is recorded in ``lab.json`` and removed by ``down``.
 
-The hosts log in as this machine's root, whose shell startup files are the operator's own
-(``pyenv init``, banners): each sshd sets ``SHLVL=1``, so bash does not read ``~/.bashrc``
-for the lab's commands. ``StartupFiles`` builds the opposite, a node as users have them:
-each host's user gets a private HOME with a given ``.bashrc`` that every command runs.
+The hosts log in as this machine's root, but each with a home of its own
+(``<lab>/<host>/home``, sshd's ``SetEnv HOME``): what a host keeps in ``~/.ssh`` (the
+cluster-internal offload key, its ``authorized_keys``, which that host's sshd reads beside
+the lab's shared one) is that host's alone, as on real nodes, and nothing reaches the
+operator's own ``~/.ssh``. Each sshd sets ``SHLVL=1``, so bash reads no ``~/.bashrc`` for
+the lab's commands. ``StartupFiles`` builds the opposite, a node as users have them: each
+host's user has a given ``.bashrc`` in that home that every command runs.
 """
 
 from __future__ import annotations
@@ -216,7 +219,7 @@ ListenAddress {address}
 HostKey {hostdir}/ssh_host_ed25519_key
 PidFile none
 PermitRootLogin prohibit-password
-AuthorizedKeysFile {authorized_keys}
+AuthorizedKeysFile {authorized_keys} {home}/.ssh/authorized_keys
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
@@ -224,15 +227,17 @@ UseDNS no
 MaxStartups 100:30:200
 Subsystem sftp /usr/lib/openssh/sftp-server
 """
-QUIET_SHELL = "SetEnv SHLVL=1\n"  # bash reads no ~/.bashrc for sshd's commands (SHLVL >= 2)
+QUIET_SHELL = "SHLVL=1"  # sshd SetEnv: bash reads no ~/.bashrc for sshd's commands (SHLVL >= 2)
 
 
 def _shell_setup(hostdir: Path, host: LabHost, startup: StartupFiles | None) -> str:
-    """The sshd_config lines for the user's shell: no startup files, or the given ones."""
-    if startup is None:
-        return QUIET_SHELL
+    """The sshd_config lines for the user's shell: a home of the host's own (with an empty
+    ``.ssh``), and no startup files or the given ones."""
     home = hostdir / "home"
-    home.mkdir(mode=0o700)
+    (home / ".ssh").mkdir(mode=0o700, parents=True)
+    home.chmod(0o700)
+    if startup is None:
+        return f"SetEnv HOME={home} {QUIET_SHELL}\n"
     (home / ".bashrc").write_text(startup.bashrc)
     accept = "AcceptEnv SHLVL\n" if host.name in startup.accept_shlvl else ""
     return f"SetEnv HOME={home}\n{accept}"
@@ -250,7 +255,7 @@ def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost],
     (hostdir / "hosts").write_text(hosts_file)
     (hostdir / "sshd_config").write_text(
         SSHD_CONFIG.format(address=host.address, hostdir=hostdir,
-                           authorized_keys=lab.dir / "authorized_keys")
+                           authorized_keys=lab.dir / "authorized_keys", home=hostdir / "home")
         + _shell_setup(hostdir, host, startup)
     )
     script = (

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,8 +188,9 @@ def ansible_env(events: Path | None = None) -> dict[str, str]:
 
 def run_playbook(playbook: Path, inventory: str | os.PathLike[str], *, check: bool = False,
                  ask_pass: bool = False, extra_vars: Mapping[str, Any] | None = None,
-                 say: Say = print) -> PlaybookRun:
-    """Run one playbook, showing progress per host; never raises on a failed host."""
+                 say: Say = print, tags: Sequence[str] = ()) -> PlaybookRun:
+    """Run one playbook (only its plays and tasks tagged ``tags``, if any), showing progress
+    per host; never raises on a failed host."""
     if not playbook.is_file():
         raise ProvisionError(f"{playbook} not found: run HyperTF from its source checkout "
                              f"(the playbooks and roles are not part of the wheel)")
@@ -204,6 +205,7 @@ def run_playbook(playbook: Path, inventory: str | os.PathLike[str], *, check: bo
     argv = [_ansible_playbook(), "-i", str(Path(inventory).resolve()), str(playbook)]
     argv += ["--check"] if check else []
     argv += ["--ask-pass"] if ask_pass else []
+    argv += ["--tags", ",".join(tags)] if tags else []
     if extra_vars:
         argv += ["--extra-vars", json.dumps(dict(extra_vars))]
     progress = Progress(say)
@@ -299,8 +301,10 @@ def wait_for_agents(inventory: Inventory, hosts: Iterable[str], timeout: float =
 
 
 def setup(inventory_path: str | os.PathLike[str], *, ask_pass: bool = False,
-          check: bool = False, say: Say = print, wait_s: float = 60.0) -> PlaybookRun:
-    """``invoke cluster.setup``: run deploy.yml, then show the cluster status."""
+          check: bool = False, say: Say = print, wait_s: float = 60.0,
+          tags: Sequence[str] = ()) -> PlaybookRun:
+    """``invoke cluster.setup``: run deploy.yml (only the plays tagged ``tags``, if any:
+    ``ansible-playbook --tags``), then show the cluster status."""
     from hypertf.store import status
 
     inventory = load_inventory(inventory_path)
@@ -310,7 +314,7 @@ def setup(inventory_path: str | os.PathLike[str], *, ask_pass: bool = False,
            if inventory.zookeeper_nodes else f" (ZooKeeper {inventory.cluster.zookeeper_hosts})")
         + f" from {inventory.path}{' in check mode' if check else ''}")
     run = run_playbook(DEPLOY, inventory.path, check=check, ask_pass=ask_pass, say=say,
-                       extra_vars={"hypertf_gpu_group": inventory.cluster.gpu_group})
+                       extra_vars={"hypertf_gpu_group": inventory.cluster.gpu_group}, tags=tags)
     recap(run, say)
     if check:
         if not run.succeeded:

@@ -30,6 +30,7 @@ from tests.launcher.helpers import (
     task_key,
     until_line,
 )
+from tests.offload.conftest import OFFLOAD_KEY, forget_trust
 from tests.offload.test_hook import PROGRAM, check_results
 
 QUIET = ("--env", "TF_CPP_MIN_LOG_LEVEL=2")
@@ -114,6 +115,37 @@ def test_an_offload_host_killed_mid_job_falls_back_and_the_job_succeeds(lab, tmp
     assert len(warnings) == 1, log[-3000:]
     check_results(out)
     wait_for(lambda: nothing_left(lab.inventory, key), 30, "the world to end")
+    assert all_free(lab.inventory)
+
+
+def test_a_node_left_out_of_the_offload_setup_fails_the_world_in_one_line(lab, tmp_path):
+    """h3 as a node that cluster.setup never gave ``hypertf_offload: true``: no cluster key
+    authorized there, none of its own. The world cannot start; the task says so in one line
+    naming the setting and the command, and the job succeeds with local products."""
+    ssh = lab.dir / "h3" / "home" / ".ssh"
+    authorized = ssh / "authorized_keys"
+    forget_trust(lab)  # the next test sets it up again
+    authorized.write_text("".join(line for line in authorized.read_text().splitlines(True)
+                                  if "hypertf-offload" not in line))
+    for name in (OFFLOAD_KEY, "hypertf_offload_known_hosts"):
+        (ssh / name).unlink()
+    out = tmp_path / "out"
+    out.mkdir()
+    done = hypertf("train", "-i", lab.inventory, "--script", str(PROGRAM), "--worker", "1",
+                   "--offload-hosts", "2", "--offload-min-flops", "1000", *QUIET, "--",
+                   str(out), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    key = task_key(done.stdout)
+    log = (tmp_path / "runs" / key / "worker0.log").read_text()
+    warnings = [line for line in log.splitlines() if line.startswith("hypertf offload:")]
+    assert len(warnings) == 1, log[-3000:]
+    print(warnings[0])
+    assert "hypertf_offload: true" in warnings[0] and "invoke cluster.setup" in warnings[0]
+    assert lab.host("h3").address in warnings[0], warnings[0]
+    (summary,) = summaries(tmp_path)
+    assert summary["offload"]["ops"] == 0 and summary["offload"]["failed"], summary["offload"]
+    check_results(out)
+    assert nothing_left(lab.inventory, key)
     assert all_free(lab.inventory)
 
 
