@@ -454,6 +454,7 @@ def preflight(workdir: str, script: str, venv: str | None = None) -> dict:
     """Can this node run the job? Checked before anything is allocated or started.
     ``venv``: the tasks' environment (default: this Python's, ``<venv>/bin/python``)."""
     import importlib.util
+    import tempfile
 
     from hypertf.core import diagnose
 
@@ -462,9 +463,11 @@ def preflight(workdir: str, script: str, venv: str | None = None) -> dict:
     runs = RunDir.runs(workdir)
     try:
         runs.mkdir(parents=True, exist_ok=True)
-        probe = runs / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        # a probe of its own: two jobs' preflights on one host (a sweep's trials) shared
+        # ".write-test", and one's unlink made the other's fail "No such file or directory"
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=runs)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as err:
         problems.append(f"work dir {workdir} is not writable ({err.strerror})")
     if script and not (work / script).is_file():
