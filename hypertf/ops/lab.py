@@ -237,7 +237,7 @@ def _shell_setup(hostdir: Path, host: LabHost, startup: StartupFiles | None) -> 
     (home / ".ssh").mkdir(mode=0o700, parents=True)
     home.chmod(0o700)
     if startup is None:
-        return f"SetEnv HOME={home} {QUIET_SHELL}\n"
+        return f"SetEnv {QUIET_SHELL} HOME={home}\n"  # one line: sshd keeps the first SetEnv
     (home / ".bashrc").write_text(startup.bashrc)
     accept = "AcceptEnv SHLVL\n" if host.name in startup.accept_shlvl else ""
     return f"SetEnv HOME={home}\n{accept}"
