@@ -26,10 +26,10 @@ import enum
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from hypertf.core import diagnose
+from hypertf.core import diagnose, protocol
 from hypertf.core import spec as specs
+from hypertf.core.protocol import StopResult
 from hypertf.core.scheduler import Placement
 
 PORT_IN_USE = ("Failed to add port to server", "Could not start gRPC server",
@@ -46,17 +46,17 @@ class TaskState:
     killed: bool = False
     ended: float | None = None
     tail: list[str] = field(default_factory=list)
-    stop_result: str | None = None  # what HyperTF's stop did to it (tasknode.stop)
+    stop_result: StopResult | None = None  # what HyperTF's stop did to it (tasknode.stop)
 
     def end(self, lost: bool) -> str:
         """How the task ended, in words: exit code, stopped by HyperTF, died of a signal,
         or lost with its host."""
         code = self.exit_code
-        if self.stop_result == "survived SIGKILL":
+        if self.stop_result == StopResult.SURVIVED:
             return "survived SIGKILL (its GPUs stay draining)"
-        if self.stop_result == "killed" and (code is None or code == 128 + signal.SIGKILL):
+        if self.stop_result == StopResult.KILLED and (code is None or code == 128 + signal.SIGKILL):
             return "stopped by HyperTF (SIGKILL after the grace)"
-        if self.stop_result == "stopped" and code in (None, 128 + signal.SIGTERM):
+        if self.stop_result == StopResult.STOPPED and code in (None, 128 + signal.SIGTERM):
             return "stopped by HyperTF (SIGTERM)"
         if code is None and lost:
             return "lost with its host"
@@ -116,26 +116,49 @@ class Limits:
     host_silence: float = 20.0
 
 
+class EventKind(enum.StrEnum):
+    """What an event says: a node's watcher's (``protocol.EventKind``: log, listening, exit,
+    beat, done), then what the launcher itself learns."""
+
+    LOG = "log"
+    LISTENING = "listening"
+    EXIT = "exit"
+    BEAT = "beat"
+    DONE = "done"
+    NOISE = "noise"  # a line of the watcher's channel that is no event (not strict)
+    LOST = "lost"  # the host's channel broke (``why``)
+    CLOSED = "closed"  # the host's watcher ended
+    TICK = "tick"  # nothing came for a while: the clock's rules run
+    LEASE_DROPPED = "lease-dropped"  # hypertf kill or cancel: the job's lease is gone
+    SESSION_LOST = "session-lost"  # the ZooKeeper session (and so the lease) is gone
+
+
 @dataclass(frozen=True)
 class Event:
-    """What a node's watcher (or the launcher) reported. ``kind``: log, listening, exit,
-    lost, closed, noise, tick, lease-dropped, session-lost."""
+    """What a node's watcher (or the launcher) reported."""
 
-    kind: str
+    kind: EventKind
     host: str = ""
     task: str = ""  # the task's file name (worker0)
     line: str = ""
     code: int | None = None
     killed: bool = False
     why: str = ""
+    ended: protocol.RunEnd | None = None  # DONE: the node ended the run itself
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EventKind(self.kind))  # "exit" -> EventKind.EXIT
 
     @classmethod
-    def from_node(cls, host: str, payload: Mapping[str, Any]) -> Event:
-        """A line of ``tasknode watch`` JSON (``{"e": "exit", "task": ..., ...}``)."""
-        return cls(kind=str(payload.get("e", "noise")), host=host,
-                   task=str(payload.get("task", "")), line=str(payload.get("line", "")),
-                   code=payload.get("code"), killed=bool(payload.get("killed", False)),
-                   why=str(payload.get("why", "")))
+    def from_node(cls, host: str, payload: object, strict: bool | None = None) -> Event:
+        """A line of ``tasknode watch`` JSON (``{"e": "exit", "task": ..., ...}``); one this
+        launcher cannot read is noise, or with ``strict`` a ProtocolError
+        (``protocol.parse_event``)."""
+        event = protocol.parse_event(payload, strict)
+        if event is None:
+            return cls(EventKind.NOISE, host, line=str(payload))
+        return cls(EventKind(event.kind), host, task=event.task, line=event.line,
+                   code=event.code, killed=event.killed, ended=event.ended)
 
 
 class Monitor:
@@ -177,26 +200,26 @@ class Monitor:
 
     # -- events ---------------------------------------------------------------------------
     def _on_event(self, event: Event, now: float, said: list[str]) -> Decision | None:
-        if event.kind == "lease-dropped":
+        if event.kind is EventKind.LEASE_DROPPED:
             return Decision(Verdict.FAILED, event.why or "the job's lease was dropped")
-        if event.kind == "session-lost":
+        if event.kind is EventKind.SESSION_LOST:
             return Decision(Verdict.RETRYABLE, "lost the ZooKeeper session: the job's lease "
                             "is gone, so the agents stop its tasks and its GPUs return to the "
                             "pool")
-        if event.kind == "lost":
+        if event.kind is EventKind.LOST:
             self.lost_hosts.add(event.host)
             return Decision(Verdict.RETRYABLE, f"lost contact with {event.host}: {event.why}",
                             hosts=frozenset({event.host}))
         task = self._by_file.get((event.host, event.task)) if event.task else None
         if task is None:
             return None
-        if event.kind == "log":
+        if event.kind is EventKind.LOG:
             self.last_output = now
             task.tail = [*task.tail, event.line][-TAIL_LINES:]
             said.append(f"[{task.label}] {event.line}")
-        elif event.kind == "listening":
+        elif event.kind is EventKind.LISTENING:
             task.started = task.started or now
-        elif event.kind == "exit":
+        elif event.kind is EventKind.EXIT:
             return self._on_exit(task, event, now, said)
         return None
 

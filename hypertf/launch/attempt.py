@@ -26,10 +26,12 @@ from hypertf.config.inventory import Inventory, Node
 from hypertf.core import diagnose, taskenv
 from hypertf.core import spec as specs
 from hypertf.core.errors import Cancelled, HyperTFError, StoreError
+from hypertf.core.jobrecord import JobState
 from hypertf.core.layout import Layout
-from hypertf.core.monitor import Event, Limits, Monitor, TaskState, Verdict
+from hypertf.core.monitor import Event, EventKind, Limits, Monitor, TaskState, Verdict
 from hypertf.core.offloadname import channel_name
 from hypertf.core.placement import Grant
+from hypertf.core.protocol import RunEnd, StopResult, TaskStart
 from hypertf.core.records import AgentRecord
 from hypertf.core.rundir import RunDir, make_private, tensorboard_dir, write_private
 from hypertf.core.timeline import Timeline
@@ -141,9 +143,9 @@ def uninterruptible() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def ended_by(err: HyperTFError) -> tuple[str, str]:
+def ended_by(err: HyperTFError) -> tuple[JobState, str]:
     """The result and message a job or an attempt records when ``err`` ends it."""
-    return ("interrupted" if isinstance(err, Interrupted) else "failed"), str(err)
+    return (JobState.INTERRUPTED if isinstance(err, Interrupted) else JobState.FAILED), str(err)
 
 
 @dataclass(frozen=True)
@@ -174,10 +176,10 @@ class Attempt:
         self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
         self.start_after: dict[str, str] = {}  # task -> address it starts after (TF1 order)
         self.legacy_flags = False  # passed to the script (it reads them)
-        # per host: logs and metrics the stop sent, or the watcher when the node ended the
-        # run itself (then also "stopped": what a stop would have answered)
-        self.ended: dict[str, dict[str, Any]] = {}
-        self.result = "failed"
+        # per host: what the stop answered (logs, metrics, offload counts), or the watcher
+        # when the node ended the run itself (then "stopped": what a stop would have said)
+        self.ended: dict[str, RunEnd] = {}
+        self.result = JobState.FAILED  # succeeded, failed, interrupted or retried
         self.message = ""
         self._over = False
 
@@ -214,11 +216,11 @@ class Attempt:
                 if self.last:
                     raise JobFailed("tasks could not bind their ports after "
                                     f"{self.job.max_port_retries} retries")
-                self.result = "retried"
+                self.result = JobState.RETRIED
                 return Outcome(verdict, busy_ports=busy or {
                     host: {t.port for t in self.tasks.values() if t.placement.host == host}
                     for host in {t.placement.host for t in self.tasks.values()}})
-            self.result, self.message = "succeeded", "all finishers exited 0"
+            self.result, self.message = JobState.SUCCEEDED, "all finishers exited 0"
             return Outcome(verdict, self.message)
         except HyperTFError as err:
             self.result, self.message = ended_by(err)
@@ -268,7 +270,7 @@ class Attempt:
                     script=job.request.script_on(workdir, run, script), ended=self.ended)
             self.watched.add(host)
 
-        update_job(job.store, self.task_key, state="starting")
+        update_job(job.store, self.task_key, state=JobState.STARTING)
         results = cluster.each(launch, list(by_host))
         busy = {h: v.ports for h, v in results.failed.items() if isinstance(v, PortsBusy)}
         failed = {h: v for h, v in results.failed.items() if not isinstance(v, PortsBusy)}
@@ -302,17 +304,17 @@ class Attempt:
             try:
                 event = self.events.get(timeout=0.2)
             except queue.Empty:
-                event = Event("tick")
-            if event.kind == "listening":
+                event = Event(EventKind.TICK)
+            if event.kind is EventKind.LISTENING:
                 job.timeline.mark("listening", event.host)
-            elif event.kind == "log":
+            elif event.kind is EventKind.LOG:
                 job.timeline.mark("first log line")
-            if event.kind == "exit" and event.killed:
+            if event.kind is EventKind.EXIT and event.killed:
                 self.lease_dropped.wait(1.0)  # killed by an agent after 'hypertf kill'?
             if job.lost_session.is_set():
-                event = Event("session-lost")
+                event = Event(EventKind.SESSION_LOST)
             elif self.lease_dropped.is_set():
-                event = Event("lease-dropped", why=(
+                event = Event(EventKind.LEASE_DROPPED, why=(
                     f"job {self.task_key} was killed: its lease was dropped (hypertf kill); "
                     f"its tasks are stopped and its GPUs returned"))
             decision = monitor.feed(event, time.monotonic())
@@ -343,7 +345,7 @@ class Attempt:
         return diagnose.JobFacts(legacy_keras=legacy, tf_keras=tf_keras)
 
     # -- stop, release, report ------------------------------------------------------------
-    def stop(self) -> GroupResult[dict[str, str]]:
+    def stop(self) -> GroupResult[dict[str, StopResult]]:
         """TERM each task's process group, KILL after the grace period; every host at once."""
         cluster = self.job.cluster
         if not cluster or not self.tasks:
@@ -356,12 +358,11 @@ class Attempt:
         done = self._ended_by_nodes(hosts)
         hosts = [host for host in hosts if host not in done]
 
-        def stop(session: Session) -> dict[str, str]:
+        def stop(session: Session) -> dict[str, StopResult]:
             """Stop, the logs in the same answer (one round trip: collect_logs has them)."""
-            stopped, files = NodeClient(session).stop_with_logs(
-                self.run_dir(session.node.name), grace)
-            self.ended[session.node.name] = files
-            return stopped
+            end = NodeClient(session).stop_with_logs(self.run_dir(session.node.name), grace)
+            self.ended[session.node.name] = end
+            return end.stopped
 
         results = cluster.each(stop, hosts)
         results.update(done)
@@ -375,7 +376,7 @@ class Attempt:
         return results
 
     def _ended_by_nodes(self, hosts: list[str], wait_s: float = ENDED_WAIT_S,
-                        ) -> dict[str, dict[str, str]]:
+                        ) -> dict[str, dict[str, StopResult]]:
         """Hosts whose every task exited by itself: their watcher ends the run there and
         says so right after the last exit (nothing of it left, logs attached), so they
         need no stop. Waits briefly for that word; a host without it is stopped."""
@@ -384,8 +385,7 @@ class Attempt:
         deadline = time.monotonic() + wait_s
         while any(h not in self.ended for h in finished) and time.monotonic() < deadline:
             time.sleep(0.005)
-        return {host: self.ended[host]["stopped"] for host in finished
-                if "stopped" in self.ended.get(host, {})}
+        return {host: self.ended[host].stopped for host in finished if host in self.ended}
 
     def late_exits(self, wait_s: float = LATE_EXIT_WAIT_S) -> None:
         """Record the exit codes the watchers report after the Monitor decided. A job ends
@@ -406,10 +406,10 @@ class Attempt:
                 event = self.events.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if event.kind in ("closed", "lost"):
+            if event.kind in (EventKind.CLOSED, EventKind.LOST):
                 self.watched.discard(event.host)
             task = by_file.get((event.host, event.task))
-            if event.kind == "exit" and task is not None and task.ended is None:
+            if event.kind is EventKind.EXIT and task is not None and task.ended is None:
                 task.ended, task.exit_code, task.killed = (time.monotonic(), event.code,
                                                            event.killed)
 
@@ -440,14 +440,14 @@ class Attempt:
               for host in {t.placement.host for t in self.tasks.values()} - self.lost_hosts}
         cluster.each(lambda s: NodeClient(s).fetch_logs(
             self.run_dir(s.node.name), on[s.node.name], self.local,
-            self.ended.get(s.node.name, {}).get("logs")), sorted(on))
+            self.ended[s.node.name].logs if s.node.name in self.ended else None), sorted(on))
         if self.offload_hosts:
             self.collect_offload(on)
         reporter = self.tasks.get(self.reporter)
         if reporter and reporter.placement.host in on:
             host = reporter.placement.host
             if host in self.ended:  # the stop's answer said (None: no metrics file)
-                metrics = self.ended[host]["metrics"]
+                metrics = self.ended[host].metrics
                 if metrics and metrics.strip():
                     Path(self.local.metrics).write_text(metrics)
                 return
@@ -458,14 +458,14 @@ class Attempt:
         """What each task's offload runner did, from its node's end-of-run answer (a host
         that gave none, lost or not stopped, is left out of the counts)."""
         for host in on:
-            per_task = self.ended.get(host, {}).get("offload", {})
+            per_task = self.ended[host].offload if host in self.ended else {}
             self.offload |= {t.name: per_task[t.file_name] for t in self.tasks.values()
                              if t.placement.host == host and t.file_name in per_task}
 
     def finish(self) -> None:
         """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""
         self._over = True
-        stopped: GroupResult[dict[str, str]] = GroupResult()
+        stopped: GroupResult[dict[str, StopResult]] = GroupResult()
         timeline = self.job.timeline
         try:
             with timeline.phase("stop"):
@@ -487,7 +487,7 @@ class Attempt:
 
 
 def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskSpec],
-                  legacy_flags: bool) -> list[dict[str, Any]]:
+                  legacy_flags: bool) -> list[TaskStart]:
     """What ``tasknode start`` gets for each task on ``node``: name, port, working dir,
     environment (TF_CONFIG, GPU pinning, attempt, checkpoints, the user's) and argv."""
     job, run = attempt.job, attempt.run_dir(node.name)
@@ -513,8 +513,7 @@ def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskS
                 offload_spec(attempt, node, task.file_name), str(run.offload_dir(task.file_name)),
                 str(run.offload(task.file_name)), argv)
         cwd = job.request.task_cwd(node.settings.workdir, run, task.file_name)
-        requests.append({"name": task.file_name, "port": task.port, "cwd": cwd, "env": env,
-                         "argv": argv})
+        requests.append(TaskStart(task.file_name, task.port, cwd, env, tuple(argv)))
     return requests
 
 
@@ -537,7 +536,7 @@ def offload_spec(attempt: Attempt, node: Node, file_name: str) -> OffloadSpec:
                        port_range=node.settings.offload_port_range)
 
 
-def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, str]],
+def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, StopResult]],
                    grant: Grant | None) -> list[str]:
     """Hosts where the stop saw every task of the job dead: only their GPUs go back now;
     the others drain until their agent has confirmed. An offload host runs no task: its
@@ -546,7 +545,7 @@ def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, st
     if not hosts:
         return sorted({p.host for p in grant.placements}) if grant else []
     dead = {host for host in hosts if host in stopped.succeeded
-            and "survived SIGKILL" not in stopped.succeeded[host].values()}
+            and StopResult.SURVIVED not in stopped.succeeded[host].values()}
     if grant and dead == hosts:
         dead |= set(specs.offload_hosts(grant.placements))
     return sorted(dead)

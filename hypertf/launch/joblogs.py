@@ -19,14 +19,14 @@ from typing import Any, TextIO
 
 from hypertf.config.inventory import Inventory
 from hypertf.core.errors import HyperTFError, UsageError
-from hypertf.core.jobrecord import JobRecord, task_hosts
+from hypertf.core.jobrecord import JobRecord, JobState, task_hosts
 from hypertf.core.rundir import RunDir
 from hypertf.launch.remote import Session, quote
 from hypertf.store import Store
 from hypertf.store.jobs import read_job
 
 WAIT_FOR_START_S = 600  # how long a remote follower waits for a task's PID file
-WAITING_STATES = ("queued", "allocated")
+WAITING_STATES = (JobState.QUEUED, JobState.ALLOCATED)
 
 
 class _PrefixedLines(io.TextIOBase):

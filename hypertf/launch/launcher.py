@@ -25,8 +25,15 @@ from hypertf import store
 from hypertf.config.inventory import Inventory
 from hypertf.core.admission import fits_cluster
 from hypertf.core.errors import HyperTFError, InsufficientResources
+from hypertf.core.jobrecord import JobState
 from hypertf.core.monitor import Verdict
 from hypertf.core.placement import Grant, Request, new_task_key
+from hypertf.core.protocol import (
+    PROTOCOL_VERSION,
+    PreflightAnswer,
+    ProtocolError,
+    VersionMismatch,
+)
 from hypertf.core.rundir import checkpoint_dir
 from hypertf.core.spec import offload_hosts
 from hypertf.core.timeline import Timeline
@@ -44,7 +51,7 @@ from hypertf.launch.attempt import (
 from hypertf.launch.nodeclient import NodeClient
 from hypertf.launch.preflightcache import PreflightCache
 from hypertf.launch.remote import Cluster, GroupResult, Session
-from hypertf.launch.request import TrainRequest
+from hypertf.launch.request import LegacyFlags, TrainRequest
 from hypertf.store import Layout, auth
 from hypertf.store.allocation import plan, read_matrix
 from hypertf.store.waitqueue import enqueue, read_view, wait_for_admission
@@ -99,7 +106,7 @@ class Job:
         self.records: dict[str, store.AgentRecord] = {}
         self.lost_session = threading.Event()
         self.started_at = time.time()
-        self.result = "failed"
+        self.result = JobState.FAILED  # succeeded, failed or interrupted
         self.message = ""
         self.preflighted: set[str] = set()
         self.offload_placed: set[str] = set()  # hosts lent to products: preflighted as such
@@ -177,9 +184,14 @@ class Job:
     def preflight(self, hosts: list[str]) -> None:
         """SSH with verified host keys, venv, script, work dir: on every host, in parallel.
         Hosts that passed are remembered (and their sessions kept) for the whole job."""
-        self._check_hosts(hosts).raise_failed("preflight", "; nothing was started or allocated")
+        results = self._check_hosts(hosts)
+        versions = {host: err.hosts[host] for host, err in results.failed.items()
+                    if isinstance(err, VersionMismatch)}
+        if versions:  # one line for them all: nothing else matters until they are upgraded
+            raise VersionMismatch(versions)
+        results.raise_failed("preflight", "; nothing was started or allocated")
 
-    def _check_hosts(self, hosts: list[str]) -> GroupResult[dict[str, Any]]:
+    def _check_hosts(self, hosts: list[str]) -> GroupResult[PreflightAnswer]:
         """Preflight ``hosts``; what passed is remembered, what failed is returned. A host
         whose answer is in the preflight cache (same venv, script digest, host key file;
         seconds old) is not asked again."""
@@ -187,14 +199,17 @@ class Job:
         script = self._preflight_script()
         cache = self._preflight_cache()
         offload = {host for host in hosts if host in self.offload_placed}
-        results: GroupResult[dict[str, Any]] = GroupResult()
-        for host, answer in cache.get(self.inventory.node(h) for h in hosts
+        results: GroupResult[PreflightAnswer] = GroupResult()
+        for host, cached in cache.get(self.inventory.node(h) for h in hosts
                                       if h not in offload).items():
-            now = time.monotonic()
-            self.timeline.add("preflight", now, now, host, note="cached")
-            results[host] = answer
+            with contextlib.suppress(ProtocolError):
+                answer = PreflightAnswer.parse(cached)
+                if answer.protocol == PROTOCOL_VERSION:  # else asked again
+                    now = time.monotonic()
+                    self.timeline.add("preflight", now, now, host, note="cached")
+                    results[host] = answer
 
-        def check(session: Session) -> dict[str, Any]:
+        def check(session: Session) -> PreflightAnswer:
             with self.timeline.phase("preflight", session.node.name):
                 return NodeClient(session).preflight(
                     script, timeout=self.inventory.cluster.ssh_timeout * 3,
@@ -202,12 +217,12 @@ class Job:
 
         asked = cluster.each(check, [host for host in hosts if host not in results])
         results.update(asked)
-        cache.put((self.inventory.node(host), answer)
+        cache.put((self.inventory.node(host), answer.wire())
                   for host, answer in asked.succeeded.items() if host not in offload)
         cache.forget(asked.failed)
-        self.script_reads_flags |= any(v.get("legacy_flags") for v in results.succeeded.values())
-        self.tf_keras.update({host: bool(v["tf_keras"]) for host, v in results.succeeded.items()
-                              if "tf_keras" in v})
+        self.script_reads_flags |= any(v.legacy_flags for v in results.succeeded.values())
+        self.tf_keras.update({host: v.tf_keras for host, v in results.succeeded.items()
+                              if host not in offload})
         self.preflighted.update(h for h in results.succeeded if h not in offload)
         self.offload_checked.update(h for h in results.succeeded if h in offload)
         return results
@@ -278,7 +293,7 @@ class Job:
         refusal: a TF1 script may read TF_CONFIG itself and then runs fine."""
         if not self.request.ps or self.request.chief or passed:
             return None
-        why = ("--no-legacy-flags" if self.request.legacy_flags == "off"
+        why = ("--no-legacy-flags" if self.request.legacy_flags == LegacyFlags.OFF
                else "the script reads no legacy flags (--ps_hosts ...)")
         return (f"ps tasks, no --chief, and {why}: if this is a TF2 ParameterServerStrategy "
                 f"script, its workers and ps only serve and the job hangs (nothing ends it "
@@ -400,7 +415,7 @@ class Job:
             try:
                 self.connect_soon(self.likely_hosts())
                 outcome = self._attempts(self.plan())
-                self.result, self.message = "succeeded", outcome.message
+                self.result, self.message = JobState.SUCCEEDED, outcome.message
             except HyperTFError as err:
                 self.result, self.message = ended_by(err)
                 raise

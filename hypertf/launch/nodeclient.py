@@ -20,8 +20,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hypertf.core import protocol
 from hypertf.core.errors import RemoteError
-from hypertf.core.monitor import Event
+from hypertf.core.monitor import Event, EventKind
+from hypertf.core.protocol import (
+    PreflightAnswer,
+    RunEnd,
+    StartAnswer,
+    StartRequest,
+    StopResult,
+    TaskStart,
+    VersionMismatch,
+)
 from hypertf.core.rundir import RunDir
 from hypertf.launch.remote import Result, Session, command_line, quote
 
@@ -35,11 +45,13 @@ class PortsBusy(Exception):
 
 
 class _LineSink(io.TextIOBase):
-    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue. A 'done'
-    event's ``ended`` (the node ended the run itself) goes to ``ended[host]`` first."""
+    """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue as events
+    (``Event.from_node``: a line that is no event is noise, or with
+    ``HYPERTF_PROTOCOL_STRICT`` a ProtocolError that ends the watch as the host lost). A
+    'done' event's ``ended`` (the node ended the run itself) goes to ``ended[host]`` first."""
 
     def __init__(self, host: str, events: queue.Queue[Event],
-                 ended: dict[str, Any] | None = None) -> None:
+                 ended: dict[str, RunEnd] | None = None) -> None:
         self.host, self.events, self.buffer = host, events, ""
         self.ended = ended
 
@@ -49,12 +61,13 @@ class _LineSink(io.TextIOBase):
         for line in lines:
             if line.strip():
                 try:
-                    payload = json.loads(line)
-                    if self.ended is not None and isinstance(payload.get("ended"), dict):
-                        self.ended[self.host] = payload["ended"]
-                    self.events.put(Event.from_node(self.host, payload))
-                except (json.JSONDecodeError, AttributeError):  # not a JSON object
-                    self.events.put(Event("noise", self.host, line=line))
+                    payload: object = json.loads(line)
+                except json.JSONDecodeError:  # not JSON: passed on as it is, or refused
+                    payload = line
+                event = Event.from_node(self.host, payload)
+                if self.ended is not None and event.ended is not None:
+                    self.ended[self.host] = event.ended
+                self.events.put(event)
         return len(text)
 
 
@@ -63,7 +76,7 @@ class _StartSink(_LineSink):
     ``answered``); the lines after it are the watcher's events."""
 
     def __init__(self, host: str, events: queue.Queue[Event],
-                 answered: queue.Queue[Any], ended: dict[str, Any] | None = None) -> None:
+                 answered: queue.Queue[Any], ended: dict[str, RunEnd] | None = None) -> None:
         super().__init__(host, events, ended)
         self.answered = answered
         self.answer: dict[str, Any] | None = None
@@ -85,9 +98,15 @@ class _StartSink(_LineSink):
         return len(text)
 
 
-def start_timeout(request: Mapping[str, Any]) -> float:
+def start_timeout(request: StartRequest) -> float:
     """Seconds a start may take: longer when it unpacks a --sync archive."""
-    return 120.0 if "archive" in request else 60.0
+    return 120.0 if request.archive is not None else 60.0
+
+
+def check_version(host: str, answer: PreflightAnswer) -> None:
+    """A node on another protocol version may not run this launcher's jobs."""
+    if answer.protocol != protocol.PROTOCOL_VERSION:
+        raise VersionMismatch({host: answer.protocol})
 
 
 class NodeClient:
@@ -127,18 +146,22 @@ class NodeClient:
         raise RemoteError(f"{self.node.name}: no answer from hypertf.node.tasknode (it printed "
                           f"{said[:200]!r}); is HyperTF installed in {self.node.settings.venv}?")
 
-    def preflight(self, script: str, timeout: float, offload: bool = False) -> dict[str, Any]:
-        """Venv, work dir and script on this node; problems raise RemoteError. An offload
-        host runs no script: what its processor needs is checked (hypertf.offload.hostcheck)."""
+    def preflight(self, script: str, timeout: float, offload: bool = False) -> PreflightAnswer:
+        """Venv, work dir and script on this node, and its protocol version: a node on
+        another version raises VersionMismatch (before its problems: they may be words of
+        another version); problems raise RemoteError. An offload host runs no script: what
+        its processor needs is checked (hypertf.offload.hostcheck, which names no version)."""
         command = (command_line([f"{self.node.settings.venv}/bin/python", "-m",
                                  "hypertf.offload.hostcheck"]) if offload else self._tasknode(
             "preflight", "--workdir", self.node.settings.workdir, "--script", script))
-        report = self._answer(self.session.run(command, timeout=timeout))
-        if report["problems"]:
-            raise RemoteError("; ".join(report["problems"]))
+        report = PreflightAnswer.parse(self._answer(self.session.run(command, timeout=timeout)))
+        if not offload:
+            check_version(self.node.name, report)
+        if report.problems:
+            raise RemoteError("; ".join(report.problems))
         return report
 
-    def start(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
+    def start(self, run: RunDir, tasks: Sequence[TaskStart],
               make_dirs: Sequence[str] = (), sync_dir: str | None = None,
               script: str = "") -> dict[str, int]:
         """Start ``tasks`` (name, port, cwd, env, argv) in ``run``, after making ``make_dirs``
@@ -150,12 +173,12 @@ class NodeClient:
         request, payload = self._start_request(run, tasks, make_dirs, sync_dir, script)
         answer = self._answer(self.session.feed(self._tasknode("start"), payload,
                                                 timeout=start_timeout(request)))
-        return self._started(answer)
+        return self._started(StartAnswer.parse(answer))
 
-    def start_watching(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
+    def start_watching(self, run: RunDir, tasks: Sequence[TaskStart],
                        events: queue.Queue[Event], make_dirs: Sequence[str] = (),
                        sync_dir: str | None = None, script: str = "",
-                       ended: dict[str, Any] | None = None) -> dict[str, int]:
+                       ended: dict[str, RunEnd] | None = None) -> dict[str, int]:
         """``start`` and ``follow`` in one command (``tasknode start --watch``): the answer
         is its first line, the tasks' events follow on the same channel, so a host costs
         one round trip and one Python start to launch and watch. Raises as ``start``
@@ -176,12 +199,12 @@ class NodeClient:
                 if sink.answer is None:
                     answered.put(err)
                 elif "started" in sink.answer:
-                    events.put(Event("lost", host, why=str(err)))
+                    events.put(Event(EventKind.LOST, host, why=str(err)))
             else:
                 if sink.answer is None:  # it ended without answering: its exit says why
                     answered.put(result)
                 elif "started" in sink.answer:
-                    events.put(Event("closed", host))
+                    events.put(Event(EventKind.CLOSED, host))
 
         threading.Thread(target=run_it, daemon=True, name=f"start-watch-{host}").start()
         try:
@@ -192,32 +215,30 @@ class NodeClient:
         if isinstance(got, BaseException):
             raise got
         answer = got if isinstance(got, dict) else self._answer(got)
-        return self._started(answer)
+        return self._started(StartAnswer.parse(answer))
 
-    def _start_request(self, run: RunDir, tasks: Sequence[Mapping[str, Any]],
+    def _start_request(self, run: RunDir, tasks: Sequence[TaskStart],
                        make_dirs: Sequence[str], sync_dir: str | None, script: str,
-                       ) -> tuple[dict[str, Any], bytes]:
+                       ) -> tuple[StartRequest, bytes]:
         """The start's request and the bytes sent on its stdin (the request's JSON line,
         then the --sync archive)."""
-        request: dict[str, Any] = {"run_dir": str(run.path), "venv": self.node.settings.venv,
-                                   "make_dirs": list(make_dirs), "tasks": list(tasks),
-                                   "script": script}
         archive = b""
         if sync_dir:
             buffer = io.BytesIO()
             with tarfile.open(fileobj=buffer, mode="w:gz") as packed:
                 packed.add(sync_dir, arcname=run.code.name)
             archive = buffer.getvalue()
-            request["archive"] = len(archive)
-        return request, json.dumps(request).encode() + b"\n" + archive
+        request = StartRequest(str(run.path), self.node.settings.venv, tuple(tasks),
+                               tuple(make_dirs), script, len(archive) if sync_dir else None)
+        return request, json.dumps(request.wire()).encode() + b"\n" + archive
 
     @staticmethod
-    def _started(answer: Mapping[str, Any]) -> dict[str, int]:
-        if answer.get("problems"):
-            raise RemoteError("; ".join(answer["problems"]))
-        if answer.get("busy"):
-            raise PortsBusy(set(answer["busy"]))
-        return dict(answer["started"])
+    def _started(answer: StartAnswer) -> dict[str, int]:
+        if answer.problems:
+            raise RemoteError("; ".join(answer.problems))
+        if answer.busy:
+            raise PortsBusy(set(answer.busy))
+        return dict(answer.started)
 
     def watch(self, run: RunDir, ports: Mapping[str, int], sink: io.TextIOBase) -> Result:
         """Stream ``tasknode watch`` events (one JSON line each) into ``sink`` until every
@@ -235,24 +256,23 @@ class NodeClient:
             try:
                 self.watch(run, ports, _LineSink(host, events))
             except Exception as err:
-                events.put(Event("lost", host, why=str(err)))
+                events.put(Event(EventKind.LOST, host, why=str(err)))
             else:
-                events.put(Event("closed", host))
+                events.put(Event(EventKind.CLOSED, host))
 
         threading.Thread(target=watch, daemon=True).start()
 
-    def stop(self, run: RunDir, grace: float) -> dict[str, str]:
+    def stop(self, run: RunDir, grace: float) -> dict[str, StopResult]:
         """TERM, then KILL after ``grace``, every task of the run; per task what happened."""
-        return self._answer(self.session.run(
-            self._tasknode("stop", run.path, "--grace", grace), timeout=grace + 30))
+        return protocol.parse_stopped(self._answer(self.session.run(
+            self._tasknode("stop", run.path, "--grace", grace), timeout=grace + 30)))
 
-    def stop_with_logs(self, run: RunDir, grace: float) -> tuple[dict[str, str], dict[str, Any]]:
+    def stop_with_logs(self, run: RunDir, grace: float) -> RunEnd:
         """``stop``, and in the same answer the tasks' logs (up to 1 MiB in all: a larger
         log is not in it; ``fetch_logs`` copies it) and the metrics file's text (None: no
         file): a job's end in one round trip per host."""
-        answer = self._answer(self.session.run(
-            self._tasknode("stop", run.path, "--grace", grace, "--logs"), timeout=grace + 30))
-        return answer.pop("stopped"), answer
+        return RunEnd.parse(self._answer(self.session.run(
+            self._tasknode("stop", run.path, "--grace", grace, "--logs"), timeout=grace + 30)))
 
     def fetch_metrics(self, run: RunDir, local: RunDir) -> None:
         """The reporting task's metrics file, if it wrote one (sweeps read it)."""

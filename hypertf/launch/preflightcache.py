@@ -28,6 +28,7 @@ from typing import Any
 
 from hypertf.config.inventory import Node
 from hypertf.config.paths import state_home
+from hypertf.core.protocol import PROTOCOL_VERSION
 
 DEFAULT_TTL_S = 120.0
 FILE_NAME = "preflight-cache.json"
@@ -70,7 +71,8 @@ class PreflightCache:
     def key(self, node: Node) -> str:
         parts = [node.name, node.address, str(node.port), node.user or "",
                  node.key_file or "", self._known_hosts or "", node.settings.venv,
-                 node.settings.workdir, self.script, self._script or ""]
+                 node.settings.workdir, self.script, self._script or "",
+                 f"protocol {PROTOCOL_VERSION}"]  # another launcher version's answers: a miss
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def _file(self) -> Path:

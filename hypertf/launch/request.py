@@ -8,6 +8,7 @@ Every default of a training job lives here, once: ``TRAIN_OPTIONS`` declares eac
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import os
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,17 @@ from hypertf.core.scheduler import POLICIES, TaskSlot
 from hypertf.core.spec import slots_for
 from hypertf.offload import DEFAULT_MIN_FLOPS
 
-LEGACY_FLAG_MODES = ("auto", "on", "off")
+
+class LegacyFlags(enum.StrEnum):
+    """When the four legacy flags are passed: ``--legacy-flags``, ``--no-legacy-flags``,
+    or neither (only when the script reads them). Written to request.json as its text."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+LEGACY_FLAG_MODES = tuple(LegacyFlags)
 MAX_PATH_BYTES = 4096  # PATH_MAX
 MAX_ARG_BYTES = 131072 - 1  # MAX_ARG_STRLEN: one argument the kernel passes to a program
 MAX_ARGS_BYTES = 1024 * 1024  # all of them, well under ARG_MAX with TF_CONFIG beside
@@ -48,7 +59,7 @@ class TrainRequest:
     workdir: str | None = None  # the tasks' working directory (default: one per task)
     start_timeout: float = 120.0
     timeout: float | None = None
-    legacy_flags: str = "auto"  # auto: only if the script reads them; on; off
+    legacy_flags: LegacyFlags = LegacyFlags.AUTO
     grace: float = 5.0
     args: tuple[str, ...] = ()
     env: tuple[str, ...] = ()  # NAME=VALUE or NAME (from os.environ), over the inventory's
@@ -84,7 +95,8 @@ class TrainRequest:
         where an option becomes a field, whichever command line gave it."""
         if values["legacy_flags"] and values["no_legacy_flags"]:
             raise UsageError("--legacy-flags and --no-legacy-flags exclude each other")
-        legacy = "on" if values["legacy_flags"] else "off" if values["no_legacy_flags"] else "auto"
+        legacy = (LegacyFlags.ON if values["legacy_flags"] else
+                  LegacyFlags.OFF if values["no_legacy_flags"] else LegacyFlags.AUTO)
         return cls(
             script=values["script"], workers=values["worker"], ps=values["ps"],
             chief=values["chief"], policy=values["policy"],
@@ -174,15 +186,15 @@ class TrainRequest:
         """Pass --ps_hosts/--worker_hosts/--job_name/--task_index? In ``auto`` only when the
         script reads them (preflight looked at it; --sync: every .py of the directory):
         absl and strict argparse scripts die of flags they do not know."""
-        if self.legacy_flags != "auto":
-            return self.legacy_flags == "on"
+        if self.legacy_flags != LegacyFlags.AUTO:
+            return self.legacy_flags == LegacyFlags.ON
         if self.sync_dir:
             sources = itertools.islice(Path(self.sync_dir).rglob("*.py"), MAX_SYNC_SOURCES)
             return diagnose.files_read_legacy_flags(sources)
         return script_reads_flags
 
     def legacy_flags_note(self, passed: bool) -> str:
-        why = {"on": "--legacy-flags", "off": "--no-legacy-flags"}.get(
+        why = {LegacyFlags.ON: "--legacy-flags", LegacyFlags.OFF: "--no-legacy-flags"}.get(
             self.legacy_flags,
             "the script reads them" if passed else
             "the script does not read them; --legacy-flags forces them")

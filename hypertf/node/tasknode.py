@@ -29,6 +29,8 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from hypertf.core import offloadname
+from hypertf.core import protocol as wire
+from hypertf.core.protocol import NodeEvent, RunEnd, StartAnswer, StartRequest, StopResult
 from hypertf.core.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -79,8 +81,9 @@ def _listening(port: int) -> bool:
     return False
 
 
-def emit(event: dict) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
+def emit(message: NodeEvent | StartAnswer) -> None:
+    """One message of the protocol (hypertf.core.protocol) to the launcher, one line."""
+    sys.stdout.write(json.dumps(message.wire()) + "\n")
     sys.stdout.flush()
 
 
@@ -91,41 +94,46 @@ def wrapper_argv(run: RunDir, name: str, venv: str, cwd: str, argv: Sequence[str
 
 
 def start(request: Mapping[str, Any], archive: bytes = b"") -> dict[str, Any]:
-    """Start the tasks of ``request`` (``run_dir``, ``venv``, ``make_dirs``, ``tasks``: each with
-    ``name``, ``port``, ``cwd``, ``env``, ``argv``), each in its own session so its process
-    group can be signalled whole; returns ``{"busy": [ports]}`` without starting anything
-    when a granted port is already in use (the launcher retries on fresh ports),
-    ``{"problems": [...]}`` when ``archive`` (``--sync``, a tar.gz) does not unpack or the
-    request's ``script`` is not there or a task's ``cwd`` cannot be made (each task's is made
-    here: its own directory in the run, or --workdir), else ``{"started": {name: pid}}``."""
-    tasks = request["tasks"]
-    busy = sorted(t["port"] for t in tasks if _listening(int(t["port"])))
+    """``tasknode start``: the request (``protocol.StartRequest``, as JSON) read, the
+    answer as JSON (``protocol.StartAnswer``)."""
+    return start_tasks(StartRequest.parse(request), archive).wire()
+
+
+def start_tasks(request: StartRequest, archive: bytes = b"") -> StartAnswer:
+    """Start the tasks of ``request``, each in its own session so its process group can
+    be signalled whole. Answers the granted ports already in use without starting
+    anything (the launcher retries on fresh ports), or the problems when ``archive``
+    (``--sync``, a tar.gz) does not unpack, the request's ``script`` is not there or a
+    task's ``cwd`` cannot be made (each task's is made here: its own directory in the
+    run, or --workdir), else each task's PID."""
+    tasks = request.tasks
+    busy = tuple(sorted(task.port for task in tasks if _listening(task.port)))
     if busy:
-        return {"busy": busy}
-    run = RunDir(Path(request["run_dir"]))
+        return StartAnswer(busy=busy)
+    run = RunDir(Path(request.run_dir))
     run.local.mkdir(parents=True, exist_ok=True)
     problems = _unpack(run, archive) if archive else []
-    script = request.get("script") or ""
-    if script and tasks and not (Path(tasks[0]["cwd"]) / script).is_file():
+    script = request.script
+    if script and tasks and not (Path(tasks[0].cwd) / script).is_file():
         problems.append(f"script {script} not found (relative paths start in "
-                        f"{tasks[0]['cwd']})")
-    for cwd in sorted({task["cwd"] for task in tasks} if not problems else ()):
+                        f"{tasks[0].cwd})")
+    for cwd in sorted({task.cwd for task in tasks} if not problems else ()):
         try:
             Path(cwd).mkdir(parents=True, exist_ok=True)
         except OSError as err:
             problems.append(f"cannot make the working directory {cwd} ({err.strerror})")
     if problems:
-        return {"problems": problems}
-    for directory in request.get("make_dirs", ()):  # checkpoints: kept across attempts
+        return StartAnswer(problems=tuple(problems))
+    for directory in request.make_dirs:  # checkpoints: kept across attempts
         Path(directory).mkdir(parents=True, exist_ok=True)
     started = {}
     for task in tasks:
         process = subprocess.Popen(
-            wrapper_argv(run, task["name"], request["venv"], task["cwd"], task["argv"]),
-            env={**os.environ, **task["env"]}, start_new_session=True,
+            wrapper_argv(run, task.name, request.venv, task.cwd, task.argv),
+            env={**os.environ, **task.env}, start_new_session=True,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        started[task["name"]] = process.pid
-    return {"started": started}
+        started[task.name] = process.pid
+    return StartAnswer(started=started)
 
 
 def _unpack(run: RunDir, archive: bytes) -> list[str]:
@@ -230,10 +238,10 @@ def _watch(run: RunDir, tasks: dict[str, int], interval: float, end: bool,
                 offsets[name] += len(chunk)
                 *lines, partial[name] = (partial[name] + chunk).split(b"\n")
                 for line in lines:
-                    emit({"e": "log", "task": name, "line": line.decode(errors="replace")})
+                    emit(wire.log_line(name, line.decode(errors="replace")))
             if name not in listening and _listening(port):
                 listening.add(name)
-                emit({"e": "listening", "task": name})
+                emit(wire.listening(name))
             code = _exit_code(run, name)
             pid = _pid(run, name)
             gone = pid is not None and (pid in reaped if wake is not None else not _alive(pid))
@@ -249,20 +257,20 @@ def _watch(run: RunDir, tasks: dict[str, int], interval: float, end: bool,
                     rest = partial[name] + handle.read()
                     for line in rest.split(b"\n"):
                         if line:
-                            emit({"e": "log", "task": name, "line": line.decode(errors="replace")})
+                            emit(wire.log_line(name, line.decode(errors="replace")))
                 finished.add(name)
                 # killed: no code (the wrapper died too) or the wrapper saw TERM/KILL end it
                 killed = code is None or code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
-                emit({"e": "exit", "task": name, "code": code, "killed": killed})
+                emit(wire.exited(name, code, killed))
         if len(finished) == len(tasks):
             if wake is not None:  # each wrapper exits right after writing its code
                 _await_wrappers(run, tasks, reaped)
             ended = _end(run, tasks) if end else None
-            emit({"e": "done", **({"ended": ended} if ended else {})})
+            emit(wire.done(ended))
             return
         now = time.monotonic()
         if now - last_beat >= 1.0:
-            emit({"e": "beat"})
+            emit(wire.BEAT)
             last_beat = now
         _pause(wake, interval)
 
@@ -288,7 +296,7 @@ def _alive(pid: int) -> bool:
     return alive(pid)
 
 
-def _end(run: RunDir, names: Iterable[str]) -> dict[str, Any] | None:
+def _end(run: RunDir, names: Iterable[str]) -> RunEnd | None:
     """After every task exited: if nothing of the run lives here, mark it drained and
     stopped (as a stop would) and return the stop's answer, the logs and the metrics."""
     names = list(names)
@@ -300,7 +308,7 @@ def _end(run: RunDir, names: Iterable[str]) -> dict[str, Any] | None:
     except OSError:
         return None
     unlink_offload_channels(run.task_key)
-    return ended_answer(run, dict.fromkeys(names, "not running"), names)
+    return ended_answer(run, dict.fromkeys(names, StopResult.NOT_RUNNING), names)
 
 
 def mark_drained(run: RunDir) -> None:
@@ -310,7 +318,8 @@ def mark_drained(run: RunDir) -> None:
     Path(run.drained).touch()
 
 
-def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0) -> dict[str, str]:
+def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0,
+         ) -> dict[str, StopResult]:
     """TERM each task's process group, KILL what is left after ``grace``; report per task.
     The run is marked drained first, so a task still starting is either seen or never runs."""
     with contextlib.suppress(OSError):
@@ -323,13 +332,13 @@ def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0) ->
         if pid and _group_alive(pid) and _ours(pid, run.task_key):
             groups[name] = pid
         else:
-            result[name] = "not running"
+            result[name] = StopResult.NOT_RUNNING
     if groups:  # psutil only here: 'start' must not import it (15-20 ms, every node, every job)
         from hypertf.node.procs import stop_groups
 
-        result.update(stop_groups(groups, grace))
+        result.update({name: StopResult(said) for name, said in stop_groups(groups, grace).items()})
     # a survivor is e.g. stuck in uninterruptible sleep: not dead, not confirmed
-    if "survived SIGKILL" not in result.values():
+    if StopResult.SURVIVED not in result.values():
         unlink_offload_channels(run.task_key)
         if run.local.is_dir():
             Path(run.stopped).touch()
@@ -363,13 +372,12 @@ def logs(run: RunDir, names: Iterable[str] | None = None,
     return found
 
 
-def ended_answer(run: RunDir, stopped: dict[str, str], names: Iterable[str] | None,
-                 ) -> dict[str, Any]:
+def ended_answer(run: RunDir, stopped: dict[str, StopResult], names: Iterable[str] | None,
+                 ) -> RunEnd:
     """A run's end as the launcher takes it in one answer: the stop's result, the logs, the
     metrics file's text and the offload counts (``stop --logs``, the watcher's 'done')."""
     names = list(names or ())
-    return {"stopped": stopped, "logs": logs(run, names), "metrics": _text(run.metrics),
-            "offload": offload_counts(run, names)}
+    return RunEnd(stopped, logs(run, names), _text(run.metrics), offload_counts(run, names))
 
 
 def offload_counts(run: RunDir, names: Iterable[str] | None = None) -> dict[str, Any]:
@@ -433,7 +441,7 @@ def unstopped_runs(workdir: str | Path) -> list[RunDir]:
 
 
 def reap(runs: Iterable[RunDir], leases: set[str], grace: float = 5.0,
-         ) -> dict[str, dict[str, str]]:
+         ) -> dict[str, dict[str, StopResult]]:
     """Stop the tasks of every run whose lease is gone (its launcher died).
 
     List ``run_dirs`` *before* reading ``leases``: a run directory is made only after its
@@ -450,9 +458,11 @@ def reap(runs: Iterable[RunDir], leases: set[str], grace: float = 5.0,
     return reaped
 
 
-def preflight(workdir: str, script: str, venv: str | None = None) -> dict:
-    """Can this node run the job? Checked before anything is allocated or started.
-    ``venv``: the tasks' environment (default: this Python's, ``<venv>/bin/python``)."""
+def preflight(workdir: str, script: str, venv: str | None = None) -> dict[str, Any]:
+    """Can this node run the job? Checked before anything is allocated or started; the
+    answer (``protocol.PreflightAnswer``) names this node's protocol version, which the
+    launcher checks. ``venv``: the tasks' environment (default: this Python's,
+    ``<venv>/bin/python``)."""
     import importlib.util
     import tempfile
 
@@ -476,9 +486,8 @@ def preflight(workdir: str, script: str, venv: str | None = None) -> dict:
     # tf-keras in this venv (the tasks' venv): a Keras 3 error's hint says whether
     # TF_USE_LEGACY_KERAS=1 would work as is. find_spec imports nothing (fast).
     tf_keras = importlib.util.find_spec("tf_keras") is not None
-    return {"python": sys.executable, "problems": problems,
-            "hostname": socket.gethostname(), "legacy_flags": reads_flags,
-            "tf_keras": tf_keras}
+    return wire.PreflightAnswer(sys.executable, tuple(problems), socket.gethostname(),
+                                reads_flags, tf_keras, wire.PROTOCOL_VERSION).wire()
 
 
 def venv_problems(venv: str) -> list[str]:
@@ -501,13 +510,12 @@ def _start_verb(watch_after: bool) -> int:
     header, _, archive = sys.stdin.buffer.read().partition(b"\n")
     if not header.strip():
         return 0  # started early by a launcher that then had nothing for this node
-    request = json.loads(header)
-    answer = start(request, archive)
+    request = StartRequest.parse(json.loads(header))
+    answer = start_tasks(request, archive)
     emit(answer)
-    if watch_after and "started" in answer:
+    if watch_after and not (answer.busy or answer.problems):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end
-        watch(RunDir(Path(request["run_dir"])),
-              {t["name"]: int(t["port"]) for t in request["tasks"]}, end=True)
+        watch(RunDir(Path(request.run_dir)), {t.name: t.port for t in request.tasks}, end=True)
     return 0
 
 
@@ -546,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run = RunDir(Path(args.run_dir))
         stopped = stop(run, args.names, args.grace)
-        print(json.dumps(ended_answer(run, stopped, args.names) if args.logs else stopped))
+        print(json.dumps(ended_answer(run, stopped, args.names).wire() if args.logs
+                         else {name: str(result) for name, result in stopped.items()}))
     return 0
 
 

@@ -25,6 +25,7 @@ import yaml
 
 from hypertf.config.inventory import Inventory, load_inventory
 from hypertf.core.monitor import Event
+from hypertf.core.protocol import TaskStart
 from hypertf.core.rundir import RunDir
 from hypertf.launch.nodeclient import NodeClient
 from hypertf.launch.remote import Session
@@ -91,16 +92,16 @@ def node_protocol(inventory: Inventory, host: str, tmp_path: Path) -> None:
         assert session.run(f"mkdir -p {WORKDIR}").ok
         session.put(TASK.encode(), f"{WORKDIR}/task.py")
         report = client.preflight("task.py", timeout=30)
-        assert report["problems"] == [] and report["legacy_flags"] is False
+        assert report.problems == () and report.legacy_flags is False
 
         code = tmp_path / host / "code"
         code.mkdir(parents=True)
         (code / "task.py").write_text(TASK)
         run = RunDir.of(WORKDIR, f"startup-files-{host}")
-        tasks = [{"name": name, "port": port, "cwd": str(run.code),
-                  "env": {"HYPERTF_TASK": name,
-                          **({"HYPERTF_METRICS_FILE": str(run.metrics)} if metrics else {})},
-                  "argv": ["python", "task.py", how]}
+        tasks = [TaskStart(name, port, str(run.code),
+                           {"HYPERTF_TASK": name,
+                            **({"HYPERTF_METRICS_FILE": str(run.metrics)} if metrics else {})},
+                           ("python", "task.py", how))
                  for name, port, how, metrics in (("worker0", 23450, "exit", True),
                                                   ("worker1", 23451, "wait", False))]
         pids = client.start(run, tasks, sync_dir=str(code), script="task.py")  # one command
@@ -131,8 +132,8 @@ def node_protocol(inventory: Inventory, host: str, tmp_path: Path) -> None:
         # start and watch in one command (the launcher's way): the answer, then the events
         watched = RunDir.of(WORKDIR, f"startup-files-watch-{host}")
         events: queue.Queue[Event] = queue.Queue()
-        task = {**tasks[0], "cwd": str(watched.code),
-                "env": {"HYPERTF_TASK": "worker0", "HYPERTF_METRICS_FILE": str(watched.metrics)}}
+        task = tasks[0]._replace(cwd=str(watched.code), env={
+            "HYPERTF_TASK": "worker0", "HYPERTF_METRICS_FILE": str(watched.metrics)})
         pids = client.start_watching(watched, [task], events, sync_dir=str(code),
                                      script="task.py")
         assert set(pids) == {"worker0"}
@@ -140,10 +141,10 @@ def node_protocol(inventory: Inventory, host: str, tmp_path: Path) -> None:
         assert [e.line for e in seen if e.kind == "noise"] == []
         assert ("worker0", "bye") in [(e.task, e.line) for e in seen if e.kind == "log"]
         assert [(e.task, e.code) for e in seen if e.kind == "exit"] == [("worker0", 0)]
-        stopped, ended = client.stop_with_logs(watched, grace=5)
-        assert stopped == {"worker0": "not running"}
-        assert ended["logs"] == {"worker0": "hello from worker0\nbye\n"}
-        assert json.loads(ended["metrics"]) == {"acc": 0.75}
+        ended = client.stop_with_logs(watched, grace=5)
+        assert ended.stopped == {"worker0": "not running"}
+        assert ended.logs == {"worker0": "hello from worker0\nbye\n"}
+        assert json.loads(ended.metrics or "") == {"acc": 0.75}
     finally:
         session.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 from hypertf.config.inventory import load_inventory
+from hypertf.core.protocol import STRICT_ENV
 from hypertf.launch.remote import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,9 +19,15 @@ FAKE = str(REPO / "tests" / "scripts" / "fake_tf.py")
 EXAMPLES = REPO / "examples"
 
 
+def strict_env() -> dict[str, str]:
+    """The environment of a launcher under test: it refuses a node message it cannot read
+    (hypertf.core.protocol) instead of passing it on as noise."""
+    return {**os.environ, STRICT_ENV: "1"}
+
+
 def hypertf(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hypertf.cli", *argv], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=strict_env())
 
 
 STARTED: list[subprocess.Popen[str]] = []
@@ -28,7 +36,8 @@ STARTED: list[subprocess.Popen[str]] = []
 def start_hypertf(*argv: str, cwd: Path) -> subprocess.Popen[str]:
     """A launcher in the background; the test session stops it if the test does not."""
     job = subprocess.Popen([sys.executable, "-m", "hypertf.cli", *argv], cwd=cwd,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=strict_env())
     STARTED.append(job)
     return job
 
