@@ -30,20 +30,27 @@ def test_python_env_installs_hypertf_and_packages_offline(make_lab, lab_inventor
     """With the inventory's packages: tf-keras without its dependencies (its 'tensorflow'
     requirement would pull the full wheel); molecule's idempotence step is the second run
     that must change nothing. TensorFlow itself is left out here: installing it takes most
-    of a minute of CPU, and test_setup's bare hosts install it (and train with it)."""
+    of a minute of CPU, and test_setup's bare hosts install it (and train with it).
+    ``hypertf_offload: true``: MPICH and the offload extra, mpi4py built from source on this
+    machine into the wheel directory (verify runs mpiexec and imports the hook and mpi4py,
+    which must report MPICH)."""
     from importlib.metadata import version
 
     lab = make_lab(hosts=1)
     tf_keras = f"tf-keras=={version('tensorflow-cpu')}"
     inventory = lab_inventory(lab.dir, zookeeper=(), tensorflow="",
                               extra_vars={"hypertf_python_packages": ["scikit-learn"],
-                                          "hypertf_python_packages_no_deps": [tf_keras]})
+                                          "hypertf_python_packages_no_deps": [tf_keras],
+                                          "hypertf_offload": True})
     molecule("python_env", inventory, ansible_dirs)
     venv = lab.dir / "h1" / "srv" / "hypertf" / "venv"
     assert (venv / "bin" / "hypertf").exists()
     site = next((venv / "lib").glob("python3.*/site-packages"))
     assert list(site.glob("tf_keras-*.dist-info")), "tf-keras was not installed"
     assert not list(site.glob("tensorflow-*.dist-info")), "the full tensorflow wheel came in"
+    (mpi4py,) = site.glob("mpi4py-*.dist-info")
+    assert "Tag: cp3" in (mpi4py / "WHEEL").read_text() and "manylinux" not in (
+        mpi4py / "WHEEL").read_text(), "mpi4py came from PyPI's wheel, not built here"
 
 
 def test_zookeeper_standalone(make_lab, lab_inventory, ansible_dirs):

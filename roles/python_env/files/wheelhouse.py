@@ -30,6 +30,7 @@ EPOCH = "315532800"  # 1980-01-01, the earliest time a zip file can hold
 SUFFIXES = (".whl", ".tar.gz", ".zip")
 # What the last run resolved: lets an unchanged request skip pip's resolution (seconds).
 RESOLVED = ".hypertf-resolved.json"
+ARCH = os.uname().machine  # a wheel built here is tagged linux_<machine>
 
 
 def pip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -62,13 +63,20 @@ def build(source: Path, wheel_dir: Path, isolation: bool, dry: bool) -> tuple[st
         return target.name, True
 
 
-def fill(wheel_dir: Path, requirements: list[str], index: list[str], dry: bool) -> bool:
-    """Make sure every requirement resolves from the directory; True if it had to download."""
+def fill(wheel_dir: Path, requirements: list[str], index: list[str], dry: bool,
+         no_binary: list[str] | None = None) -> bool:
+    """Make sure every requirement resolves from the directory; True if it had to download.
+    Projects in ``no_binary`` are built here from source (their wheel, once in the
+    directory, is what the nodes install)."""
     links = ["--find-links", str(wheel_dir), "--wheel-dir", str(wheel_dir)]
     if pip("wheel", "--quiet", "--no-index", *links, *requirements, check=False).returncode == 0:
-        return False
+        if not no_binary or all(
+                any(project(p.name) == name and p.name.endswith("-linux_" + ARCH + ".whl")
+                    for p in wheel_dir.iterdir()) for name in no_binary):
+            return False
     if not dry:
-        pip("wheel", "--quiet", *links, *index, *requirements)
+        built = ["--no-binary", ",".join(no_binary)] if no_binary else []
+        pip("wheel", "--quiet", *links, *index, *built, *requirements)
     return True
 
 
@@ -128,6 +136,9 @@ def main() -> None:
     parser.add_argument("--offline", action="store_true",
                         help="the directory must hold every requirement and dependency")
     parser.add_argument("--index-url")
+    parser.add_argument("--no-binary", action="append", default=[],
+                        help="a project to build from source here (mpi4py: against this "
+                             "machine's MPICH)")
     parser.add_argument("--prune", action="store_true")
     parser.add_argument("--check", action="store_true", help="report, write nothing")
     args = parser.parse_args()
@@ -150,10 +161,11 @@ def main() -> None:
         # HyperTF's dependencies may change under the same version: key on the wheel's bytes.
         wheel_hash = ([hashlib.sha256((args.wheel_dir / result["wheel"]).read_bytes())
                        .hexdigest()] if result["wheel"] and not args.check else [])
-        key = requirements + no_deps + wheel_hash
+        key = requirements + no_deps + wheel_hash + [f"--no-binary:{p}" for p in args.no_binary]
         if not resolved_already(marker, key):
             index = ["--index-url", args.index_url] if args.index_url else []
-            result["downloaded"] = fill(args.wheel_dir, requirements, index, args.check)
+            result["downloaded"] = fill(args.wheel_dir, requirements, index, args.check,
+                                        args.no_binary)
             if args.require_no_deps:
                 result["downloaded"] |= fill(args.wheel_dir, ["--no-deps", *args.require_no_deps],
                                              index, args.check)
