@@ -242,8 +242,9 @@ class Session:
                 f"{self.node.name} ({self.node.address}:{self.node.port}): cannot connect: "
                 f"{err.strerror or err}"
             ) from None
-        self._runner = conn
-        return conn
+        runner: Runner = conn  # a fabric Connection (untyped): what this class uses of it
+        self._runner = runner
+        return runner
 
     def run(self, command: str, timeout: float | None = None, **kwargs: Any) -> Result:
         """Run a shell command; a non-zero exit is returned, never raised."""
