@@ -193,7 +193,7 @@ def agent(inventory: str, host: str, once: bool = False) -> int:
     inv = load_inventory(inventory)
     inv.node(host)
     if once:
-        record = resource_agent.Agent(inv, host).run(once=True)
+        record = resource_agent.NodeAgent(inv, host).run(once=True)
         print(record.to_json().decode() if record else "")
         return 0
     resource_agent.serve(inv, host)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hypertf.core.layout import owner_of
-from hypertf.core.limits import Limits
+from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import PortsExhausted, Request, pick_ports
 from hypertf.core.scheduler import NoFit, Placement, TaskSlot, schedule
@@ -88,7 +88,7 @@ def _fits(job: Waiting, free: Mapping[str, list[int]], live: set[str]
         return None
 
 
-def clamped(waiting: Sequence[Waiting], limits: Limits) -> list[Waiting]:
+def clamped(waiting: Sequence[Waiting], limits: UserLimits) -> list[Waiting]:
     """The jobs with the priority that counts: a record is its owner's to write, so its
     priority is a wish, capped at the maximum the admin gave its owner."""
     capped = []
@@ -99,13 +99,13 @@ def clamped(waiting: Sequence[Waiting], limits: Limits) -> list[Waiting]:
 
 
 def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waiting],
-                   user_gpu_limit: int = 0, limits: Limits | None = None) -> list[Decision]:
+                   user_gpu_limit: int = 0, limits: UserLimits | None = None) -> list[Decision]:
     """Decide every waiting job, in queue order, against ``matrix`` (as synced now) and
     the hosts with a live agent. Pure: nothing is written; the caller commits the admitted
     ones in one transaction. ``user_gpu_limit`` 0 means none; ``limits`` (the admin's, per
     user) cap each job's priority and its owner's GPUs. A ``no_wait`` job that cannot
     start now is refused and reserves nothing."""
-    limits = limits or Limits()
+    limits = limits or UserLimits()
     live = set(live)
     taken = matrix.copy()
     free = {host: taken.free(host) for host in live}

@@ -27,7 +27,7 @@ class UserLimit:
 
 
 @dataclass(frozen=True)
-class Limits:
+class UserLimits:
     """Every user's ceiling; users not named get ``default``."""
 
     default: UserLimit = field(default_factory=UserLimit)
@@ -44,21 +44,21 @@ class Limits:
         """GPUs the user may hold at once (0: no limit)."""
         return self.of(user).gpu_limit or cluster_limit
 
-    def with_user(self, user: str, max_priority: int | None, gpu_limit: int | None) -> Limits:
+    def with_user(self, user: str, max_priority: int | None, gpu_limit: int | None) -> UserLimits:
         """A copy where ``user`` has the given ceilings (None keeps what was there)."""
         old = self.of(user)
         new = UserLimit(old.max_priority if max_priority is None else max_priority,
                         old.gpu_limit if gpu_limit is None else gpu_limit)
         if gpu_limit is not None and gpu_limit < 0:
             raise UsageError(f"--gpu-limit {gpu_limit}: give 0 (the cluster's limit) or more")
-        return Limits(self.default, {**self.users, user: new})
+        return UserLimits(self.default, {**self.users, user: new})
 
     def to_json(self) -> bytes:
         return encode({"default": _plain(self.default),
                        "users": {u: _plain(limit) for u, limit in sorted(self.users.items())}})
 
     @classmethod
-    def from_json(cls, data: bytes | None) -> Limits:
+    def from_json(cls, data: bytes | None) -> UserLimits:
         if not data:
             return cls()
         payload = decode(data, "user limits")

@@ -51,10 +51,10 @@ from hypertf.node.probes import (
     judge,
     select_address,
 )
-from hypertf.store import AgentRecord, HostWatch, Layout, Store
-from hypertf.store.allocation import read_matrix, watch_matrix, watch_shard_of
+from hypertf.store import AgentRecord, Layout, LeaseState, RecordWrite, Store
+from hypertf.store.allocation import read_matrix, watch_shard_of
 from hypertf.store.jobs import prune_jobs
-from hypertf.store.waitqueue import Admitter
+from hypertf.store.keeper import KeeperRole
 
 KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at most)
 KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
@@ -163,7 +163,7 @@ class WritePolicy:
         self.due_at = now + self.keepalive * self.rng.uniform(0.75, 1.0)
 
 
-class Agent:
+class NodeAgent:
     """The service loop around one ZooKeeper client."""
 
     def __init__(self, inventory: Inventory, host: str, prober: Prober | None = None,
@@ -230,17 +230,17 @@ class Agent:
         if not force and not self._writes.due(content, time.monotonic()):
             return False
         outcome = zk.publish_record(replace(record, heartbeat=time.time()))
-        if outcome in ("created", "updated"):
+        if outcome in (RecordWrite.CREATED, RecordWrite.UPDATED):
             self._writes.wrote(content, time.monotonic())
-        if outcome == "created":
+        if outcome is RecordWrite.CREATED:
             log.info("registered %s: %d GPUs, %s available", self.node.name, record.gpu,
                      record.gpu_avail_list)
-        elif outcome == "older-session":
+        elif outcome is RecordWrite.OLDER_SESSION:
             log.info("the record of an older session of this agent is still there: "
                      "waiting for it to expire")
-        if outcome in ("older-session", "taken"):
+        if outcome in (RecordWrite.OLDER_SESSION, RecordWrite.TAKEN):
             self._republish = True  # look again next pass
-        return changed and outcome in ("created", "updated")
+        return changed and outcome in (RecordWrite.CREATED, RecordWrite.UPDATED)
 
     def _publish_probe(self, zk: Store) -> tuple[AgentRecord, bool]:
         """Probe the node, publish the record, and serve it as metrics; True when the
@@ -344,11 +344,11 @@ class Agent:
         if pruned:
             log.info("pruned %d finished job records", pruned)
 
-    def keep(self, zk: Store, admitter: Admitter) -> None:
+    def keep(self, zk: Store, role: KeeperRole) -> None:
         """The keeper's pass: sync the matrix (and repair it), admit or refuse waiting jobs,
         prune old records."""
         try:
-            for decision in admitter.keep():
+            for decision in role.keep():
                 if decision.admitted:
                     log.info("admitted %s: %s", decision.task_key,
                              ", ".join(f"{p.name}@{p.host}" for p in decision.placements))
@@ -364,9 +364,9 @@ class Agent:
         if not self.keeper_capable:
             return False
         taken = zk.take_keeper_lease(self.node.name, watch=self._wake_up)
-        if taken == "taken":
+        if taken is LeaseState.TAKEN:
             log.info("this agent now keeps the matrix (keeper lease taken)")
-        return taken in ("taken", "held")
+        return taken in (LeaseState.TAKEN, LeaseState.HELD)
 
     def stop(self, *_: object) -> None:
         self._stop.set()
@@ -429,8 +429,7 @@ class Agent:
         watching = False
         shard_watched = False
         watched_users: set[str] = set()
-        admitter: Admitter | None = None
-        matrix_watched = False
+        role: KeeperRole | None = None  # while this agent holds the keeper lease
         next_beat = 0.0
         # Work proportional to change: every interval the node is probed (and its record
         # written if that changed), but the keeper's pass, the reap and the drain check
@@ -444,7 +443,7 @@ class Agent:
                 self._wake.clear()
                 woken = True
             if self._stale():
-                return record
+                break  # a new client (run): this one's watches and role end here
             if not client.connected:
                 self._wake.wait(1.0)  # calls would queue and block until reconnected
                 woken = True
@@ -469,21 +468,9 @@ class Agent:
                     if not shard_watched:  # its own row: the keeper marked cells draining
                         watch_shard_of(zk, self.node.name, self._wake_up)
                         shard_watched = True
-                    if self.is_keeper(zk):
-                        if not matrix_watched:  # only the keeper wakes when GPUs are freed
-                            # and when a host comes or goes (10,000 agents x 10,000 host
-                            # watches would be 10^8 watches in ZooKeeper), and looks again,
-                            # at its next interval, when a record changed
-                            watch_matrix(zk, self._wake_up)
-                            hosts_watch = HostWatch(client, self.layout, self._wake_up)
-                            hosts_watch.watch_records(self._records_changed.set)
-                            matrix_watched = True
-                        admitter = admitter or Admitter(
-                            zk, self.inventory.cluster.user_gpu_limit,
-                            self.inventory.cluster.user_queue_limit)
-                        self.keep(zk, admitter)
-                    else:
-                        admitter = None  # a later term starts from a fresh read
+                    role = self._keeper_role(zk, role)
+                    if role is not None:
+                        self.keep(zk, role)
                     self.reap_orphans(zk)
                     self.confirm_drained(zk)
             except NoNodeError:
@@ -510,9 +497,27 @@ class Agent:
                 woken = True
                 continue
             if once:
-                return record
+                break
             woken = self._wake.wait(max(0.0, next_beat - time.monotonic()))
+        if role is not None:
+            role.stop()
         return record
+
+    def _keeper_role(self, zk: Store, role: KeeperRole | None) -> KeeperRole | None:
+        """The keeper role, started when this agent takes the keeper lease and stopped when
+        it no longer holds it. Only the keeper wakes when GPUs are freed and when a host
+        comes or goes (10,000 agents x 10,000 host watches would be 10^8 watches in
+        ZooKeeper); it looks again, at its next interval, when a record changed."""
+        if not self.is_keeper(zk):
+            if role is not None:
+                role.stop()  # a later term starts from a fresh read
+            return None
+        if role is None:
+            cluster = self.inventory.cluster
+            role = KeeperRole(zk, self._wake_up, cluster.user_gpu_limit,
+                              cluster.user_queue_limit,
+                              records_changed=self._records_changed.set).start()
+        return role
 
     def _stop_requested_cleanup(self, client: KazooClient) -> None:
         """Close the session: its ephemeral record goes at once (an agent may not delete
@@ -525,7 +530,7 @@ class Agent:
 
 def serve(inventory: Inventory, host: str) -> None:
     """The ``hypertf agent`` entry point: run until SIGTERM or SIGINT."""
-    agent = Agent(inventory, host)
+    agent = NodeAgent(inventory, host)
     signal.signal(signal.SIGTERM, agent.stop)
     signal.signal(signal.SIGINT, agent.stop)
     log.info("agent for %s starting (ZooKeeper %s, root %s)", host,

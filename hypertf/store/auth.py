@@ -41,7 +41,7 @@ from hypertf.core.errors import StoreError, UsageError
 from hypertf.core.grants import grant_to_json
 from hypertf.core.jobrecord import held_of, placements_of, ports_of
 from hypertf.core.layout import Layout
-from hypertf.core.limits import Limits
+from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import (
     MIN_SHARDS,
     Held,
@@ -400,7 +400,7 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
         except NodeExistsError:
             client.set_acls(path, acl)
     try:
-        client.create(layout.limits, Limits().to_json(), acl=acls.limits())
+        client.create(layout.limits, UserLimits().to_json(), acl=acls.limits())
     except NodeExistsError:
         client.set_acls(layout.limits, acls.limits())
     ensure_matrix(client, layout, acls.matrix(), shard_count(max(len(agents), hosts)))
@@ -607,7 +607,7 @@ def check_access(client: KazooClient, root: str, credential: Credential) -> None
 
 
 def set_user_limits(client: KazooClient, root: str, user: str, max_priority: int | None,
-                    gpu_limit: int | None) -> Limits:
+                    gpu_limit: int | None) -> UserLimits:
     """``hypertf auth limits USER``: the admin's ceiling for one user (``client`` is the
     admin's; the znode refuses anyone else). Returns the limits as stored."""
     path = Layout(root).limits
@@ -619,7 +619,7 @@ def set_user_limits(client: KazooClient, root: str, user: str, max_priority: int
         except NoNodeError:
             raise StoreError(f"ZooKeeper root {root} has no user limits yet: run 'hypertf auth "
                              f"init -i INVENTORY' as the admin") from None
-        limits = Limits.from_json(data).with_user(user, max_priority, gpu_limit)
+        limits = UserLimits.from_json(data).with_user(user, max_priority, gpu_limit)
         try:
             client.set(path, limits.to_json(), version=stat_.version)
         except BadVersionError:

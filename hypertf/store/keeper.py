@@ -5,6 +5,13 @@ hosts are records they publish themselves have no agent process, so nothing woul
 their jobs: this runs the same pass, as the admin, waking on the changes an agent's keeper
 watches (every user's leases, the records, the matrix) and every 0.2 s besides. Only one
 keeper should run per root: the cluster's agents take the keeper lease, this does not.
+
+``KeeperRole`` is what holding the keeper lease adds to a process, shared by an agent's
+keeper and this thread: the watches that wake the keeper (every shard of the matrix, the
+hosts and their records; with ``watch_leases`` also every user's leases, which an agent
+watches for its own node anyway) and the ``Admitter`` with its caches. It is started when
+the lease is taken and stopped when it is lost: its watches then end at their next firing,
+and a later term starts from a fresh read.
 """
 
 from __future__ import annotations
@@ -12,15 +19,76 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 
 from hypertf import store
 from hypertf.config.settings import ClusterSettings
 from hypertf.core import gctune
+from hypertf.core.admission import Decision
 from hypertf.store import HostWatch, Layout, Store
 from hypertf.store.allocation import watch_matrix
 from hypertf.store.waitqueue import Admitter
 
 log = logging.getLogger(__name__)
+
+
+class KeeperRole:
+    """The keeper's watches and its ``Admitter``, for one term of the keeper lease.
+
+    ``wake`` is called whenever the keeper should look again (a shard, a host or a lease
+    changed); ``records_changed`` (the agent's) whenever an agent's record changed (it
+    looks at its next interval, not at once). ``start()`` sets the watches; ``stop()``
+    ends them (each at its next firing)."""
+
+    def __init__(self, zk: Store, wake: Callable[[], object], user_gpu_limit: int = 0,
+                 user_queue_limit: int = 0, watch_leases: bool = False,
+                 records_changed: Callable[[], object] | None = None) -> None:
+        self.store = zk
+        self.admitter = Admitter(zk, user_gpu_limit, user_queue_limit)
+        self._wake = wake
+        self._watch_leases = watch_leases
+        self._records_changed = records_changed
+        self._users: set[str] = set()
+        self._hosts: HostWatch | None = None
+        self.stopped = False
+
+    def start(self) -> KeeperRole:
+        client, layout = self.store.client, self.store.layout
+        if self._watch_leases:
+            client.ChildrenWatch(layout.leases, self._on_users)
+        self._hosts = HostWatch(client, layout, self._poke)
+        if self._records_changed is not None:
+            self._hosts.watch_records(self._on_record)
+        watch_matrix(self.store, self._poke)
+        return self
+
+    def keep(self) -> list[Decision]:
+        """One pass: sync the matrix, admit or refuse waiting jobs (``Admitter.keep``)."""
+        return self.admitter.keep()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._hosts is not None:
+            self._hosts.stop()
+
+    def _poke(self, *_: object) -> bool:
+        """A watch fired: wake the keeper; False (the watch ends) once stopped."""
+        if self.stopped:
+            return False
+        self._wake()
+        return True
+
+    def _on_record(self) -> None:
+        if not self.stopped and self._records_changed is not None:
+            self._records_changed()
+
+    def _on_users(self, users: list[str]) -> bool:
+        if self.stopped:
+            return False
+        for user in set(users) - self._users:
+            self._users.add(user)
+            self.store.client.ChildrenWatch(self.store.layout.user_leases(user), self._poke)
+        return self._poke()
 
 
 class KeeperThread:
@@ -30,30 +98,18 @@ class KeeperThread:
                  identity: str = "admin", user_queue_limit: int = 200) -> None:
         self.client = store.connect(cluster, identity=identity)
         self.layout = Layout(cluster.zk_root)
-        self.admitter = Admitter(Store(self.client, self.layout), user_gpu_limit,
-                                 user_queue_limit)
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._users: set[str] = set()
+        self.role = KeeperRole(Store(self.client, self.layout), self._wake.set,
+                               user_gpu_limit, user_queue_limit, watch_leases=True)
+        self.admitter = self.role.admitter
         self._thread = threading.Thread(target=self._run, daemon=True, name="keeper")
         self.passes = 0
 
     def start(self) -> KeeperThread:
-        self.client.ChildrenWatch(self.layout.leases, self._on_users)
-        HostWatch(self.client, self.layout, self._poke)
-        watch_matrix(self.admitter.store, self._poke)
+        self.role.start()
         self._thread.start()
         return self
-
-    def _poke(self, *_: object) -> bool:
-        self._wake.set()
-        return not self._stop.is_set()
-
-    def _on_users(self, users: list[str]) -> bool:
-        for user in set(users) - self._users:
-            self._users.add(user)
-            self.client.ChildrenWatch(self.layout.user_leases(user), self._poke)
-        return self._poke()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -62,7 +118,7 @@ class KeeperThread:
             if self._stop.is_set():
                 break
             try:
-                self.admitter.keep()
+                self.role.keep()
                 self.passes += 1
             except Exception as err:  # the next pass tries again, as an agent's keeper does
                 log.warning("keeper pass failed: %s", err)
@@ -70,6 +126,7 @@ class KeeperThread:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self.role.stop()
         self._thread.join(10)
         with contextlib.suppress(Exception):
             store.close(self.client)

@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, cast
 
 from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
@@ -54,7 +55,7 @@ from hypertf.core.admission import (
 from hypertf.core.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
 from hypertf.core.grants import grant_from_json, grant_to_json, held_of_grant
 from hypertf.core.jobrecord import JobRecord, JobState, Owner
-from hypertf.core.limits import Limits
+from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import Grant, Request, cannot_place, compact_hosts
 from hypertf.core.requestcheck import (
@@ -322,7 +323,7 @@ class Screen:
     _fits: dict[tuple[str, int, int], bool] = field(default_factory=dict)
 
     def __call__(self, waiting: list[Waiting], versions: Mapping[str, int], matrix: Matrix,
-                 limits: Limits) -> tuple[list[Waiting], dict[str, str]]:
+                 limits: UserLimits) -> tuple[list[Waiting], dict[str, str]]:
         kept, refused = [], {}
         per_user: Counter[str] = Counter()
         rows = len(matrix.gpus)
@@ -363,7 +364,7 @@ class Screen:
         return known
 
 
-def read_limits(store: Store, watch: Callable[..., Any] | None = None) -> Limits:
+def read_limits(store: Store, watch: Callable[..., Any] | None = None) -> UserLimits:
     """The admin's per-user ceilings (defaults when the root has none yet); ``watch``:
     called once when they are set, created or deleted."""
     try:
@@ -371,14 +372,22 @@ def read_limits(store: Store, watch: Callable[..., Any] | None = None) -> Limits
     except NoNodeError:
         if watch is not None and store.client.exists(store.layout.limits, watch=watch):
             return read_limits(store, watch)  # created in between: read it
-        return Limits()
+        return UserLimits()
     try:
-        return Limits.from_json(data)
+        return UserLimits.from_json(data)
     except (StoreError, TypeError, ValueError, AttributeError):
-        return Limits()  # damaged: the defaults, never a user's wish
+        return UserLimits()  # damaged: the defaults, never a user's wish
 
 
 # -- admitting ---------------------------------------------------------------------------
+class Commit(Enum):
+    """What committing a pass's decisions did."""
+
+    COMMITTED = "committed"
+    CONFLICT = "conflict"  # another writer won: read and decide again
+    PART = "part"  # too large for one transaction: a first part committed, the rest next
+
+
 @dataclass
 class Admitter:
     """The keeper's pass: sync the matrix, decide every waiting job, commit admissions
@@ -397,7 +406,7 @@ class Admitter:
     _read_matrix: tuple[Matrix, MatrixVersion] | None = None
     _last_good: Matrix | None = None  # the last matrix read whole: fills a damaged shard
     _damaged_at: float | None = None  # when the matrix first read damaged (monotonic)
-    _limits: Limits | None = None  # the admin's, until the watch on them fires
+    _limits: UserLimits | None = None  # the admin's, until the watch on them fires
     _limits_read: float = 0.0
 
     def __post_init__(self) -> None:
@@ -484,14 +493,14 @@ class Admitter:
             settled += [Decision(key, 0, INVALID, refused=True) for key in sorted(refusals)]
             if settled:
                 outcome = self._commit(matrix, version, settled, live, limits, refusals)
-                if outcome != "committed":  # a conflict, or a first part of a large pass
+                if outcome is not Commit.COMMITTED:  # a conflict, or a first part of a large pass
                     raise ForceRetryError()  # committed: read and decide again
             self.publish(decisions, {w.task_key: w for w in clamped(waiting, limits)})
             return decisions
 
         return until_committed(attempt, "admitting waiting jobs")
 
-    def limits(self) -> Limits:
+    def limits(self) -> UserLimits:
         """The admin's limits, read again after they changed (a watch) and at least every
         LIMITS_READ_S (a watch set in an expired session never fires)."""
         limits = self._limits
@@ -510,8 +519,8 @@ class Admitter:
         return record, version
 
     def _commit(self, matrix: Matrix, version: MatrixVersion, settled: list[Decision],
-                live: list[str], limits: Limits, refusals: Mapping[str, str]) -> str:
-        """"committed", "conflict", or "part" (the pass's decisions would make a request
+                live: list[str], limits: UserLimits, refusals: Mapping[str, str]) -> Commit:
+        """COMMITTED, CONFLICT, or PART (the pass's decisions would make a request
         past TRANSACTION_BYTES: the first half, or less, was committed; the rest is
         decided again by the next try). A record the keeper may not write (its owner
         shut the keeper out with its ACL) is left out of later passes, not retried."""
@@ -554,7 +563,7 @@ class Admitter:
         if size > TRANSACTION_BYTES and len(settled) > 1:
             first = self._commit(matrix, version, settled[:len(settled) // 2], live, limits,
                                  refusals)
-            return "part" if first != "conflict" else first
+            return Commit.PART if first is not Commit.CONFLICT else first
         results = tx.commit()
         culprit = next(((i, r) for i, r in enumerate(results) if isinstance(r, Exception)
                         and type(r).__name__ not in ("RolledBackError",
@@ -569,9 +578,9 @@ class Admitter:
             elif culprit_key is not None and isinstance(error, NodeExistsError):
                 log.error("%s already has a grant: it is not admitted again", culprit_key)
                 self.reader.settled.add(culprit_key)
-            return "conflict"  # a cancel, a lost waiter or another writer: decide again
+            return Commit.CONFLICT  # a cancel, a lost waiter or another writer: decide again
         if any(isinstance(r, Exception) for r in results):
-            return "conflict"
+            return Commit.CONFLICT
         for decision in settled:
             self.reader.settled.add(decision.task_key)
             self.reader.records.pop(decision.task_key, None)  # no longer waiting
@@ -580,10 +589,10 @@ class Admitter:
             if decision.admitted:
                 self.reader.grants[decision.task_key] = Held.of(decision.placements,
                                                                 decision.ports)
-        return "committed"
+        return Commit.COMMITTED
 
     def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
-                live: list[str], limits: Limits) -> str:
+                live: list[str], limits: UserLimits) -> str:
         """Why a --no-wait job cannot start now, naming what is free or the limit."""
         job = waiting_from_record(record, 0, decision.task_key)
         if decision.reason == USER_LIMIT:

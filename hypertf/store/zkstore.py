@@ -1,0 +1,192 @@
+"""``Store``: one cluster's ZooKeeper, its client and the layout of its root together, with
+the reads every part shares (hosts, agent records, leases, job keys) and the two writes an
+agent makes about itself (its record, the keeper lease). The outcomes of those writes are
+enums (``RecordWrite``, ``LeaseState``), never bare strings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from hypertf.config.settings import ClusterSettings
+from hypertf.core.layout import Layout
+from hypertf.core.records import AgentRecord
+from hypertf.store import auth
+from hypertf.store.connection import acls, close, connect, credential_of
+from hypertf.store.zkclient import get_many
+
+__all__ = ["LeaseState", "RecordWrite", "Store", "opened"]
+
+
+class RecordWrite(StrEnum):
+    """What an agent's write of its own record did."""
+
+    CREATED = "created"
+    UPDATED = "updated"
+    OLDER_SESSION = "older-session"  # its previous session's record: wait for it to expire
+    TAKEN = "taken"  # another session created it meanwhile
+
+
+class LeaseState(StrEnum):
+    """The keeper lease, as an agent that tried to take it sees it."""
+
+    HELD = "held"  # this session holds it (since before)
+    TAKEN = "taken"  # this session took it now
+    OTHER = "other"  # another agent keeps
+
+
+def _children(client: KazooClient, path: str) -> list[str]:
+    try:
+        return sorted(client.get_children(path))
+    except NoNodeError:
+        return []
+
+
+@dataclass(frozen=True)
+class Store:
+    """One cluster's ZooKeeper: the client and the layout of its root, always together.
+    The reads are here; hypertf.store.allocation's version-checked writes take a Store."""
+
+    client: KazooClient
+    layout: Layout
+
+    @property
+    def acls(self) -> auth.Acls:
+        """The ACLs this client writes on the znodes it creates."""
+        return acls(self.client)
+
+    @property
+    def credential(self) -> auth.Credential:
+        return credential_of(self.client)
+
+    def hosts(self) -> list[str]:
+        """Every registered host (live or not)."""
+        return _children(self.client, self.layout.hosts)
+
+    def live_hosts(self) -> list[str]:
+        """Hosts whose agent record exists: one listing and multi-reads (no parse)."""
+        return sorted(self.raw_records(self.hosts()))
+
+    def raw_records(self, hosts: Iterable[str]) -> dict[str, bytes]:
+        """The record bytes of the ``hosts`` that have one, in multi-reads (zkclient.get_many:
+        10,000 hosts in 0.1 s instead of 2-3 s of single gets)."""
+        hosts = list(hosts)
+        found: dict[str, bytes] = {}
+        results = get_many(self.client, [self.layout.resource(host) for host in hosts])
+        for host, result in zip(hosts, results, strict=True):
+            if isinstance(result, NoNodeError):
+                continue  # no agent (or it went between the listing and the read)
+            if isinstance(result, Exception):
+                raise result
+            found[host] = result[0]
+        return found
+
+    def records(self, only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
+        """Every live agent's record (or those of the ``only`` hosts: no listing then; a host
+        without a record, registered or not, is left out), keyed by host name."""
+        hosts = self.hosts() if only is None else sorted(set(only))
+        return {host: AgentRecord.from_json(data)
+                for host, data in self.raw_records(hosts).items()}
+
+    def _keys_of_every_user(self, parent: str) -> list[str]:
+        """The task keys under each user's folder that are that user's: a key is counted
+        only under its owner (a user may create ``leases/mallory/<bob's key>`` in its own
+        folder; that must not keep bob's job alive, nor end it)."""
+        keys: list[str] = []
+        for user in _children(self.client, parent):
+            with contextlib.suppress(NoNodeError):  # a user removed meanwhile
+                keys.extend(key for key in self.client.get_children(f"{parent}/{user}")
+                            if key.endswith(f".{user}") and key.partition(".")[2] == user)
+        return keys
+
+    def leases(self) -> set[str]:
+        """Task keys whose launcher is still alive (a lease counts only under its key's
+        owner)."""
+        return set(self._keys_of_every_user(self.layout.leases))
+
+    def job_keys(self) -> list[str]:
+        """Every job record's task key, of every user."""
+        return self._keys_of_every_user(self.layout.jobs)
+
+    def records_soon(self, wanted: Iterable[str], window_s: float,
+                     say: Callable[[str], None] = lambda _line: None,
+                     ) -> dict[str, AgentRecord]:
+        """``records(only=wanted)``; when none of them has a record yet and the admin made
+        the root's hosts folder less than ``window_s`` ago (``hypertf auth init`` after
+        ZooKeeper lost its data: the agents are running and re-register within their retry
+        period), wait for the first until then, saying so once."""
+        wanted = list(wanted)
+        found = self.records(only=wanted)
+        stat = None if found else self.client.exists(self.layout.hosts)
+        if stat is None:
+            return found
+        deadline = stat.ctime / 1000 + window_s
+        if time.time() >= deadline:
+            return found
+        say(f"hypertf: ZooKeeper's root {self.layout.root} was secured "
+            f"{time.time() - stat.ctime / 1000:.0f} s ago and no agent has registered yet: "
+            f"waiting up to {deadline - time.time():.0f} s for them")
+        while not found and time.time() < deadline:
+            time.sleep(0.5)
+            found = self.records(only=wanted)
+        return found
+
+    def publish_record(self, record: AgentRecord) -> RecordWrite:
+        """An agent writes its own record, creating it if missing: CREATED, UPDATED,
+        OLDER_SESSION (a record of this agent's previous session, after a restart within
+        the session timeout: an agent may not delete records, so it waits for that one to
+        expire) or TAKEN (another session created it meanwhile)."""
+        path = self.layout.resource(record.host)
+        data = record.to_json()
+        stat = self.client.exists(path)
+        if stat is None:
+            try:
+                self.client.create(path, data, acl=self.acls.agent_record(), ephemeral=True)
+            except NodeExistsError:
+                return RecordWrite.TAKEN
+            return RecordWrite.CREATED
+        if stat.ephemeralOwner != self.client.client_id[0]:
+            return RecordWrite.OLDER_SESSION
+        self.client.set(path, data)
+        return RecordWrite.UPDATED
+
+    def take_keeper_lease(self, host: str, watch: Callable[..., Any]) -> LeaseState:
+        """The matrix keeper holds ``keeper/lease``, an ephemeral znode of its own session:
+        the first agent to create it keeps until its session ends (a clean stop at once, a
+        SIGKILL or a cut-off host after the session timeout); every agent watches it and the
+        next to try takes over. Returns HELD, TAKEN (now), or OTHER. A root secured
+        by an older HyperTF has no ``keeper/``: the lowest-named live agent keeps then."""
+        path = self.layout.keeper_lease
+        try:
+            stat = self.client.exists(path, watch=watch)
+            if stat is not None:
+                return LeaseState.HELD if stat.ephemeralOwner == self.client.client_id[0] \
+                    else LeaseState.OTHER
+            self.client.create(path, host.encode(), acl=self.acls.keeper_lease(),
+                               ephemeral=True)
+        except NodeExistsError:
+            return LeaseState.OTHER  # another agent took it first
+        except NoNodeError:
+            live = self.live_hosts()
+            return LeaseState.HELD if live and min(live) == host else LeaseState.OTHER
+        return LeaseState.TAKEN
+
+
+@contextlib.contextmanager
+def opened(cluster: ClusterSettings, long_lived: bool = False,
+           on_pause: Callable[[str], None] | None = None) -> Iterator[Store]:
+    """A command's Store: connected as the default identity, closed after (``long_lived``:
+    it waits out ZooKeeper outages, see ``connect``)."""
+    client = connect(cluster, long_lived=long_lived, on_pause=on_pause)
+    try:
+        yield Store(client, Layout(cluster.zk_root))
+    finally:
+        close(client)
