@@ -53,6 +53,29 @@ def test_python_env_installs_hypertf_and_packages_offline(make_lab, lab_inventor
         mpi4py / "WHEEL").read_text(), "mpi4py came from PyPI's wheel, not built here"
 
 
+def test_offload_trust_lets_nodes_start_mpichs_proxy_on_each_other_and_nothing_else(
+        make_lab, lab_inventory, ansible_dirs):
+    """``hypertf_offload: true`` on two bare hosts, each with a home of its own: verify logs
+    in from each to the other with the cluster key (a plain command refused by the gate, and
+    logged) and runs hydra's mpiexec across both. No private key of this machine's reached
+    a host: the one private key in their homes is the cluster key."""
+    lab = make_lab(hosts=2)
+    inventory = lab_inventory(lab.dir, zookeeper=(), venv=None, tensorflow="",
+                              extra_vars={"hypertf_offload": True})
+    molecule("offload_trust", inventory, ansible_dirs)
+    cluster_key = lab.dir / "hypertf_offload_ed25519"
+    assert cluster_key.stat().st_mode & 0o777 == 0o600
+    for host in ("h1", "h2"):
+        ssh = lab.dir / host / "home" / ".ssh"
+        assert (ssh / "hypertf_offload_ed25519").read_bytes() == cluster_key.read_bytes()
+        private = [p.name for p in ssh.iterdir() if "PRIVATE KEY" in p.read_text()]
+        assert private == ["hypertf_offload_ed25519"], private
+        (line,) = [x for x in (ssh / "authorized_keys").read_text().splitlines() if x]
+        assert line.startswith('command="') and '",restrict ssh-ed25519 ' in line
+        assert sorted((ssh / "hypertf_offload_known_hosts").read_text().splitlines()) == \
+            sorted(lab.known_hosts.read_text().splitlines())
+
+
 def test_zookeeper_standalone(make_lab, lab_inventory, ansible_dirs):
     lab = make_lab(hosts=1)
     inventory = lab_inventory(lab.dir, zookeeper=("h1",), tensorflow="")
