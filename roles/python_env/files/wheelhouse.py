@@ -69,11 +69,11 @@ def fill(wheel_dir: Path, requirements: list[str], index: list[str], dry: bool,
     Projects in ``no_binary`` are built here from source (their wheel, once in the
     directory, is what the nodes install)."""
     links = ["--find-links", str(wheel_dir), "--wheel-dir", str(wheel_dir)]
-    if pip("wheel", "--quiet", "--no-index", *links, *requirements, check=False).returncode == 0:
-        if not no_binary or all(
-                any(project(p.name) == name and p.name.endswith("-linux_" + ARCH + ".whl")
-                    for p in wheel_dir.iterdir()) for name in no_binary):
-            return False
+    built_here = all(any(project(p.name) == name and p.name.endswith(f"-linux_{ARCH}.whl")
+                         for p in wheel_dir.iterdir()) for name in no_binary or ())
+    if built_here and pip("wheel", "--quiet", "--no-index", *links, *requirements,
+                          check=False).returncode == 0:
+        return False
     if not dry:
         built = ["--no-binary", ",".join(no_binary)] if no_binary else []
         pip("wheel", "--quiet", *links, *index, *built, *requirements)
