@@ -44,11 +44,11 @@ def ssh_config(spec: Spec) -> str:
         if host.user:
             lines.append(f"  User {host.user}")
     lines += ["Host *", "  BatchMode yes", "  StrictHostKeyChecking yes",
-              f'  UserKnownHostsFile "{trust.node_path(spec.known_hosts)}"',
+              f"  UserKnownHostsFile {trust.node_path(spec.known_hosts)}",
               "  ConnectTimeout 10",
               "  ServerAliveInterval 5", "  ServerAliveCountMax 3", "  LogLevel ERROR"]
     if spec.key_file:
-        lines += ["  IdentitiesOnly yes", f'  IdentityFile "{trust.node_path(spec.key_file)}"']
+        lines += ["  IdentitiesOnly yes", f"  IdentityFile {trust.node_path(spec.key_file)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -72,11 +72,11 @@ def prepare(spec: Spec, private: Path) -> World:
     problem = trust.local_problem(spec)
     if problem:
         raise RuntimeError(problem)
-    return trust.TrustedWorld(spec.channel, len(spec.hosts), private,
-                 hosts=tuple(h.address for h in spec.hosts), launcher_exec=str(launcher),
-                 iface=iface_of(spec.local_address),
-                 remote_python=tuple(h.python for h in spec.hosts), own_session=False,
-                 port_range=spec.port_range, known_hosts=spec.known_hosts)
+    return trust.TrustedWorld(
+        spec.channel, len(spec.hosts), private, hosts=tuple(h.address for h in spec.hosts),
+        launcher_exec=str(launcher), iface=iface_of(spec.local_address),
+        remote_python=tuple(h.python for h in spec.hosts), own_session=False,
+        port_range=spec.port_range, known_hosts=spec.known_hosts)
 
 
 def counts(spec: Spec, hook_stats: Path, failed: str, seconds: float) -> dict[str, Any]:
