@@ -105,6 +105,8 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
     ones in one transaction. ``user_gpu_limit`` 0 means none; ``limits`` (the admin's, per
     user) cap each job's priority and its owner's GPUs. A ``no_wait`` job that cannot
     start now is refused and reserves nothing."""
+    if not waiting:
+        return []  # an idle pass over 25,000 hosts computes nothing
     limits = limits or UserLimits()
     live = set(live)
     taken = matrix.copy()

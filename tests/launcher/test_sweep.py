@@ -12,8 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import wait_for
 from tests.launcher.helpers import FAKE, all_free, hypertf, processes_of
 
@@ -28,11 +26,8 @@ def sweep_id_of(out: str) -> str:
     return found.group(1)
 
 
-# Failed once in six fresh-clone runs (3e5613b): trial 0 of two concurrent trials failed
-# after 1.5 s; its logs were gone before they could be read, so the cause is not known (a
-# trespass false positive was ruled out only in part). One rerun; recorded in the closing
-# note, not hidden.
-@pytest.mark.flaky(reruns=1)
+# Two trials preflight the same hosts at once: this test found their shared write probe
+# (tasknode, 6724ba1), which failed one trial 1 time in 6.
 def test_a_grid_runs_two_at_once_and_ranks_the_trials_by_their_metric(lab, tmp_path):
     done = hypertf("sweep", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
                    "--grid", "lr=0.1,0.2", "--grid", "batch_size=32,64", "--max-concurrent", "2",
