@@ -4,6 +4,12 @@ allocate -> start -> watch -> stop -> release. ``Attempt.run`` returns an ``Outc
 Monitor's verdict, and the ports to avoid after a port clash) or raises the failure; stop,
 release, logs and summary happen whatever goes wrong, and cannot be interrupted. A new try
 is a new ``Attempt`` with a new key: nothing of an old one is reused or mutated.
+
+An attempt is handed its collaborators (``Parts``): the placer (the keeper's grant), the
+fleet (the nodes), the lease (its job record) and the reporter (lines and timeline). What
+the other threads learn (the nodes' watchers, kazoo's watches) reaches the attempt only as
+events on its queue, so its state changes in its own thread alone, and
+tests/unit/test_attempt.py drives a whole attempt with in-memory parts.
 """
 
 from __future__ import annotations
@@ -12,66 +18,52 @@ import contextlib
 import json
 import queue
 import signal
-import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
-
 from hypertf.config.inventory import Inventory, Node
 from hypertf.core import diagnose, taskenv
 from hypertf.core import spec as specs
-from hypertf.core.errors import Cancelled, HyperTFError, StoreError
+from hypertf.core.errors import Cancelled, HyperTFError
 from hypertf.core.jobrecord import JobState
-from hypertf.core.layout import Layout
 from hypertf.core.monitor import Event, EventKind, Limits, Monitor, TaskState, Verdict
 from hypertf.core.offloadname import channel_name
 from hypertf.core.placement import Grant
 from hypertf.core.protocol import RunEnd, StopResult, TaskStart
 from hypertf.core.records import AgentRecord
 from hypertf.core.rundir import RunDir, make_private, tensorboard_dir, write_private
-from hypertf.core.timeline import Timeline
-from hypertf.launch.nodeclient import NodeClient, PortsBusy
-from hypertf.launch.remote import Cluster, GroupResult, Session
+from hypertf.launch.fleet import Fleet, HostStart
+from hypertf.launch.lease import JobLease
+from hypertf.launch.nodeclient import PortsBusy
+from hypertf.launch.remote import GroupResult
+from hypertf.launch.reporter import Reporter
 from hypertf.launch.request import TrainRequest
 from hypertf.offload.taskspec import OffloadHost, summarize
 from hypertf.offload.taskspec import Spec as OffloadSpec
 from hypertf.offload.taskspec import command as offload_command
 from hypertf.offload.taskspec import line as offload_line
-from hypertf.store.allocation import release
-from hypertf.store.jobs import update_job
 
 
 class Job(Protocol):
-    """What an attempt needs of its job (hypertf.launch.launcher.Job): the job hands itself in,
-    and the attempt sees only these members, so the two modules do not import each other."""
+    """What an attempt reads of its job (hypertf.launch.launcher.Job): the request, the
+    inventory and what preflight and the records said. The job hands itself in, and the
+    attempt sees only these members, so the two modules do not import each other."""
 
-    client: Any
-    store: Any
-    layout: Layout
-    cluster: Cluster | None
     inventory: Inventory
     request: TrainRequest
     records: dict[str, AgentRecord]
-    lost_session: threading.Event
     queued: set[str]
     tf_keras: dict[str, bool]
     cpu_only: bool
     started_at: float
     max_port_retries: int
-    timeline: Timeline
 
     @property
     def job_id(self) -> str: ...
-
-    def say(self, line: str) -> None: ...
-
-    def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
-              avoid: frozenset[str] = ...) -> Grant: ...
 
     def announce_flags(self) -> bool: ...
 
@@ -79,13 +71,35 @@ class Job(Protocol):
 
     def script_path(self) -> str: ...
 
+    def attempts_summary(self) -> list[dict[str, Any]]: ...
+
+
+class Placer(Protocol):
+    """Where the job's tasks go: the keeper's grant (after the queue and preflight), the
+    hosts whose agent is up, and the preflight answers to forget after a failed start."""
+
+    def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
+              avoid: frozenset[str] = ...) -> Grant: ...
+
+    def live_hosts(self) -> list[str]: ...
+
     def forget_preflight(self, hosts: Iterable[str]) -> None: ...
 
-    def attempts_summary(self) -> list[dict[str, Any]]: ...
+
+@dataclass(frozen=True)
+class Parts:
+    """An attempt's collaborators, handed in: each typed, each replaceable in a test."""
+
+    placer: Placer
+    fleet: Fleet
+    lease: JobLease
+    reporter: Reporter
+
 
 LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow reads as TF_USE_LEGACY_KERAS set
 LATE_EXIT_WAIT_S = 5.0  # after the stop: how long the watchers may take to report the ends
 ENDED_WAIT_S = 0.5  # before the stop: how long a finished host's watcher may take to end it
+KILLED_WAIT_S = 1.0  # a task killed by a signal: how long a lease drop may take to arrive
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
              "GRPC_FAIL_FAST": "use_caller"}
 
@@ -161,27 +175,32 @@ class Outcome:
 class Attempt:
     """allocate -> start -> watch -> stop -> release, for one task key."""
 
-    def __init__(self, job: Job, task_key: str, number: int, last: bool) -> None:
+    def __init__(self, job: Job, task_key: str, number: int, last: bool, parts: Parts) -> None:
         self.job = job
+        self.parts = parts
         self.task_key = task_key
         self.number = number  # 1 for the first try: HYPERTF_ATTEMPT
         self.last = last  # a port clash now fails the job instead of asking for a retry
         self.grant: Grant | None = None
         self.tasks: dict[str, TaskState] = {}
         self.events: queue.Queue[Event] = queue.Queue()
-        self.lease_dropped = threading.Event()
+        self._pending: deque[Event] = deque()  # taken from the queue early, handled next
+        self.lease_dropped = False
+        self._unwatch: Callable[[], None] | None = None
         self.lost_hosts: set[str] = set()
         self.offload_hosts: list[str] = []  # --offload-hosts: lent to the tasks' products
         self.offload: dict[str, dict[str, Any]] = {}  # what each task's runner offloaded
         self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
         self.start_after: dict[str, str] = {}  # task -> address it starts after (TF1 order)
         self.legacy_flags = False  # passed to the script (it reads them)
-        # per host: what the stop answered (logs, metrics, offload counts), or the watcher
-        # when the node ended the run itself (then "stopped": what a stop would have said)
+        # per host: what the stop answered (logs, metrics, offload counts), or the watcher's
+        # 'done' when the node ended the run itself ("stopped": what a stop would have said)
         self.ended: dict[str, RunEnd] = {}
         self.result = JobState.FAILED  # succeeded, failed, interrupted or retried
         self.message = ""
-        self._over = False
+
+    def say(self, line: str) -> None:
+        self.parts.reporter.say(line)
 
     @property
     def reporter(self) -> str:
@@ -201,15 +220,19 @@ class Attempt:
     def run_dir(self, host: str) -> RunDir:
         return RunDir.of(self.job.inventory.node(host).settings.workdir, self.task_key)
 
+    def _hosts(self) -> set[str]:
+        return {t.placement.host for t in self.tasks.values()}
+
     # -- the lifecycle --------------------------------------------------------------------
     def run(self, live: list[str], exclude: dict[str, set[int]],
             avoid: frozenset[str] = frozenset()) -> Outcome:
         try:
-            self.grant = self.job.place(self.task_key, live, exclude, avoid)
+            self.grant = self.parts.placer.place(self.task_key, live, exclude, avoid)
             self.tasks = {p.name: TaskState(p, self.grant.ports[p.name])
                           for p in specs.tasks_of(self.grant.placements)}
             self.offload_hosts = specs.offload_hosts(self.grant.placements)
-            self._watch_lease()
+            # the lease's end ('hypertf kill', a lost session) arrives as an event
+            self._unwatch = self.parts.lease.watch(self.task_key, self.events)
             busy = self.start()
             verdict = Verdict.PORT_CLASH if busy else self.watch()
             if verdict is Verdict.PORT_CLASH:
@@ -219,7 +242,7 @@ class Attempt:
                 self.result = JobState.RETRIED
                 return Outcome(verdict, busy_ports=busy or {
                     host: {t.port for t in self.tasks.values() if t.placement.host == host}
-                    for host in {t.placement.host for t in self.tasks.values()}})
+                    for host in self._hosts()})
             self.result, self.message = JobState.SUCCEEDED, "all finishers exited 0"
             return Outcome(verdict, self.message)
         except HyperTFError as err:
@@ -229,22 +252,52 @@ class Attempt:
             with uninterruptible():
                 self.finish()
 
-    def _watch_lease(self) -> None:
-        """The lease vanishing while the attempt runs means 'hypertf kill' (or a lost
-        session): the watch loop notices."""
-        def on_lease(data: bytes | None, _stat: object) -> bool:
-            if data is None and not self._over:
-                self.lease_dropped.set()
-            return data is not None and not self._over  # False ends the watch
+    # -- events ---------------------------------------------------------------------------
+    def _next(self, timeout: float) -> Event | None:
+        """The next event (one taken early first), or None after ``timeout``."""
+        if self._pending:
+            return self._pending.popleft()
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
 
-        self.job.client.DataWatch(self.job.layout.lease(self.task_key), on_lease)
+    def _absorb(self, event: Event, exits: bool = False) -> None:
+        """What the attempt keeps of any event, besides the Monitor's rules: how a node
+        ended its run, whose watcher is gone, the lease's end; with ``exits`` (once the
+        Monitor has decided) the exit codes that come after the decision."""
+        if event.kind is EventKind.DONE and event.ended is not None:
+            self.ended[event.host] = event.ended
+        elif event.kind in (EventKind.CLOSED, EventKind.LOST):
+            self.watched.discard(event.host)
+        elif event.kind is EventKind.LEASE_DROPPED:
+            self.lease_dropped = True
+        elif exits and event.kind is EventKind.EXIT:
+            task = next((t for t in self.tasks.values() if t.placement.host == event.host
+                         and t.file_name == event.task), None)
+            if task is not None and task.ended is None:
+                task.ended, task.exit_code, task.killed = (time.monotonic(), event.code,
+                                                           event.killed)
+
+    def _await_lease_drop(self, wait_s: float = KILLED_WAIT_S) -> None:
+        """A task killed by a signal: was it an agent stopping it after 'hypertf kill'?
+        Events that come meanwhile are kept, in order, for the watch loop."""
+        deadline = time.monotonic() + wait_s
+        while not self.lease_dropped and (left := deadline - time.monotonic()) > 0:
+            try:
+                event = self.events.get(timeout=left)
+            except queue.Empty:
+                return
+            self._pending.append(event)
+            if event.kind is EventKind.LEASE_DROPPED:
+                self.lease_dropped = True
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> dict[str, set[int]]:
         """Every task at once: one request per host, hosts in parallel. Returns the granted
         ports found already in use, per host (nothing is started on such a host)."""
-        job, grant, cluster = self.job, self.grant, self.job.cluster
-        assert grant and cluster
+        job, grant = self.job, self.grant
+        assert grant
         placements = specs.tasks_of(grant.placements)
         addresses = {p.name: f"{job.records[p.host].data_addr}:{grant.ports[p.name]}"
                      for p in placements}
@@ -255,32 +308,26 @@ class Attempt:
         self.start_after = specs.start_after(placements, addresses)
         legacy_flags = self.legacy_flags = job.announce_flags()
         script = job.script_path()
-
-        def launch(session: Session) -> None:
-            """Upload (--sync), start and watch in one command: one round trip per host,
-            whose channel then carries the tasks' events (logs, listening, exits)."""
-            host = session.node.name
-            requests = task_requests(self, session.node, by_host[host], legacy_flags)
-            run, workdir = self.run_dir(host), session.node.settings.workdir
-            make_dirs = [job.checkpoint_dir(host)] if job.request.makes_checkpoint_dir else []
-            with job.timeline.phase("start", host):
-                NodeClient(session).start_watching(
-                    run, requests, self.events, make_dirs=make_dirs,
-                    sync_dir=job.request.sync_dir,
-                    script=job.request.script_on(workdir, run, script), ended=self.ended)
-            self.watched.add(host)
-
-        update_job(job.store, self.task_key, state=JobState.STARTING)
-        results = cluster.each(launch, list(by_host))
+        starts = {}
+        for host, host_specs in by_host.items():
+            node, run = job.inventory.node(host), self.run_dir(host)
+            starts[host] = HostStart(
+                run, tuple(task_requests(self, node, host_specs, legacy_flags)),
+                make_dirs=(job.checkpoint_dir(host),) if job.request.makes_checkpoint_dir
+                else (), sync_dir=job.request.sync_dir,
+                script=job.request.script_on(node.settings.workdir, run, script))
+        self.parts.lease.starting(self.task_key)
+        results = self.parts.fleet.start(starts, self.events)
+        self.watched.update(results.succeeded)
         busy = {h: v.ports for h, v in results.failed.items() if isinstance(v, PortsBusy)}
         failed = {h: v for h, v in results.failed.items() if not isinstance(v, PortsBusy)}
         if failed:
-            job.forget_preflight(failed)  # a cached answer may be why: ask again next time
+            self.parts.placer.forget_preflight(failed)  # a cached answer may be why
             raise JobFailed("could not start tasks: " +
                             "; ".join(f"{h}: {v}" for h, v in failed.items()))
         if busy:
             return busy
-        job.say(f"hypertf: job {self.task_key}: started {len(self.tasks)} tasks: " + ", ".join(
+        self.say(f"hypertf: job {self.task_key}: started {len(self.tasks)} tasks: " + ", ".join(
             f"{t.name}@{t.placement.host}:{t.port}"
             + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
             for t in self.tasks.values())
@@ -292,7 +339,7 @@ class Attempt:
     def watch(self) -> Verdict:
         """Stream logs and feed every event to a Monitor until it decides: the verdict
         (succeeded, or a port clash to retry); a failure raises JobFailed."""
-        job = self.job
+        job, timeline = self.job, self.parts.reporter.timeline
         request = job.request
         limits = Limits(start_timeout=request.start_timeout, timeout=request.timeout,
                         idle_timeout=request.idle_timeout, idle_fail=request.idle_fail,
@@ -301,29 +348,25 @@ class Attempt:
                           idle_causes=job.request.idle_causes(self.legacy_flags),
                           facts=self.facts())
         while True:
-            try:
-                event = self.events.get(timeout=0.2)
-            except queue.Empty:
-                event = Event(EventKind.TICK)
+            event = self._next(timeout=0.2) or Event(EventKind.TICK)
+            self._absorb(event)
             if event.kind is EventKind.LISTENING:
-                job.timeline.mark("listening", event.host)
+                timeline.mark("listening", event.host)
             elif event.kind is EventKind.LOG:
-                job.timeline.mark("first log line")
-            if event.kind is EventKind.EXIT and event.killed:
-                self.lease_dropped.wait(1.0)  # killed by an agent after 'hypertf kill'?
-            if job.lost_session.is_set():
-                event = Event(EventKind.SESSION_LOST)
-            elif self.lease_dropped.is_set():
+                timeline.mark("first log line")
+            elif event.kind is EventKind.EXIT and event.killed:
+                self._await_lease_drop()  # killed by an agent after 'hypertf kill'?
+            if self.lease_dropped and event.kind is not EventKind.SESSION_LOST:
                 event = Event(EventKind.LEASE_DROPPED, why=(
                     f"job {self.task_key} was killed: its lease was dropped (hypertf kill); "
                     f"its tasks are stopped and its GPUs returned"))
             decision = monitor.feed(event, time.monotonic())
             for line in decision.say:
-                job.say(line)
+                self.say(line)
             self.lost_hosts |= monitor.lost_hosts
             if decision.verdict in (Verdict.SUCCEEDED, Verdict.PORT_CLASH):
                 return decision.verdict
-            if decision.final and self.lease_dropped.is_set():
+            if decision.final and self.lease_dropped:
                 raise JobKilled(decision.message)
             if decision.final:
                 raise JobFailed(decision.message, decision.verdict is Verdict.RETRYABLE,
@@ -333,7 +376,7 @@ class Attempt:
         """What a failure's hint may rely on: TF_USE_LEGACY_KERAS=1 on every task's host,
         and tf-keras in every host's venv (preflight's answer; None if a host did not say)."""
         job = self.job
-        hosts = sorted({t.placement.host for t in self.tasks.values()})
+        hosts = sorted(self._hosts())
         legacy = bool(hosts) and all(
             job.request.task_env(job.inventory.node(host)).get("TF_USE_LEGACY_KERAS")
             in LEGACY_KERAS_ON for host in hosts)
@@ -346,33 +389,29 @@ class Attempt:
 
     # -- stop, release, report ------------------------------------------------------------
     def stop(self) -> GroupResult[dict[str, StopResult]]:
-        """TERM each task's process group, KILL after the grace period; every host at once."""
-        cluster = self.job.cluster
-        if not cluster or not self.tasks:
+        """TERM each task's process group, KILL after the grace period; every host at once.
+        A host whose node ended the run itself needs no stop."""
+        if not self.tasks:
             return GroupResult()
-        hosts = sorted({t.placement.host for t in self.tasks.values()} - self.lost_hosts)
+        hosts = sorted(self._hosts() - self.lost_hosts)
         for host in sorted(self.lost_hosts):
-            self.job.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
-                         f"tasks there when it can reach ZooKeeper again (the lease is released)")
-        grace = self.job.request.grace
+            self.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
+                     f"tasks there when it can reach ZooKeeper again (the lease is released)")
         done = self._ended_by_nodes(hosts)
-        hosts = [host for host in hosts if host not in done]
-
-        def stop(session: Session) -> dict[str, StopResult]:
-            """Stop, the logs in the same answer (one round trip: collect_logs has them)."""
-            end = NodeClient(session).stop_with_logs(self.run_dir(session.node.name), grace)
-            self.ended[session.node.name] = end
-            return end.stopped
-
-        results = cluster.each(stop, hosts)
+        ends = self.parts.fleet.stop({h: self.run_dir(h) for h in hosts if h not in done},
+                                     self.job.request.grace)
+        self.ended.update(ends.succeeded)  # the stop's answer: logs, metrics, offload counts
+        results: GroupResult[dict[str, StopResult]] = GroupResult()
+        results.update({host: end.stopped for host, end in ends.succeeded.items()})
+        results.update(ends.failed)
         results.update(done)
         for host, value in results.succeeded.items():
             for task in self.tasks.values():
                 if task.placement.host == host and task.file_name in value:
                     task.stop_result = task.stop_result or value[task.file_name]
         for host, err in results.failed.items():
-            self.job.say(f"hypertf: warning: could not stop tasks on {host} ({err}); its "
-                         f"agent stops them once the job's lease is released")
+            self.say(f"hypertf: warning: could not stop tasks on {host} ({err}); its "
+                     f"agent stops them once the job's lease is released")
         return results
 
     def _ended_by_nodes(self, hosts: list[str], wait_s: float = ENDED_WAIT_S,
@@ -383,8 +422,11 @@ class Attempt:
         finished = {host for host in hosts if all(
             t.ended is not None for t in self.tasks.values() if t.placement.host == host)}
         deadline = time.monotonic() + wait_s
-        while any(h not in self.ended for h in finished) and time.monotonic() < deadline:
-            time.sleep(0.005)
+        while any(h not in self.ended for h in finished) and \
+                (left := deadline - time.monotonic()) > 0:
+            event = self._next(timeout=left)
+            if event is not None:
+                self._absorb(event, exits=True)
         return {host: self.ended[host].stopped for host in finished if host in self.ended}
 
     def late_exits(self, wait_s: float = LATE_EXIT_WAIT_S) -> None:
@@ -394,53 +436,27 @@ class Attempt:
         Without this, a task that exited 1 with its own traceback read as having no exit
         code at all. Waits until every watched host's tasks have ended, its watcher
         closed, or ``wait_s``."""
-        by_file = {(t.placement.host, t.file_name): t for t in self.tasks.values()}
-
         def waiting() -> bool:
             return any(t.ended is None and t.placement.host in self.watched - self.lost_hosts
                        for t in self.tasks.values())
 
         deadline = time.monotonic() + wait_s
         while waiting() and time.monotonic() < deadline:
-            try:
-                event = self.events.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if event.kind in (EventKind.CLOSED, EventKind.LOST):
-                self.watched.discard(event.host)
-            task = by_file.get((event.host, event.task))
-            if event.kind is EventKind.EXIT and task is not None and task.ended is None:
-                task.ended, task.exit_code, task.killed = (time.monotonic(), event.code,
-                                                           event.killed)
-
-    def _release(self, stopped_on: list[str] | None, wait_s: float = 15.0) -> None:
-        """Release, or explain why the GPUs come back anyway when ZooKeeper is out of reach."""
-        client = self.job.client
-        deadline = time.monotonic() + wait_s
-        while not client.connected and time.monotonic() < deadline:
-            time.sleep(0.2)  # calls on a disconnected client would queue and block
-        try:
-            if not client.connected:
-                raise StoreError("not connected")
-            release(self.job.store, self.task_key, state=self.result,
-                    extra={"summary": summary_of(self)}, stopped_on=stopped_on)
-        except (StoreError, KazooException, KazooTimeoutError) as err:
-            self.job.say(f"hypertf: warning: could not reach ZooKeeper to release job "
-                         f"{self.task_key} ({err or type(err).__name__}); its lease ends with "
-                         f"this session and the next sync returns the GPUs")
+            event = self._next(timeout=0.1)
+            if event is not None:
+                self._absorb(event, exits=True)
 
     def collect_logs(self) -> None:
         """Every task's log into the local copy of the run (hosts that answer; the stop's
         answer carried them, and the metrics, unless they were large)."""
-        cluster = self.job.cluster
-        if not cluster or not self.tasks:
+        if not self.tasks:
             return
         make_private(self.local_dir)
         on = {host: [t.file_name for t in self.tasks.values() if t.placement.host == host]
-              for host in {t.placement.host for t in self.tasks.values()} - self.lost_hosts}
-        cluster.each(lambda s: NodeClient(s).fetch_logs(
-            self.run_dir(s.node.name), on[s.node.name], self.local,
-            self.ended[s.node.name].logs if s.node.name in self.ended else None), sorted(on))
+              for host in self._hosts() - self.lost_hosts}
+        fleet = self.parts.fleet
+        fleet.fetch_logs({host: self.run_dir(host) for host in on}, on, self.local,
+                         {host: end.logs for host, end in self.ended.items()})
         if self.offload_hosts:
             self.collect_offload(on)
         reporter = self.tasks.get(self.reporter)
@@ -451,8 +467,7 @@ class Attempt:
                 if metrics and metrics.strip():
                     Path(self.local.metrics).write_text(metrics)
                 return
-            cluster.each(lambda s: NodeClient(s).fetch_metrics(self.run_dir(host), self.local),
-                         [host])
+            fleet.fetch_metrics(host, self.run_dir(host), self.local)
 
     def collect_offload(self, on: Iterable[str]) -> None:
         """What each task's offload runner did, from its node's end-of-run answer (a host
@@ -464,26 +479,28 @@ class Attempt:
 
     def finish(self) -> None:
         """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""
-        self._over = True
+        if self._unwatch is not None:
+            self._unwatch()  # the release below drops the lease: no kill to hear of
         stopped: GroupResult[dict[str, StopResult]] = GroupResult()
-        timeline = self.job.timeline
+        timeline, lease = self.parts.reporter.timeline, self.parts.lease
         try:
             with timeline.phase("stop"):
                 stopped = self.stop()
                 self.late_exits()
         finally:
             with timeline.phase("release"):
-                if self.job.client is not None and self.grant is not None:
-                    self._release(confirmed_dead(self.tasks.values(), stopped, self.grant))
-                elif self.job.client is not None and self.task_key in self.job.queued:
-                    self._release(None)  # left the queue (cancelled, interrupted): nothing ran
+                if self.grant is not None:
+                    lease.release(self.task_key, self.result, summary_of(self),
+                                  confirmed_dead(self.tasks.values(), stopped, self.grant))
+                elif self.task_key in self.job.queued:  # left the queue: nothing ran
+                    lease.release(self.task_key, self.result, summary_of(self), None)
             with timeline.phase("logs"):
                 self.collect_logs()
             if self.tasks:
                 make_private(self.local_dir)
                 write_private(Path(self.local.summary), json.dumps(summary_of(self), indent=2))
             if self.offload_hosts and self.offload:
-                self.job.say(offload_line(summarize(self.offload, self.offload_hosts)))
+                self.say(offload_line(summarize(self.offload, self.offload_hosts)))
 
 
 def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskSpec],
@@ -576,7 +593,7 @@ def summary_of(attempt: Attempt) -> dict[str, Any]:
             for t in attempt.tasks.values()
         ],
         "attempts": job.attempts_summary(),
-        "timeline": job.timeline.to_json(),
+        "timeline": attempt.parts.reporter.timeline.to_json(),
         **({"offload": summarize(attempt.offload, attempt.offload_hosts)}
            if attempt.offload_hosts else {}),
     }

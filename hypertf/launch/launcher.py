@@ -43,14 +43,18 @@ from hypertf.launch.attempt import (
     JobFailed,
     JobKilled,
     Outcome,
+    Parts,
     ended_by,
     interrupted_by_signals,
     summary_of,
     uninterruptible,
 )
+from hypertf.launch.fleet import SshFleet
+from hypertf.launch.lease import StoreLease
 from hypertf.launch.nodeclient import NodeClient
 from hypertf.launch.preflightcache import PreflightCache
 from hypertf.launch.remote import Cluster, GroupResult, Session
+from hypertf.launch.reporter import Reporter
 from hypertf.launch.request import LegacyFlags, TrainRequest
 from hypertf.store import Layout, auth
 from hypertf.store.allocation import plan, read_matrix
@@ -93,11 +97,15 @@ class Job:
     max_port_retries = MAX_PORT_RETRIES
 
     def __init__(self, inventory: Inventory, request: TrainRequest,
-                 say: Callable[[str], None] = print, first_key: str | None = None) -> None:
+                 say: Callable[[str], None] = print, first_key: str | None = None,
+                 parts: Parts | None = None) -> None:
         request.validate()
         self.inventory = inventory
         self.request = request
         self.say = say
+        # what each attempt is handed; the real ones once connected (plan), unless given
+        self.parts = parts
+        self.reporter = parts.reporter if parts else Reporter(say)
         self.layout = Layout(inventory.cluster.zk_root)
         self.owner = auth.job_owner()
         self.client: Any = None
@@ -119,7 +127,7 @@ class Job:
         self.attempts: list[Attempt] = []
         self.queued: set[str] = set()  # task keys that went through the queue
         self.first_key = first_key  # a detached launcher's key, chosen by its parent
-        self.timeline = Timeline()
+        self.timeline: Timeline = self.reporter.timeline
 
     # -- plan ---------------------------------------------------------------------------
     def connect_soon(self, hosts: Iterable[str]) -> None:
@@ -153,6 +161,10 @@ class Job:
                                         on_pause=lambda msg: self.say(f"hypertf: {msg}"))
             self.store = store.Store(self.client, self.layout)
             self.client.add_listener(self._on_state)
+            if self.parts is None:  # the job places its tasks itself (queue, preflight)
+                self.parts = Parts(placer=self, fleet=SshFleet(self._cluster([]), self.timeline),
+                                   lease=StoreLease(self.store, self.say),
+                                   reporter=self.reporter)
             hosts = self.live_hosts()
         self.cpu_only = sum(self.records[h].gpu for h in hosts) == 0
         if self.cpu_only and any(slot.gpus for slot in self.request.slots(cpu_only=False)):
@@ -414,7 +426,7 @@ class Job:
         with interrupted_by_signals():
             try:
                 self.connect_soon(self.likely_hosts())
-                outcome = self._attempts(self.plan())
+                outcome = self.run_attempts(self.plan())
                 self.result, self.message = JobState.SUCCEEDED, outcome.message
             except HyperTFError as err:
                 self.result, self.message = ended_by(err)
@@ -427,10 +439,11 @@ class Job:
                         store.close(self.client)
         return self.summary()
 
-    def _attempts(self, live: list[str]) -> Outcome:
+    def run_attempts(self, live: list[str]) -> Outcome:
         """New attempts after port clashes (up to MAX_PORT_RETRIES) and, with
         --max-restarts, after retryable failures: each after the previous one is stopped
         and released, restarts with a growing pause, leaving out hosts that failed twice."""
+        assert self.parts is not None, "plan() first: it makes the parts"
         exclude: dict[str, set[int]] = {}
         port_retries = 0
         restarts = Restarts(self.request.max_restarts, self.request.restart_on_failure)
@@ -438,7 +451,7 @@ class Job:
             key = self.first_key if not self.attempts and self.first_key else \
                 new_task_key(self.owner)
             attempt = Attempt(self, key, number=len(self.attempts) + 1,
-                              last=port_retries == MAX_PORT_RETRIES)
+                              last=port_retries == MAX_PORT_RETRIES, parts=self.parts)
             self.attempts.append(attempt)
             self.lost_session.clear()  # a new attempt has a new lease in the current session
             try:
@@ -450,7 +463,7 @@ class Job:
                 self.say(f"hypertf: attempt {attempt.number} failed ({str(err).splitlines()[0]});"
                          f" restart {restarts.done} of {restarts.allowed} in {pause:.0f} s")
                 time.sleep(pause)
-                live = self.live_hosts()
+                live = self.parts.placer.live_hosts()
                 continue
             if outcome.verdict is not Verdict.PORT_CLASH:
                 return outcome

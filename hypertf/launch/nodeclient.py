@@ -48,12 +48,10 @@ class _LineSink(io.TextIOBase):
     """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue as events
     (``Event.from_node``: a line that is no event is noise, or with
     ``HYPERTF_PROTOCOL_STRICT`` a ProtocolError that ends the watch as the host lost). A
-    'done' event's ``ended`` (the node ended the run itself) goes to ``ended[host]`` first."""
+    'done' event carries ``ended`` (the node ended the run itself) to the attempt."""
 
-    def __init__(self, host: str, events: queue.Queue[Event],
-                 ended: dict[str, RunEnd] | None = None) -> None:
+    def __init__(self, host: str, events: queue.Queue[Event]) -> None:
         self.host, self.events, self.buffer = host, events, ""
-        self.ended = ended
 
     def write(self, text: str) -> int:
         self.buffer += text
@@ -64,10 +62,7 @@ class _LineSink(io.TextIOBase):
                     payload: object = json.loads(line)
                 except json.JSONDecodeError:  # not JSON: passed on as it is, or refused
                     payload = line
-                event = Event.from_node(self.host, payload)
-                if self.ended is not None and event.ended is not None:
-                    self.ended[self.host] = event.ended
-                self.events.put(event)
+                self.events.put(Event.from_node(self.host, payload))
         return len(text)
 
 
@@ -76,8 +71,8 @@ class _StartSink(_LineSink):
     ``answered``); the lines after it are the watcher's events."""
 
     def __init__(self, host: str, events: queue.Queue[Event],
-                 answered: queue.Queue[Any], ended: dict[str, RunEnd] | None = None) -> None:
-        super().__init__(host, events, ended)
+                 answered: queue.Queue[Any]) -> None:
+        super().__init__(host, events)
         self.answered = answered
         self.answer: dict[str, Any] | None = None
 
@@ -177,19 +172,18 @@ class NodeClient:
 
     def start_watching(self, run: RunDir, tasks: Sequence[TaskStart],
                        events: queue.Queue[Event], make_dirs: Sequence[str] = (),
-                       sync_dir: str | None = None, script: str = "",
-                       ended: dict[str, RunEnd] | None = None) -> dict[str, int]:
+                       sync_dir: str | None = None, script: str = "") -> dict[str, int]:
         """``start`` and ``follow`` in one command (``tasknode start --watch``): the answer
         is its first line, the tasks' events follow on the same channel, so a host costs
         one round trip and one Python start to launch and watch. Raises as ``start``
         does; once started, every event goes to ``events``, then ``closed`` or ``lost``.
         When every task ends by itself and nothing of the run is left, the node ends the
-        run and ``ended[host]`` gets the stop's answer, the logs and the metrics (before
-        the 'done' event is queued): the launcher then skips this host's stop."""
+        run and its 'done' event carries the stop's answer, the logs and the metrics: the
+        launcher then skips this host's stop."""
         request, payload = self._start_request(run, tasks, make_dirs, sync_dir, script)
         host = self.node.name
         answered: queue.Queue[Any] = queue.Queue()
-        sink = _StartSink(host, events, answered, ended)
+        sink = _StartSink(host, events, answered)
         command = self.start_command()
 
         def run_it() -> None:

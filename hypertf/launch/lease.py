@@ -1,0 +1,100 @@
+"""What an attempt writes to and hears from ZooKeeper: its record's 'starting', its
+lease's end (``hypertf kill`` or ``cancel``, or the session lost), and its release.
+
+``JobLease`` is what ``Attempt`` is handed; ``StoreLease`` is the real one. The lease's
+end is heard on kazoo's thread and becomes a ``lease-dropped`` (or ``session-lost``) event
+on the attempt's queue: the attempt learns it the way it learns everything else.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from kazoo.client import KazooState
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
+from hypertf.core.errors import StoreError
+from hypertf.core.jobrecord import JobState
+from hypertf.core.monitor import Event, EventKind
+from hypertf.store import Store
+from hypertf.store.allocation import release
+from hypertf.store.jobs import update_job
+
+__all__ = ["JobLease", "StoreLease"]
+
+
+class JobLease(Protocol):
+    """An attempt's side of its job record and lease."""
+
+    def starting(self, task_key: str) -> None:
+        """The record says the tasks are starting."""
+        ...
+
+    def watch(self, task_key: str, events: queue.Queue[Event]) -> Callable[[], None]:
+        """From now on, the lease's end puts a ``lease-dropped`` event on ``events`` (the
+        session's loss a ``session-lost``); the function returned ends the watch (the
+        attempt's own release drops the lease)."""
+        ...
+
+    def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
+                stopped_on: Sequence[str] | None) -> None:
+        """The GPUs back (those on ``stopped_on``; None: every host, nothing ran), the
+        record ended with ``result`` and ``summary``; a store out of reach is said, not
+        raised: the lease ends with the session anyway."""
+        ...
+
+
+class StoreLease:
+    """The real lease: the job's records in ZooKeeper."""
+
+    def __init__(self, store: Store, say: Callable[[str], None],
+                 connect_wait_s: float = 15.0) -> None:
+        self.store = store
+        self.say = say
+        self.connect_wait_s = connect_wait_s
+
+    def starting(self, task_key: str) -> None:
+        update_job(self.store, task_key, state=JobState.STARTING)
+
+    def watch(self, task_key: str, events: queue.Queue[Event]) -> Callable[[], None]:
+        over = threading.Event()
+        client = self.store.client
+
+        def on_lease(data: bytes | None, _stat: object) -> bool:
+            if data is None and not over.is_set():
+                events.put(Event(EventKind.LEASE_DROPPED))
+            return data is not None and not over.is_set()  # False ends the watch
+
+        def on_state(state: str) -> None:  # kazoo's thread: never blocks
+            if state == KazooState.LOST and not over.is_set():
+                events.put(Event(EventKind.SESSION_LOST))
+
+        client.add_listener(on_state)
+        client.DataWatch(self.store.layout.lease(task_key), on_lease)
+
+        def end() -> None:
+            over.set()
+            client.remove_listener(on_state)
+
+        return end
+
+    def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
+                stopped_on: Sequence[str] | None) -> None:
+        client = self.store.client
+        deadline = time.monotonic() + self.connect_wait_s
+        while not client.connected and time.monotonic() < deadline:
+            time.sleep(0.2)  # calls on a disconnected client would queue and block
+        try:
+            if not client.connected:
+                raise StoreError("not connected")
+            release(self.store, task_key, state=result, extra={"summary": summary},
+                    stopped_on=stopped_on)
+        except (StoreError, KazooException, KazooTimeoutError) as err:
+            self.say(f"hypertf: warning: could not reach ZooKeeper to release job "
+                     f"{task_key} ({err or type(err).__name__}); its lease ends with "
+                     f"this session and the next sync returns the GPUs")
