@@ -312,6 +312,10 @@ def test_stop_of_exited_or_unknown_tasks_is_harmless(node: Node) -> None:
     run = node.run_dir()
     node.start(run, "worker0", [sys.executable, "-c", "print('done')"])
     wait_for((run.local / "worker0.exit").exists, 10, "worker0 to exit")
+    # the wrapper writes the exit file a moment before it exits itself (under load, the
+    # stop could come in between and find it running)
+    wrapper = int((run.local / "worker0.pid").read_text())
+    wait_for(lambda: not alive(wrapper), 10, "worker0's wrapper to exit")
     assert tasknode.stop(run, grace=0.5) == {"worker0": "not running"}
     assert tasknode.stop(run, ["worker0", "worker7"], grace=0.5) == {
         "worker0": "not running", "worker7": "not running"}
