@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import functools
 import ipaddress
 import os
@@ -393,8 +394,9 @@ def _plain(value: Any) -> Any:
     """``value`` with Ansible's tagged strings and numbers (subclasses of str and int that
     carry their origin) made plain, through dataclasses, dicts, lists and tuples. The cached
     inventory is unpickled by every command: a tagged value in it imported ansible-core's
-    data tagging (~30 ms) before any job could start."""
-    if isinstance(value, bool) or value is None:
+    data tagging (~30 ms) before any job could start. A setting's enum member (a str too)
+    stays one."""
+    if isinstance(value, (bool, enum.Enum)) or value is None:
         return value
     for kind in (str, int, float):
         if isinstance(value, kind):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from hypertf.core import taskenv
 
@@ -65,10 +66,33 @@ def _flag(key: str, value: Any) -> bool:
     return value
 
 
-def _gpu_source(key: str, value: Any) -> str:
-    if value not in ("nvml", "static", "none"):
-        raise ValueError(f"{key} must be one of nvml, static, none, not {value!r}")
-    return str(value)
+class GpuSourceKind(StrEnum):
+    """``hypertf_gpu_source``: where a node's agent reads its GPUs (hypertf.node.probes)."""
+
+    NVML = "nvml"  # the driver's NVML
+    STATIC = "static"  # fake GPUs from hypertf_static_gpus (labs, tests)
+    NONE = "none"  # no GPU: CPU tasks only
+
+
+class GpuEnforce(StrEnum):
+    """``hypertf_gpu_enforce``: what an agent does with a trespass on its GPUs."""
+
+    STOP = "stop"  # stop the trespasser's process group (and report it)
+    REPORT = "report"  # report it only
+    OFF = "off"  # do not look
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _choice(kind: type[E]) -> Callable[[str, Any], E]:
+    """A setting that is one of ``kind``'s values."""
+    def parse(key: str, value: Any) -> E:
+        if value not in tuple(kind):
+            raise ValueError(f"{key} must be one of {', '.join(kind)}, not {value!r}")
+        return kind(value)
+
+    return parse
 
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -135,12 +159,6 @@ def _hosts(key: str, value: Any) -> tuple[str, ...]:
     return tuple(h.strip() for h in items)
 
 
-def _enforce(key: str, value: Any) -> str:
-    if value not in ("stop", "report", "off"):
-        raise ValueError(f"{key} must be one of stop, report, off, not {value!r}")
-    return str(value)
-
-
 def _port_range(key: str, value: Any) -> tuple[int, int]:
     try:
         low, high = (int(part) for part in str(value).split("-"))
@@ -176,7 +194,7 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_zk_session_timeout": Setting(_positive(float), 10.0, scope="cluster"),
     "hypertf_data_network": Setting(_optional_text, None),
     "hypertf_mgmt_network": Setting(_optional_text, None),
-    "hypertf_gpu_source": Setting(_gpu_source, "nvml"),
+    "hypertf_gpu_source": Setting(_choice(GpuSourceKind), GpuSourceKind.NVML),
     "hypertf_static_gpus": Setting(_static_gpus, 0),
     "hypertf_gpu_util_max": Setting(_percent, 10.0),
     "hypertf_gpu_mem_max": Setting(_percent, 10.0),
@@ -220,7 +238,7 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_keeper_hosts": Setting(_hosts, (), scope="cluster"),
     # What an agent does with a process on a GPU of its host that is not granted to that
     # process's job (docs/gpu.md, "Trespasses"): stop its process group, report it, or off.
-    "hypertf_gpu_enforce": Setting(_enforce, "stop"),
+    "hypertf_gpu_enforce": Setting(_choice(GpuEnforce), GpuEnforce.STOP),
     # Packages for the training scripts in the nodes' virtualenv (python_env role,
     # cluster.setup; ./dev.sh up for this machine): the default is scikit-learn (examples).
     "hypertf_python_packages": Setting(_packages, None, agent=False),
@@ -256,7 +274,7 @@ class NodeSettings:
     workdir: str
     data_network: str | None
     mgmt_network: str | None
-    gpu_source: str
+    gpu_source: GpuSourceKind
     static_gpus: int | str | tuple[dict[str, Any], ...]
     gpu_util_max: float
     gpu_mem_max: float
@@ -267,7 +285,7 @@ class NodeSettings:
     offload_key: str = "~/.ssh/hypertf_offload_ed25519"  # the cluster-internal key, on the node
     offload_known_hosts: str = "~/.ssh/hypertf_offload_known_hosts"  # nodes' pinned host keys
     metrics_port: int = 0  # 0: no /metrics
-    gpu_enforce: str = "stop"  # stop / report / off: trespasses on this node's GPUs
+    gpu_enforce: GpuEnforce = GpuEnforce.STOP  # trespasses on this node's GPUs
     dcgm_job_mapping_dir: str | None = None  # dcgm-exporter's HPC job mapping directory
     task_env: tuple[tuple[str, str], ...] = ()
     python_packages: tuple[str, ...] | None = None  # None: the role's default

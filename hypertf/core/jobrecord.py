@@ -35,6 +35,13 @@ class JobState(StrEnum):
     REFUSED = "refused"  # --no-wait and it could not start at once
 
 
+class RefusedKind(StrEnum):
+    """A refused record's ``refused_kind``: why the keeper refused it, when its owner must
+    act differently (absent: a ``--no-wait`` job that could not start at once)."""
+
+    INVALID = "invalid"  # refused before the pass: its request is invalid (the launcher exits 2)
+
+
 LIVE_STATES = (JobState.QUEUED, JobState.ALLOCATED, JobState.STARTING, JobState.RUNNING)
 # states a launcher's own release does not overwrite
 ENDED_BY_OTHERS = (JobState.KILLED, JobState.CANCELLED, JobState.LOST, JobState.REFUSED)
@@ -80,6 +87,7 @@ class JobRecord(TypedDict, total=False):
     waited_s: float
     refused: float
     refused_reason: str
+    refused_kind: str  # a RefusedKind's text
     # its end: the launcher's release, ``kill``/``cancel``, or the sync that finds it lost
     released: float
     summary: dict[str, Any]  # what summary.json says (the launcher's release)

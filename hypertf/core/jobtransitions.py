@@ -28,6 +28,7 @@ from hypertf.core.jobrecord import (
     JobRecord,
     JobState,
     Owner,
+    RefusedKind,
     placements_json,
 )
 from hypertf.core.scheduler import Placement
@@ -96,7 +97,7 @@ def refused(record: Mapping[str, Any] | None, task_key: str, why: str, invalid: 
     base: dict[str, Any] = {"task_key": task_key} if record is None else dict(record)
     return cast(JobRecord, {**base, "state": JobState.REFUSED, "refused": now,
                             "refused_reason": why,
-                            **({"refused_kind": "invalid"} if invalid else {})})
+                            **({"refused_kind": RefusedKind.INVALID} if invalid else {})})
 
 
 def changed(record: Mapping[str, Any], changes: Mapping[str, Any]) -> JobRecord:

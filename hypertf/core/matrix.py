@@ -22,6 +22,7 @@ import math
 import zlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from hypertf.core.layout import owner_of
 from hypertf.core.records import AgentRecord, decode, encode
@@ -69,15 +70,24 @@ def job_of(cell: Cell | str) -> str | None:
     return holder(cell) or draining(cell)
 
 
-def state_of(cell: Cell | None) -> str:
+class GpuState(StrEnum):
+    """A GPU's cell as people read it (``hypertf status``, the agent's metrics)."""
+
+    FREE = "free"
+    BUSY = "busy"  # a job holds it
+    DRAINING = "draining"  # its ended job's processes are not yet seen dead
+    UNAVAILABLE = "unavailable"  # someone else's work, a gone agent, or no cell
+
+
+def state_of(cell: Cell | None) -> GpuState:
     """A cell as people read it: free, busy, draining or unavailable (None: no cell)."""
     if cell is None:
-        return "unavailable"
+        return GpuState.UNAVAILABLE
     if holder(cell):
-        return "busy"
+        return GpuState.BUSY
     if draining(cell):
-        return "draining"
-    return "free" if cell == FREE else "unavailable"
+        return GpuState.DRAINING
+    return GpuState.FREE if cell == FREE else GpuState.UNAVAILABLE
 
 
 @dataclass

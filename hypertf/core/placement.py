@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from hypertf.core.errors import InsufficientResources
 from hypertf.core.matrix import Matrix
-from hypertf.core.scheduler import NoFit, Placement, TaskSlot, schedule
+from hypertf.core.scheduler import NoFit, Placement, Policy, TaskSlot, schedule
 
 
 class PortsExhausted(InsufficientResources):
@@ -32,7 +32,7 @@ class Request:
 
     slots: tuple[TaskSlot, ...]
     hosts: tuple[str, ...]
-    policy: str = "round_robin"
+    policy: str = Policy.ROUND_ROBIN
     port_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     @functools.cached_property

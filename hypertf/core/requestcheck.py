@@ -19,7 +19,7 @@ from hypertf.core.admission import Waiting
 from hypertf.core.errors import UsageError
 from hypertf.core.layout import owner_of
 from hypertf.core.placement import MAX_REQUEST_HOSTS, PortRanges, Request, expand_hosts
-from hypertf.core.scheduler import OFFLOAD, POLICIES, TaskSlot
+from hypertf.core.scheduler import OFFLOAD, POLICIES, Policy, TaskSlot
 
 DEFAULT_PORT_RANGE = (20000, 20999)
 MAX_RECORD_BYTES = 256 * 1024  # a request over 10,000 hosts is ~120 KB compacted
@@ -102,7 +102,7 @@ def waiting_from_record(record: Mapping[str, Any], order: int, key: str) -> Wait
         hosts = expand_hosts(tuple(_host(h, "host") for h in patterns))
     except ValueError as err:
         raise InvalidRequest(str(err)) from None
-    policy = queue.get("policy", "round_robin")
+    policy = queue.get("policy", Policy.ROUND_ROBIN)
     if policy not in POLICIES:
         raise InvalidRequest(f"policy {str(policy)[:20]!r} is not one of {', '.join(POLICIES)}")
     common = _port_range(queue.get("port_range", list(DEFAULT_PORT_RANGE)), "port_range")

@@ -11,8 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
-POLICIES = ("round_robin", "pack")
+
+class Policy(StrEnum):
+    """How a job's GPU tasks are spread over the hosts (the request's ``policy``)."""
+
+    ROUND_ROBIN = "round_robin"  # one GPU from each server per round
+    PACK = "pack"  # fill a server before the next
+
+
+POLICIES = tuple(Policy)
 OFFLOAD = "offload"  # the role of a host lent to the job's matrix products (hypertf.offload)
 
 
@@ -54,7 +63,7 @@ class NoFit(Exception):
 def schedule(
     free: Mapping[str, Sequence[int]],
     slots: Sequence[TaskSlot],
-    policy: str = "round_robin",
+    policy: str = Policy.ROUND_ROBIN,
     cpu_hosts: Sequence[str] | None = None,
 ) -> list[Placement]:
     """Place every slot or raise NoFit.
@@ -70,18 +79,18 @@ def schedule(
     placements: dict[TaskSlot, Placement] = {}
     cursor = 0
     for slot in (s for s in slots if s.gpus > 0):
-        order = hosts if policy == "pack" else hosts[cursor:] + hosts[:cursor]
+        order = hosts if policy == Policy.PACK else hosts[cursor:] + hosts[:cursor]
         host = next((h for h in order if len(left[h]) >= slot.gpus), None)
         if host is None:
             raise NoFit(slot)
         taken, left[host] = left[host][: slot.gpus], left[host][slot.gpus :]
         placements[slot] = Placement(slot.role, slot.index, host, tuple(taken))
-        if policy == "round_robin":
+        if policy == Policy.ROUND_ROBIN:
             cursor = (hosts.index(host) + 1) % len(hosts)
     for turn, slot in enumerate(s for s in slots if s.gpus <= 0 and s.role != OFFLOAD):
         if not cpu_hosts:
             raise NoFit(slot)
-        host = cpu_hosts[0] if policy == "pack" else cpu_hosts[turn % len(cpu_hosts)]
+        host = cpu_hosts[0] if policy == Policy.PACK else cpu_hosts[turn % len(cpu_hosts)]
         placements[slot] = Placement(slot.role, slot.index, host, ())
     # Offload hosts: each its own, none running a task of the job (its CPUs are the point);
     # hosts with the fewest free GPUs first, so GPU servers stay for GPU jobs.

@@ -35,6 +35,7 @@ from hypertf.core.protocol import (
     VersionMismatch,
 )
 from hypertf.core.rundir import checkpoint_dir
+from hypertf.core.scheduler import Policy
 from hypertf.core.spec import offload_hosts
 from hypertf.core.timeline import Timeline
 from hypertf.launch.attempt import (
@@ -149,8 +150,8 @@ class Job:
         names them later (``place``)."""
         nodes = list(self.inventory.nodes)
         tasks = len(self.request.slots(cpu_only=False)) - self.request.offload_hosts
-        if self.request.policy != "round_robin" or len(nodes) > min(tasks,
-                                                                   EARLY_PREFLIGHT_HOSTS):
+        if self.request.policy != Policy.ROUND_ROBIN or len(nodes) > min(
+                tasks, EARLY_PREFLIGHT_HOSTS):
             return []
         return nodes
 

@@ -21,7 +21,7 @@ from hypertf.config.settings import ENV_NAME, check_env
 from hypertf.core import diagnose
 from hypertf.core.errors import UsageError
 from hypertf.core.rundir import RunDir
-from hypertf.core.scheduler import POLICIES, TaskSlot
+from hypertf.core.scheduler import POLICIES, Policy, TaskSlot
 from hypertf.core.spec import slots_for
 from hypertf.offload import DEFAULT_MIN_FLOPS
 
@@ -51,7 +51,7 @@ class TrainRequest:
     workers: int = 1
     ps: int = 0
     chief: bool = False
-    policy: str = "round_robin"
+    policy: str = Policy.ROUND_ROBIN.value  # plain text: options and exports print it
     gpus_per_worker: int = 1
     gpus_per_ps: int = 0
     gpus_per_chief: int | None = None  # None: as many as a worker

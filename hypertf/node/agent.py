@@ -35,6 +35,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store
 from hypertf.config.inventory import Inventory, Node
+from hypertf.config.settings import GpuEnforce, GpuSourceKind
 from hypertf.core.errors import HyperTFError, StoreError
 from hypertf.core.matrix import Cell
 from hypertf.core.records import Trespass
@@ -69,9 +70,9 @@ log = logging.getLogger(__name__)
 
 def gpu_source(node: Node) -> GpuSource:
     """The node's GPU source as the inventory chooses it."""
-    if node.settings.gpu_source == "static":
+    if node.settings.gpu_source == GpuSourceKind.STATIC:
         return StaticGpuSource(node.name, node.settings.static_gpus)
-    if node.settings.gpu_source == "none":
+    if node.settings.gpu_source == GpuSourceKind.NONE:
         return NoGpuSource()
     return NvmlGpuSource()
 
@@ -267,7 +268,7 @@ class NodeAgent:
         # scanned: the scan reads every process's environment (agent_footprint's budget).
         busy = any(isinstance(cell, str) for cell in self._row) or any(
             gpu.processes for gpu in record.gpus)
-        if enforce != "off" and self._row and busy:
+        if enforce != GpuEnforce.OFF and self._row and busy:
             seen = trespass.scan(record.gpus, self.node.settings.workdir)
             found = trespass.judge(seen, self._row, record.gpus)
             if found:
@@ -279,7 +280,7 @@ class NodeAgent:
             found = [t for t in found
                      if (t.pid, t.gpu, t.claims, t.holder) in self._suspects]
             self._suspects = suspects
-            if found and enforce == "stop":
+            if found and enforce == GpuEnforce.STOP:
                 found = trespass.stop(found, seen)
             elif found and found != self.trespasses:
                 for t in found:

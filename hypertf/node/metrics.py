@@ -21,10 +21,10 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hypertf.core.matrix import Cell, job_of, state_of
+from hypertf.core.matrix import Cell, GpuState, job_of, state_of
 from hypertf.store import AgentRecord
 
-STATES = ("free", "busy", "draining", "unavailable")
+STATES = tuple(GpuState)
 log = logging.getLogger(__name__)
 
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import netifaces
 
+from hypertf.config.settings import GpuSourceKind
 from hypertf.core.errors import HyperTFError, InventoryError
 from hypertf.core.records import GpuInfo, GpuProcess
 from hypertf.node import procs
@@ -49,7 +50,7 @@ class GpuReading:
 class GpuSource(Protocol):
     """Anything that can list the node's GPUs (and name its driver's versions)."""
 
-    name: str
+    name: GpuSourceKind
 
     def read(self) -> list[GpuReading]: ...
 
@@ -69,7 +70,7 @@ class NvmlGpuSource:
     """Real GPUs through NVML. No driver or no GPU means zero GPUs, not an error; a GPU
     that fails to answer is reported with its fault while the others stay usable."""
 
-    name = "nvml"
+    name = GpuSourceKind.NVML
 
     def __init__(self, nvml: ModuleType | None = None) -> None:
         self._nvml = nvml
@@ -181,7 +182,7 @@ class StaticGpuSource:
     ``mig`` and ``fault`` (an NVML error text), so tests drive every rule of ``judge``.
     """
 
-    name = "static"
+    name = GpuSourceKind.STATIC
     DEFAULT_MEMORY = 16 * 1024**3
 
     def __init__(self, host: str, spec: int | Sequence[dict[str, Any]] | str) -> None:
@@ -230,7 +231,7 @@ class StaticGpuSource:
 class NoGpuSource:
     """A CPU-only node by declaration."""
 
-    name = "none"
+    name = GpuSourceKind.NONE
 
     def read(self) -> list[GpuReading]:
         return []

@@ -292,7 +292,7 @@ def wait_for_agents(inventory: Inventory, hosts: Iterable[str], timeout: float =
         deadline = time.monotonic() + timeout
         while True:
             report = status.collect(client, inventory)
-            ready = {h["name"] for h in report["hosts"] if h["agent"] == "up"}
+            ready = {h["name"] for h in report["hosts"] if h["agent"] == status.AgentState.UP}
             if wanted <= ready or time.monotonic() > deadline:
                 return report
             time.sleep(0.5)
@@ -331,7 +331,7 @@ def setup(inventory_path: str | os.PathLike[str], *, ask_pass: bool = False,
     else:
         status.render(report)
         missing = [h["name"] for h in report["hosts"]
-                   if h["name"] in expected and h["agent"] != "up"]
+                   if h["name"] in expected and h["agent"] != status.AgentState.UP]
         if missing and run.succeeded:
             raise ProvisionError(f"the agents of {', '.join(missing)} did not register within "
                                  f"{wait_s:.0f} s; see <workdir>/agent.log on them", run)

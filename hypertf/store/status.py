@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
 
 from hypertf.config.inventory import Inventory
-from hypertf.core.matrix import Cell, job_of, state_of, synced
+from hypertf.core.matrix import Cell, GpuState, job_of, state_of, synced
 from hypertf.store import AgentRecord, GpuInfo, Layout, Store, fourletter
 from hypertf.store.allocation import read_matrix
 
@@ -26,6 +27,15 @@ if TYPE_CHECKING:  # rich is the operator's (hypertf[controller]): `status --jso
     from rich.console import Console
 
 GIB = 1024**3
+
+
+class AgentState(StrEnum):
+    """A host's ``agent`` in the status: whether its agent's record exists now."""
+
+    UP = "up"
+    DOWN = "down"
+
+
 # A GPU's fields as status shows them; the record's JSON leaves out empty reason and mig.
 GPU_DEFAULTS: dict[str, Any] = {"name": None, "uuid": None, "utilization": None,
                                 "memory_used": None, "memory_total": None, "available": None,
@@ -73,7 +83,7 @@ def collect(client: KazooClient, inventory: Inventory,
         hosts.append({
             "name": name,
             "address": node.address,
-            "agent": "up" if record else "down",
+            "agent": AgentState.UP if record else AgentState.DOWN,
             "heartbeat_age_s": round(now - record.heartbeat, 1) if record else None,
             "data_addr": record.data_addr if record else None,
             "mgmt_addr": record.mgmt_addr if record else None,
@@ -105,7 +115,7 @@ class _GpuEntries:
 
     def __init__(self, gpu_details: bool) -> None:
         self.gpu_details = gpu_details
-        self.cells: dict[Cell, tuple[str, str | None]] = {}  # a few distinct values
+        self.cells: dict[Cell, tuple[GpuState, str | None]] = {}  # a few distinct values
         self.plain: dict[tuple[int, Cell], dict[str, Any]] = {}
         self.plain_rows: dict[tuple[Cell, ...], list[dict[str, Any]]] = {}
 
@@ -131,7 +141,7 @@ class _GpuEntries:
             gpus.append(entry)
         return gpus
 
-    def _state(self, cell: Cell) -> tuple[str, str | None]:
+    def _state(self, cell: Cell) -> tuple[GpuState, str | None]:
         seen = self.cells.get(cell)
         if seen is None:
             seen = self.cells[cell] = (state_of(cell), job_of(cell))
@@ -157,11 +167,11 @@ def _gpu_cell(gpu: dict[str, Any]) -> str:
     foreign = gpu.get("foreign_pids")
     warning = (f" [red]busy-with-foreign-process[/] pid {', '.join(map(str, foreign))}"
                if foreign else "")
-    if gpu["state"] == "free":
+    if gpu["state"] == GpuState.FREE:
         return "[green]free[/]" + warning
-    if gpu["state"] == "busy":
+    if gpu["state"] == GpuState.BUSY:
         return f"[yellow]busy[/] {gpu['task_key']}" + warning
-    if gpu["state"] == "draining":
+    if gpu["state"] == GpuState.DRAINING:
         return f"[magenta]draining[/] {gpu['task_key']}" + warning
     if foreign:
         return warning.lstrip()
@@ -183,14 +193,14 @@ COMPACT_FROM_HOSTS = 64  # beyond this a table cell per GPU is unreadable (and s
 
 def _compact_gpus(host: dict[str, Any]) -> str:
     """A host's GPUs grouped by state: 'free 0,2; busy KEY 1,3; unavailable (why) 4'."""
-    if host["agent"] == "up" and not host["gpus"]:
+    if host["agent"] == AgentState.UP and not host["gpus"]:
         return "no GPU: CPU tasks only"
-    if all(gpu["state"] == "free" and not gpu.get("foreign_pids") and not gpu.get("reason")
+    if all(gpu["state"] == GpuState.FREE and not gpu.get("foreign_pids") and not gpu.get("reason")
            for gpu in host["gpus"]):
         return "free " + ",".join(str(gpu["index"]) for gpu in host["gpus"])  # most hosts
     groups: dict[str, list[str]] = {}
     for gpu in host["gpus"]:
-        label = gpu["state"]
+        label = str(gpu["state"])
         if gpu.get("task_key"):
             label += f" {gpu['task_key']}"
         elif gpu.get("reason"):
@@ -205,14 +215,14 @@ def render_compact(status: dict[str, Any], console: Console) -> None:
     """Plain aligned lines, one per host, GPUs grouped by state: for large clusters, where
     a rich table would take seconds to lay out (1000 hosts x 8 GPUs)."""
     hosts = status["hosts"]
-    free = sum(g["state"] == "free" for h in hosts for g in h["gpus"])
+    free = sum(g["state"] == GpuState.FREE for h in hosts for g in h["gpus"])
     total = sum(len(h["gpus"]) for h in hosts)
-    up = sum(h["agent"] == "up" for h in hosts)
+    up = sum(h["agent"] == AgentState.UP for h in hosts)
     name_w = max((len(h["name"]) for h in hosts), default=4)
     addr_w = max((len(h["data_addr"] or h["address"] or "") for h in hosts), default=7)
     drivers: dict[str, int] = {}
     for host in hosts:
-        if host["agent"] == "up":
+        if host["agent"] == AgentState.UP:
             drivers[_driver(host) or "none"] = drivers.get(_driver(host) or "none", 0) + 1
     lines = [f"HyperTF cluster ({status['inventory']}): {len(hosts)} hosts ({up} agents up), "
              f"{free} of {total} GPUs free",
@@ -221,7 +231,8 @@ def render_compact(status: dict[str, Any], console: Console) -> None:
              f"{'host':<{name_w}}  {'agent':<11}  {'data address':<{addr_w}}  GPUs"]
     said: dict[tuple[int, str], str] = {}  # hosts that share a row (collect) share its text
     for host in hosts:
-        agent = f"up {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == "up" else "down"
+        agent = (f"up {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == AgentState.UP
+                 else "down")
         address = host["data_addr"] or host["address"] or ""
         cpu = "; CPU only " + ",".join(host["cpu_jobs"]) if host.get("cpu_jobs") else ""
         gpus = said.get(shared := (id(host["gpus"]), host["agent"]))
@@ -254,10 +265,10 @@ def render(status: dict[str, Any], console: Console | None = None) -> None:
     if cpu_jobs:
         table.add_column("CPU only (ps, offload)")
     for host in status["hosts"]:
-        agent = (f"[green]up[/] {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == "up"
-                 else "[red]down[/]")
+        agent = (f"[green]up[/] {host['heartbeat_age_s']:.0f}s ago"
+                 if host["agent"] == AgentState.UP else "[red]down[/]")
         cells = [_gpu_cell(g) for g in host["gpus"]]
-        if host["agent"] == "up" and not host["gpus"]:
+        if host["agent"] == AgentState.UP and not host["gpus"]:
             cells = ["no GPU: CPU tasks only"]
         cells += [""] * (width - len(cells))
         if cpu_jobs:

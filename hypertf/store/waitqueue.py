@@ -54,7 +54,7 @@ from hypertf.core.admission import (
 )
 from hypertf.core.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
 from hypertf.core.grants import grant_from_json, grant_to_json, held_of_grant
-from hypertf.core.jobrecord import JobRecord, JobState, Owner
+from hypertf.core.jobrecord import JobRecord, JobState, Owner, RefusedKind
 from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import Grant, Request, cannot_place, compact_hosts
@@ -537,10 +537,9 @@ class Admitter:
             if decision.refused:
                 why = refusals.get(key) or self.refusal(decision, record or {}, taken, live,
                                                         limits)
-                whole = key not in self.reader.rejected
-                data = encode(transitions.refused(
-                    record if whole else None, key, why,
-                    invalid=key in refusals and why.startswith("invalid"), now=now))
+                invalid = key in self.reader.rejected  # its record failed the check
+                data = encode(transitions.refused(None if invalid else record, key, why,
+                                                  invalid=invalid, now=now))
                 tx.set_data(self.store.layout.job(key), data, version=record_version)
                 ops.append(key)
                 size += len(data)
@@ -740,7 +739,7 @@ def _admission_end(record: JobRecord, task_key: str, lease_gone: bool) -> JobRec
         return record
     if state == JobState.REFUSED:
         why = str(record.get("refused_reason") or "the keeper could not start it now")
-        if record.get("refused_kind") == "invalid":
+        if record.get("refused_kind") == RefusedKind.INVALID:
             raise UsageError(f"the keeper refused job {task_key}: {why}")
         raise InsufficientResources(why)
     if state != QUEUED or lease_gone:

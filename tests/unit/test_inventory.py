@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hypertf.config.inventory import _ansible_hosts, load_inventory
+from hypertf.config.settings import GpuEnforce, GpuSourceKind
 from hypertf.core.errors import InventoryError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -392,6 +393,31 @@ def test_wrong_types_name_file_host_and_key(tmp_path, line, expected):
     message = load_error(path)
     assert message.startswith(f"{path}: host 'node1': ")
     assert expected in message
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("hypertf_gpu_source: cuda",
+     "hypertf_gpu_source must be one of nvml, static, none, not 'cuda'"),
+    ("hypertf_gpu_source: [nvml]",
+     "hypertf_gpu_source must be one of nvml, static, none, not ['nvml']"),
+    ("hypertf_gpu_enforce: kill",
+     "hypertf_gpu_enforce must be one of stop, report, off, not 'kill'"),
+    ("hypertf_gpu_enforce: false",
+     "hypertf_gpu_enforce must be one of stop, report, off, not False"),
+])
+def test_a_choice_setting_names_its_values(tmp_path, line, expected):
+    assert expected in load_error(write(tmp_path, one_node(line)))
+
+
+def test_choice_settings_are_their_enums_parsed_and_cached(tmp_path):
+    path = write(tmp_path, one_node("hypertf_gpu_source: static\nhypertf_gpu_enforce: report"))
+    for _ in range(2):  # parsed, then from the inventory cache
+        settings = load_inventory(path).node("node1").settings
+        assert settings.gpu_source is GpuSourceKind.STATIC and settings.gpu_source == "static"
+        assert settings.gpu_enforce is GpuEnforce.REPORT
+    default = load_inventory(write(tmp_path, one_node(), "other.yml")).node("node1").settings
+    assert (default.gpu_source, default.gpu_enforce) == (GpuSourceKind.NVML, GpuEnforce.STOP)
+    assert type(default.gpu_source) is GpuSourceKind
 
 
 def test_quoted_ansible_port_is_read_like_ansible_does(tmp_path):

@@ -13,6 +13,7 @@ from hypertf.core.matrix import (
     HOSTS_PER_SHARD,
     MIN_SHARDS,
     UNAVAILABLE,
+    GpuState,
     Matrix,
     MatrixIndex,
     changed_shards,
@@ -21,6 +22,7 @@ from hypertf.core.matrix import (
     shard_count,
     shard_of,
     split,
+    state_of,
     synced,
 )
 from hypertf.store import FORMAT, AgentRecord
@@ -341,3 +343,12 @@ def test_synced_removes_the_row_of_a_host_not_registered_once_it_holds_nothing()
     assert result.gpus == {"h1": [UNAVAILABLE, UNAVAILABLE], "h8": ["live", UNAVAILABLE]}
     assert result.ports == {"h8": {"20000": "live"}}
     assert "h9" in synced(matrix, records={}, leases={"live"}).gpus  # without the list: kept
+
+
+def test_state_of_reads_as_the_text_status_and_metrics_print():
+    cells = [FREE, UNAVAILABLE, "job-1", f"{DRAINING}job-2", None]
+    states = [state_of(cell) for cell in cells]
+    assert states == ["free", "unavailable", "busy", "draining", "unavailable"]
+    assert all(type(state) is GpuState for state in states)
+    assert json.dumps(states) == '["free", "unavailable", "busy", "draining", "unavailable"]'
+    assert [f"{state}" for state in GpuState] == ["free", "busy", "draining", "unavailable"]
