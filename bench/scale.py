@@ -24,11 +24,11 @@ at 10, 1,000 and 25,000 hosts (``--quick``: 10 and 200; ``--sizes``), side by si
 
 Each figure with a goal (issue 43 item 2) prints it beside its value, judged at the largest
 size, met or MISSED; the script exits 0 either way. ``--profile`` also prints where the time
-of ``hypertf status`` (the whole command, under cProfile) and of a keeper pass goes at the
-largest size. The code measured is the ``hypertf`` this script imports, which it names:
-to measure another commit, run a copy of bench/ from a worktree of it (``cd WORKTREE &&
-PYTHONPATH=WORKTREE /work/main/.venv/bin/python bench/scale.py``; the bench puts its own
-checkout first on ``sys.path``).
+of ``hypertf status`` and ``hypertf queue`` (the whole commands, under cProfile) and of a
+keeper pass goes at the largest size. The code measured is the ``hypertf`` this script
+imports, which it names: to measure another commit, run a copy of bench/ from a worktree
+of it (``cd WORKTREE && PYTHONPATH=WORKTREE /work/main/.venv/bin/python bench/scale.py``;
+the bench puts its own checkout first on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -381,6 +381,8 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         rows["queue: render"] = timed(lambda: queueview.render(queueview.collect(user)), 1)
         rows["`hypertf queue`, the whole command (new process)"] = statistics.median(
             cli(inventory_path, "queue") for _ in range(args.reps))
+        if args.profile and largest_size:
+            profile_command(inventory_path, "queue")
 
         t0 = time.monotonic()
         overwrite_matrix(Store(admin, layout), joined(worst))  # ZooKeeper takes every shard
@@ -432,8 +434,9 @@ def main() -> int:
                         "the lab's 1 s; the inventory's default is 5 s: keep-alives every "
                         "45-60 s instead of 22.5-30 s)")
     p.add_argument("--profile", action="store_true",
-                   help="at the largest size, also print where `hypertf status` (the whole "
-                        "command) and a keeper pass spend their time (cProfile)")
+                   help="at the largest size, also print where `hypertf status` and "
+                        "`hypertf queue` (the whole commands) and a keeper pass spend their "
+                        "time (cProfile)")
     args: argparse.Namespace = p.parse_args()
     sizes = args.sizes or ([10, 200] if args.quick else [10, 1000, 25000])
     waiters = 20 if args.quick else 1000
