@@ -316,11 +316,14 @@ class Screen:
     """Refusals decided before a pass, from the admin's limits and the cluster's size: a
     request past its owner's GPU limit, one no cluster state could ever fit (it would
     reserve hosts for nothing), and a user's waiting jobs past ``queue_limit`` (oldest
-    first kept). Whether a request can ever fit is decided once per record version."""
+    first kept). Whether a request can ever fit is decided once per record version, and
+    once per shape: 1,000 waiting jobs that ask the same of 25,000 hosts cost one scan of
+    them (a new ``hypertf queue`` process scanned them once per job: ~20 s)."""
 
     user_gpu_limit: int = 0
     queue_limit: int = 0
     _fits: dict[tuple[str, int, int], bool] = field(default_factory=dict)
+    _shapes: dict[tuple[object, ...], bool] = field(default_factory=dict)
 
     def __call__(self, waiting: list[Waiting], versions: Mapping[str, int], matrix: Matrix,
                  limits: UserLimits) -> tuple[list[Waiting], dict[str, str]]:
@@ -352,16 +355,28 @@ class Screen:
         known = self._fits.get((job.task_key, version, rows))
         if known is None:
             request = job.request
-            sizes = [len(matrix.gpus.get(h, ())) for h in request.hosts]
-            biggest = max((slot.gpus for slot in request.slots), default=0)
-            known = request.gpus <= sum(sizes) and biggest <= max(sizes, default=0)
-            if known and len(request.hosts) <= 512:  # exactly, where it is cheap
-                known = fits_cluster(request, matrix, [h for h in request.hosts
-                                                       if h in matrix.gpus])
+            shape = (request.hosts, request.slots, request.policy, rows)
+            known = self._shapes.get(shape)
+            if known is None:
+                known = _could_ever_fit(request, matrix)
+                if len(self._shapes) > 10_000:
+                    self._shapes.clear()
+                self._shapes[shape] = known
             if len(self._fits) > 100_000:
                 self._fits.clear()
             self._fits[(job.task_key, version, rows)] = known
         return known
+
+
+def _could_ever_fit(request: Request, matrix: Matrix) -> bool:
+    """Whether ``request`` fits the matrix's hosts were every GPU free: by the counts, and
+    exactly (a schedule) where the hosts are few enough for that to be cheap."""
+    sizes = [len(matrix.gpus.get(h, ())) for h in request.hosts]
+    biggest = max((slot.gpus for slot in request.slots), default=0)
+    known = request.gpus <= sum(sizes) and biggest <= max(sizes, default=0)
+    if known and len(request.hosts) <= 512:
+        known = fits_cluster(request, matrix, [h for h in request.hosts if h in matrix.gpus])
+    return known
 
 
 def read_limits(store: Store, watch: Callable[..., Any] | None = None) -> UserLimits:
