@@ -16,7 +16,9 @@ shards a change touches, so a writer sets only those.
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import json
 import math
 import zlib
@@ -124,8 +126,8 @@ class Matrix:
 
     def task_keys(self) -> set[str]:
         """Every job that holds a GPU or a port (draining jobs hold nothing any more)."""
-        keys = {key for row in self.gpus.values() if _has_job(row)
-                for cell in row if (key := holder(cell))}
+        keys = {key for cell in set(itertools.chain.from_iterable(self.gpus.values()))
+                if (key := holder(cell))}  # the distinct cells first, at C speed
         keys.update(key for row in self.ports.values() for v in row.values() if (key := holder(v)))
         return keys
 
@@ -182,14 +184,13 @@ class Matrix:
     def held_per_user(self) -> dict[str, int]:
         """GPUs each user's running jobs hold (draining cells belong to ended jobs)."""
         used: dict[str, int] = {}
-        for row in self.gpus.values():
-            if not _has_job(row):
-                continue
-            for cell in row:
-                key = holder(cell)
-                if key:
-                    user = owner_of(key)
-                    used[user] = used.get(user, 0) + 1
+        # every cell counted at C speed (200,000 at 25,000 hosts), then each job once
+        for cell, count in collections.Counter(
+                itertools.chain.from_iterable(self.gpus.values())).items():
+            key = holder(cell)
+            if key:
+                user = owner_of(key)
+                used[user] = used.get(user, 0) + count
         return used
 
     def reserved_ports(self, host: str) -> set[int]:
