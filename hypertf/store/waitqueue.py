@@ -324,12 +324,17 @@ class Screen:
     queue_limit: int = 0
     _fits: dict[tuple[str, int, int], bool] = field(default_factory=dict)
     _shapes: dict[tuple[object, ...], bool] = field(default_factory=dict)
+    _sizes: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())  # the rows the shapes saw
 
     def __call__(self, waiting: list[Waiting], versions: Mapping[str, int], matrix: Matrix,
                  limits: UserLimits) -> tuple[list[Waiting], dict[str, str]]:
         kept, refused = [], {}
         per_user: Counter[str] = Counter()
         rows = len(matrix.gpus)
+        sizes = (tuple(matrix.gpus), tuple(map(len, matrix.gpus.values())))
+        if sizes != self._sizes:  # a host's GPUs came or went: judge every shape again
+            self._shapes.clear()
+            self._sizes = sizes
         for job in sorted(waiting, key=lambda w: (w.order, w.task_key)):
             cap = limits.gpu_limit(job.user, self.user_gpu_limit)
             why = ""

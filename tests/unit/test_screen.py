@@ -37,3 +37,13 @@ def test_same_shaped_requests_are_judged_once_and_those_that_never_fit_are_refus
     assert len(kept) == 50 and list(refused) == [jobs[-1].task_key]
     assert "more than the cluster's hosts can ever hold" in refused[jobs[-1].task_key]
     assert len(judged) == 2, "one scan per shape, not one per job"
+
+
+def test_a_host_that_gains_gpus_lets_a_refused_shape_fit() -> None:
+    screen = waitqueue.Screen()
+    small = Matrix(gpus={h: [FREE] * 2 for h in HOSTS}, ports={})
+    _, refused = screen([waiting(1, workers=1, gpus=3)], {}, small, UserLimits())
+    assert refused, "3 GPUs on one host: no host has 3"
+    grown = Matrix(gpus={**small.gpus, "h0": [FREE] * 4}, ports={})
+    kept, refused = screen([waiting(2, workers=1, gpus=3)], {}, grown, UserLimits())
+    assert len(kept) == 1 and not refused, "the same shape, judged again on the new sizes"
