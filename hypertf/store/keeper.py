@@ -11,7 +11,8 @@ keeper and this thread: the watches that wake the keeper (every shard of the mat
 hosts and their records; with ``watch_leases`` also every user's leases, which an agent
 watches for its own node anyway) and the ``Admitter`` with its caches. It is started when
 the lease is taken and stopped when it is lost: its watches then end at their next firing,
-and a later term starts from a fresh read.
+and a later term starts from a fresh read. The records are kept by the admitter's
+``RecordCache``, whose watches follow every registered host's record.
 """
 
 from __future__ import annotations
@@ -56,9 +57,8 @@ class KeeperRole:
         client, layout = self.store.client, self.store.layout
         if self._watch_leases:
             client.ChildrenWatch(layout.leases, self._on_users)
-        self._hosts = HostWatch(client, layout, self._poke)
-        if self._records_changed is not None:
-            self._hosts.watch_records(self._on_record)
+        self.admitter.cache.changed = self._on_record
+        self._hosts = HostWatch(client, layout, self._poke, follow=self.admitter.cache.follow)
         watch_matrix(self.store, self._poke)
         return self
 
@@ -70,6 +70,7 @@ class KeeperRole:
         self.stopped = True
         if self._hosts is not None:
             self._hosts.stop()
+        self.admitter.cache.forget()
 
     def _poke(self, *_: object) -> bool:
         """A watch fired: wake the keeper; False (the watch ends) once stopped."""
@@ -78,8 +79,14 @@ class KeeperRole:
         self._wake()
         return True
 
-    def _on_record(self) -> None:
-        if not self.stopped and self._records_changed is not None:
+    def _on_record(self, presence: bool) -> None:
+        """A record's content changed (the heartbeat aside): the agent's keeper looks at its
+        next interval, this thread's at once; a record that came or went wakes either."""
+        if self.stopped:
+            return
+        if presence or self._records_changed is None:
+            self._wake()
+        else:
             self._records_changed()
 
     def _on_users(self, users: list[str]) -> bool:

@@ -70,6 +70,7 @@ from hypertf.store.allocation import (
     MatrixDamaged,
     MatrixVersion,
     Synced,
+    SyncMemo,
     check_registered,
     matrix_writes,
     owner_info,
@@ -428,6 +429,7 @@ class Admitter:
     _damaged_at: float | None = None  # when the matrix first read damaged (monotonic)
     _limits: UserLimits | None = None  # the admin's, until the watch on them fires
     _limits_read: float = 0.0
+    _memo: SyncMemo = field(default_factory=SyncMemo)  # what the last in-line sync went by
 
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
@@ -460,7 +462,7 @@ class Admitter:
             time.monotonic() - self._damaged_at >= REPAIR_AFTER_S
         try:
             done = sync(self.store, self.reader.grants, self.cache, self._last_good,
-                        repair=due)
+                        repair=due, memo=self._memo)
         except MatrixDamaged:
             if self._damaged_at is None:
                 self._damaged_at = time.monotonic()
