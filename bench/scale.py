@@ -60,8 +60,8 @@ from hypertf.core.scheduler import TaskSlot
 from hypertf.node.agent import WritePolicy
 from hypertf.store import AgentRecord, GpuInfo, Layout, Store, auth, queueview, status
 from hypertf.store.allocation import overwrite_matrix, read_matrix, release, sync_matrix
-from hypertf.store.keeper import KeeperThread
-from hypertf.store.waitqueue import Admitter, enqueue, submit
+from hypertf.store.keeper import KeeperRole, KeeperThread
+from hypertf.store.waitqueue import enqueue, submit
 
 GPUS = 8
 SESSIONS = 4  # writer processes standing in for the agents
@@ -358,7 +358,10 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         rows[f"queue {waiters} waiting jobs (lease + record each)"] = time.monotonic() - t0
         largest["a waiting job's record (every host named)"] = len(
             client.get(layout.job(waiting_keys[0]))[0])
-        admitter = Admitter(Store(admin, layout))
+        # The keeper's role, as an agent holding the keeper lease runs it: its record cache
+        # follows every host by watches (read once at the start, then on change only).
+        role = KeeperRole(Store(admin, layout), wake=lambda: None).start()
+        admitter = role.admitter
         t0 = time.monotonic()
         admitter.keep()
         rows[f"keeper pass, {waiters} waiting, nothing to admit: first"] = (
@@ -377,6 +380,7 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         decisions = admitter.keep()
         rows[f"keeper pass, {waiters} waiting, 8 GPUs freed: admits"] = time.monotonic() - t0
         rows["  jobs admitted by that pass"] = sum(d.admitted for d in decisions)
+        role.stop()
         rows["queue: collect"] = timed(lambda: queueview.collect(user))
         rows["queue: render"] = timed(lambda: queueview.render(queueview.collect(user)), 1)
         rows["`hypertf queue`, the whole command (new process)"] = statistics.median(

@@ -80,13 +80,14 @@ class KeeperRole:
         return True
 
     def _on_record(self, presence: bool) -> None:
-        """A record's content changed (the heartbeat aside): the agent's keeper looks at its
-        next interval, this thread's at once; a record that came or went wakes either."""
+        """A record came or went (wake the keeper), or changed (the agent's keeper looks at
+        its next interval; this thread at its next 0.2 s turn). Called from kazoo's
+        connection thread: only takes note."""
         if self.stopped:
             return
-        if presence or self._records_changed is None:
+        if presence:
             self._wake()
-        else:
+        elif self._records_changed is not None:
             self._records_changed()
 
     def _on_users(self, users: list[str]) -> bool:

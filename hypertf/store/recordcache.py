@@ -1,14 +1,18 @@
-"""The keeper's parsed copy of the agents' records (``RecordCache``), kept by watches.
+"""The keeper's parsed copy of the agents' records (``RecordCache``), kept by one watch.
 
 At 25,000 hosts a pass that read every record again moved 37 MB and took ~0.4 s before any
 decision, and its parse of the records whose keep-alive changed their heartbeat (~930 a
-second) took more: the keeper's figures missed their goals on that alone. Once ``follow``
-is called (the keeper's role does, for its term), each record is read once and then again
-only when ZooKeeper says it changed (a data watch, re-armed by the read that follows it);
-a pass reads nothing and parses only what changed. A record whose only change is its
-heartbeat is not parsed again (its heartbeat is taken from the bytes), and does not count
-as a change of content: ``generation`` moves only when a record's content comes, changes
-or goes, so the keeper can tell that nothing it decides by has moved.
+second) took more. A plain watch per record is no cure: kazoo spends ~300 us re-arming each
+one, and 930 a second left the keeper's own requests queued behind them. Once ``follow``
+is called (the keeper's role does, for its term), one persistent recursive watch on the
+hosts' folder (ZooKeeper 3.6+) says which records were created, changed or deleted; a pass
+reads only those (one multi-read per 256) and parses only those whose content changed. A
+record whose only change is its heartbeat is not parsed again (its heartbeat is taken from
+the bytes) and does not count as a change: ``generation`` moves only when a record's
+content comes, changes or goes, so the keeper can tell that nothing it decides by moved.
+The watch lives on the connection: after a reconnect it is set again and every record is
+read once more (events in between were lost). A server without the watch is read whole at
+every pass, as before.
 
 Who writes what is read here: each record is its host's agent's (its credential writes
 that record only). A record that cannot be parsed counts as no record (that host's row
@@ -18,27 +22,25 @@ stop the keeper for every other host.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
 
-from kazoo.exceptions import NoNodeError
-from kazoo.protocol.states import KazooState, WatchedEvent
+from kazoo.protocol.states import KazooState
 
 from hypertf.core.errors import StoreError
 from hypertf.core.records import AgentRecord
-from hypertf.store.zkclient import pipelined
+from hypertf.store.zkclient import unwatch_tree, watch_tree
 from hypertf.store.zkstore import Store
 
-__all__ = ["RecordCache"]
+__all__ = ["RecordCache", "content_of"]
 
 log = logging.getLogger(__name__)
 
 _HEARTBEAT = b'"heartbeat":'
-ABSENT = None  # a host followed whose record does not exist (its agent is down)
+_CREATED, _DELETED = 1, 2  # ZooKeeper's event types (kazoo's protocol codes)
+AGENT_LEAF = "agent"  # Layout.resource(host) is hosts/<host>/agent
 
 
 def content_of(data: bytes) -> tuple[bytes, float | None]:
@@ -62,184 +64,108 @@ class RecordCache:
     """The keeper's parsed copy of the agents' records.
 
     Unfollowed (``RecordCache(store)`` alone), every ``records`` call reads the hosts' records
-    in multi-reads and parses those whose content changed. After ``follow(hosts)`` the
-    records of those hosts are kept by data watches, and a call reads only hosts it does
-    not follow yet. ``forget()`` (the keeper's term ended) drops what was followed."""
+    in multi-reads and parses those whose content changed. After ``follow()`` a call reads
+    only the records the watch said changed and hosts never read. ``forget()`` (the
+    keeper's term ended) removes the watch. ``changed(presence)``, when given, is called
+    from kazoo's connection thread for each event (``presence``: a record came or went);
+    it must only take note."""
 
     def __init__(self, store: Store,
                  changed: Callable[[bool], object] | None = None) -> None:
         self.store = store
-        # Called after a followed record's content changed (the heartbeat aside): True
-        # when the record came or went.
         self.changed = changed
         self.generation = 0  # moves when a record's content comes, changes or goes
         self.seen_generation = 0  # ``generation`` as the last ``records`` call saw it
         self._lock = threading.Lock()
-        self._raw: dict[str, bytes | None] = {}  # followed hosts read at least once
-        self._dirty: set[str] = set()  # followed hosts whose bytes came since the last call
-        self._following: set[str] = set()
+        self._stale: set[str] = set()  # hosts whose record an event named since last read
+        self._read: set[str] = set()  # hosts read since the watch was set
+        self._following = False
+        self._watching = False  # the watch is set on the current connection
+        self._unsupported = False  # the server has no persistent watches
         self._parsed: dict[str, tuple[bytes, AgentRecord]] = {}  # content -> record
         self._refused: dict[str, bytes] = {}  # hosts whose record did not parse (logged)
-        self._pending: set[str] = set()  # followed hosts to read (again), with a watch
-        self._wanted = threading.Condition(self._lock)
-        self._listening = False
-        self._term = 0  # answers and watches of an earlier term are ignored
+        self._prefix = f"{store.layout.hosts}/"
 
-    # -- kept by watches ----------------------------------------------------------------
-    def follow(self, hosts: Iterable[str]) -> None:
-        """Keep the records of ``hosts`` (and of those followed already) by watches; each
-        new one is read at once by the cache's reader thread (25,000 reads pipelined)."""
+    def follow(self, _hosts: Iterable[str] = ()) -> None:
+        """Keep the records by the watch from the next ``records`` call on (every host
+        below the hosts' folder: hosts registered later are followed too)."""
         with self._lock:
-            new = [host for host in hosts if host not in self._following]
-            self._following.update(new)
-            self._pending.update(new)
-            if not self._listening:
-                self._listening = True
-                self.store.client.add_listener(self._on_state)
-                threading.Thread(target=self._reader, daemon=True,
-                                 name="record-reader").start()
-            self._wanted.notify()
+            if self._following:
+                return
+            self._following = True
+        self.store.client.add_listener(self._on_state)
 
     def forget(self) -> None:
-        """Stop keeping records (the keeper's term ended): watches fire once more, unused."""
+        """Stop keeping records (the keeper's term ended)."""
         with self._lock:
-            self._term += 1
-            self._following.clear()
-            self._pending.clear()
-            self._raw.clear()
-            self._dirty.clear()
-            if self._listening:
-                self.store.client.remove_listener(self._on_state)
-                self._listening = False
-            self._wanted.notify()
+            following, self._following, self._watching = self._following, False, False
+            self._read.clear()
+        if following:
+            self.store.client.remove_listener(self._on_state)
+            unwatch_tree(self.store.client, self.store.layout.hosts)
 
-    def _reader(self) -> None:
-        """Reads what watches asked for, in batches: kazoo wakes its connection thread once
-        per request (~200 us on a busy machine) unless requests are sent pipelined, and
-        25,000 agents' keep-alives fire ~930 watches a second."""
-        client = self.store.client
-        while True:
-            with self._lock:
-                while self._listening and not self._pending:
-                    self._wanted.wait()
-                if not self._listening:
-                    return
-                batch, self._pending = self._pending, set()
-                term = self._term
-            if not client.connected:  # requests would fail: wait for the connection
-                with self._lock:
-                    self._pending |= batch
-                threading.Event().wait(0.5)
-                continue
-            with pipelined(client):
-                for host in batch:
-                    path = self.store.layout.resource(host)
-                    result = client.get_async(path, watch=self._watcher(host, term))
-                    result.rawlink(functools.partial(self._got, host, term))
-
-    def _watcher(self, host: str, term: int) -> Callable[[WatchedEvent], None]:
-        def fired(_event: WatchedEvent) -> None:
-            with self._lock:
-                if term == self._term and host in self._following:
-                    self._pending.add(host)
-                    self._wanted.notify()
-        return fired
-
-    def _got(self, host: str, term: int, done: Any) -> None:
-        try:
-            data: bytes | None = done.get_nowait()[0]
-        except NoNodeError:  # no record: watch for its creation instead
-            data = ABSENT
-            exists = self.store.client.exists_async(self.store.layout.resource(host),
-                                                    watch=self._watcher(host, term))
-            exists.rawlink(functools.partial(self._created_meanwhile, host, term))
-        except Exception as err:  # the connection dropped: read it again
-            log.debug("reading the record of %s failed (%s): reading it again", host, err)
-            with self._lock:
-                if term == self._term and host in self._following:
-                    self._raw.pop(host, None)  # unknown meanwhile: a pass reads it itself
-                    self._pending.add(host)
-                    self._wanted.notify()
-            return
+    def _on_event(self, kind: int, path: str) -> None:
+        host, _, leaf = path[len(self._prefix):].partition("/")
+        if leaf != AGENT_LEAF:
+            return  # a host's folder, or what an agent may not create
         with self._lock:
-            if term != self._term or host not in self._following:
-                return
-            old = self._raw.get(host, ABSENT)
-            self._raw[host] = data
-            self._dirty.add(host)
-        presence = (old is ABSENT) != (data is ABSENT)
-        moved = presence or (data is not ABSENT and old is not ABSENT
-                             and content_of(old)[0] != content_of(data)[0])
-        if moved and self.changed is not None:
-            self.changed(presence)
-
-    def _created_meanwhile(self, host: str, term: int, known: Any) -> None:
-        """The record came between the failed read and the exists: read it now (the
-        exists' watch was set on a node that is there, and fires on its next change)."""
-        try:
-            stat = known.get_nowait()
-        except Exception:
-            stat = None
-        if stat is not None:
-            self._watcher(host, term)(None)
+            self._stale.add(host)
+        if self.changed is not None:
+            self.changed(kind in (_CREATED, _DELETED))
 
     def _on_state(self, state: str) -> None:
-        """A lost session took every watch with it: every host is read again (with new
-        watches) once the client has a new session; meanwhile a pass reads them itself."""
-        if state == KazooState.LOST:
+        """The watch went with the connection: set it again, and read everything again."""
+        if state != KazooState.CONNECTED:
             with self._lock:
-                self._raw.clear()
-                self._term += 1
-                self._pending |= self._following
-                self._wanted.notify()
+                self._watching = False
 
-    # -- what a pass reads ----------------------------------------------------------------
+    def _watch(self) -> bool:
+        """Set the watch (the pass's thread, before its read): whether it is set."""
+        if self._unsupported:
+            return False
+        watching = watch_tree(self.store.client, self.store.layout.hosts, self._on_event)
+        with self._lock:
+            self._unsupported = not watching
+            self._watching = watching and self._following
+            self._stale.clear()  # a whole read follows
+            self._read.clear()
+        if not watching:
+            log.warning("ZooKeeper has no persistent watches (3.6 or later has them): the "
+                        "keeper reads every agent record at each pass")
+        return watching
+
     def records(self, hosts: Iterable[str]) -> dict[str, AgentRecord]:
         """The records of ``hosts`` that exist (as ``Store.records(only=hosts)``); a record
         that does not parse is left out (logged once)."""
         hosts = list(hosts)
         with self._lock:
-            dirty, self._dirty = self._dirty, set()
-            fresh = {host: self._raw[host] for host in dirty if host in self._raw}
-            unknown = [host for host in hosts if host not in self._raw]
-            followed = bool(self._following)
-        if not followed:  # nothing kept: read them all (one multi-read per 256 hosts)
-            return self._read_all(hosts)
-        for host, data in fresh.items():
-            self._keep(host, data)
-        if unknown:
-            read, missing = self.store.raw_records(unknown), set(unknown)
-            found = {host: record for host in hosts
-                     if (record := self._record(host, read, missing)) is not None}
-        else:  # the usual pass: every host known, a dictionary's work (25,000: ~3 ms)
-            parsed = self._parsed
-            found = {host: known[1] for host in hosts if (known := parsed.get(host))}
+            watched = self._following and self._watching
+        if self._following and not watched:
+            watched = self._watch()
+        with self._lock:
+            stale, self._stale = self._stale, set()
+        if watched:
+            wanted = set(hosts)
+            done = self._read
+            for host in stale - wanted:  # not asked for now: read when it is
+                done.discard(host)
+            to_read = [host for host in hosts if host in stale or host not in done]
+        else:
+            to_read = hosts
+        raw = self.store.raw_records(to_read) if to_read else {}
+        for host in to_read:
+            self._keep(host, raw.get(host))
+        if watched:
+            self._read.update(to_read)
+        parsed = self._parsed
         self.seen_generation = self.generation
-        return found
-
-    def _read_all(self, hosts: list[str]) -> dict[str, AgentRecord]:
-        raw = self.store.raw_records(hosts)
-        for host in set(self._parsed) - set(raw):
-            self._keep(host, ABSENT)
-        for host, data in raw.items():
-            self._keep(host, data)
-        self.seen_generation = self.generation
-        return {host: self._parsed[host][1] for host in raw if host in self._parsed}
-
-    def _record(self, host: str, read: dict[str, bytes],
-                unknown: set[str]) -> AgentRecord | None:
-        if host in read:  # not followed, or not read yet: read for this call
-            self._keep(host, read[host])
-        elif host in unknown:  # ... and it has no record
-            self._keep(host, ABSENT)
-        known = self._parsed.get(host)
-        return None if known is None else known[1]
+        return {host: known[1] for host in hosts if (known := parsed.get(host))}
 
     def _keep(self, host: str, data: bytes | None) -> None:
         """Parse ``data`` when its content changed (a heartbeat alone: only the heartbeat
         is taken); None removes the host's record."""
         known = self._parsed.get(host)
-        if data is ABSENT:
+        if data is None:
             if known is not None:
                 del self._parsed[host]
                 self.generation += 1

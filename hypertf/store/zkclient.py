@@ -36,10 +36,12 @@ from kazoo.exceptions import (
 from kazoo.protocol.serialization import (
     GetData,
     MultiHeader,
+    Watch,
     int_struct,
     multiheader_struct,
     read_buffer,
     stat_struct,
+    write_string,
 )
 from kazoo.protocol.states import KeeperState, ZnodeStat
 
@@ -255,3 +257,88 @@ def _get_each(client: KazooClient, paths: list[str], timeout: float) -> list[Any
         except KazooException as err:
             results.append(err)
     return results
+
+
+class AddWatch:
+    """ZooKeeper's addWatch (opcode 106, ZooKeeper 3.6 and later), which kazoo lacks: a
+    watch that stays set after it fires; recursive (mode 1), it fires for every node below
+    the path too (created, changed, deleted). One request instead of one per node and per
+    change: 25,000 agents' keep-alives at ~930 a second cost kazoo ~300 us each to re-arm a
+    plain watch, more than the keeper's whole pass."""
+
+    type = 106
+    PERSISTENT_RECURSIVE = 1
+
+    def __init__(self, path: str, mode: int = PERSISTENT_RECURSIVE) -> None:
+        self.path = path
+        self.mode = mode
+
+    def serialize(self) -> bytes:
+        return bytes(write_string(self.path) + int_struct.pack(self.mode))
+
+    @classmethod
+    def deserialize(cls, _data: bytes, _offset: int) -> bool:
+        return True
+
+
+class RemoveWatches:
+    """ZooKeeper's removeWatches (opcode 18) for a persistent recursive watch (type 5)."""
+
+    type = 18
+    PERSISTENT_RECURSIVE = 5
+
+    def __init__(self, path: str, kind: int = PERSISTENT_RECURSIVE) -> None:
+        self.path = path
+        self.kind = kind
+
+    def serialize(self) -> bytes:
+        return bytes(write_string(self.path) + int_struct.pack(self.kind))
+
+    @classmethod
+    def deserialize(cls, _data: bytes, _offset: int) -> bool:
+        return True
+
+
+TreeCallback = Callable[[int, str], None]  # (kazoo's event type code, path)
+
+
+def watch_tree(client: KazooClient, path: str, callback: TreeCallback,
+               timeout: float = 30.0) -> bool:
+    """Set a persistent recursive watch on ``path``: ``callback(type, path)`` for every
+    node created, changed or deleted below it, from kazoo's connection thread (it must
+    only note the event), until ``unwatch_tree``. The watch lives on the connection: after
+    a reconnect it must be set again (events in between are lost). False when the server
+    is older than ZooKeeper 3.6 (or refused it): the caller reads instead."""
+    connection = client._connection
+    routes: dict[str, TreeCallback] | None = getattr(connection, "_hypertf_trees", None)
+    if routes is None:
+        routes = connection._hypertf_trees = {}
+        plain = connection._read_watch_event
+
+        def read_watch_event(buffer: bytes, offset: int) -> Any:
+            watch, _ = Watch.deserialize(buffer, offset)
+            for prefix, route in list(routes.items()):
+                if watch.path.startswith(prefix):
+                    route(watch.type, watch.path)
+            return plain(buffer, offset)
+
+        connection._read_watch_event = read_watch_event
+    routes[f"{path}/"] = callback
+    result = client.handler.async_result()
+    client._call(AddWatch(path), result)
+    try:
+        result.get(timeout=timeout)
+    except (UnimplementedError, KazooException, client.handler.timeout_exception):
+        routes.pop(f"{path}/", None)
+        return False
+    return True
+
+
+def unwatch_tree(client: KazooClient, path: str) -> None:
+    """End ``watch_tree``'s watch (its events are ignored from now on)."""
+    routes = getattr(client._connection, "_hypertf_trees", None)
+    if routes is not None:
+        routes.pop(f"{path}/", None)
+    if client.connected:
+        with contextlib.suppress(Exception):
+            client._call(RemoveWatches(path), client.handler.async_result())

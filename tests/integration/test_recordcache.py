@@ -8,6 +8,7 @@ record counts as that host down without stopping the keeper for the others.
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import replace
 
@@ -45,40 +46,56 @@ def test_a_followed_record_is_read_on_change_only_and_a_keepalive_is_no_change(
 
         class Counted(Store):
             def raw_records(self, hosts):
-                reads.append(list(hosts))
+                reads.append(sorted(hosts))
                 return super().raw_records(hosts)
 
-        zk = Counted(client, layout)
-        changes: list[bool] = []
-        cache = RecordCache(zk, changed=changes.append)
-        cache.follow(["n1", "n2", "n3"])
-        wait_for(lambda: sorted(cache._raw) == ["n1", "n2", "n3"], 10, "the first reads")
-        reads.clear()
-        assert sorted(cache.records(["n1", "n2", "n3"])) == ["n1", "n2"]
-        assert reads == [], "a pass over followed hosts read ZooKeeper"
-        generation, changes[:] = cache.generation, []
+        events: list[bool] = []
+        cache = RecordCache(Counted(client, layout), changed=events.append)
+        cache.follow()
+        hosts = ["n1", "n2", "n3"]
+        assert sorted(cache.records(hosts)) == ["n1", "n2"]
+        assert reads == [hosts], "the first pass reads every host once"
+        assert cache.records(hosts) and reads == [hosts], "a quiet pass read ZooKeeper"
+        generation = cache.generation
 
-        # a keep-alive: the heartbeat alone changes; kept, but no change of content
+        def after(change, host: str, expect) -> None:
+            """Make ``change``; the next passes read ``host`` only, until ``expect``."""
+            reads.clear()
+            change()
+            wait_for(lambda: expect(cache.records(hosts)), 10, f"{host}'s change")
+            assert all(read == [host] for read in reads), reads
+
+        # a keep-alive: the heartbeat alone changes; kept, but not a change of content
         beat = time.time() + 100
         old = record_of(agents, layout, "n1")
-        agents.set(layout.resource("n1"), replace(old, heartbeat=beat).to_json())
-        wait_for(lambda: cache.records(["n1"])["n1"].heartbeat == beat, 10, "the keep-alive")
-        assert cache.generation == generation and changes == []
-
+        after(lambda: agents.set(layout.resource("n1"), replace(old, heartbeat=beat).to_json()),
+              "n1", lambda found: found["n1"].heartbeat == beat)
+        assert cache.generation == generation
         # a change of content, a record that goes, one that comes
-        agents.set(layout.resource("n1"), replace(old, gpu_avail_list=[0]).to_json())
-        wait_for(lambda: cache.records(["n1"])["n1"].gpu_avail_list == [0], 10, "the change")
-        assert changes == [False] and cache.generation == generation + 1
-        agents.delete(layout.resource("n2"))
-        wait_for(lambda: "n2" not in cache.records(["n2"]), 10, "n2's record gone")
-        agents.create(layout.resource("n3"), replace(old, host="n3").to_json(), ephemeral=True)
-        wait_for(lambda: "n3" in cache.records(["n3"]), 10, "n3's record")
-        assert changes == [False, True, True]
-        assert reads == []
+        after(lambda: agents.set(layout.resource("n1"),
+                                 replace(old, gpu_avail_list=[0]).to_json()),
+              "n1", lambda found: found["n1"].gpu_avail_list == [0])
+        assert cache.generation == generation + 1
+        after(lambda: agents.delete(layout.resource("n2")), "n2",
+              lambda found: "n2" not in found)
+        after(lambda: agents.create(layout.resource("n3"), replace(old, host="n3").to_json(),
+                                    ephemeral=True), "n3", lambda found: "n3" in found)
+        assert cache.generation == generation + 3
+        assert events == [False, False, True, True]  # keep-alive, change, gone, come
 
-        # a host not followed yet is read for the call
+        # a host never asked for is read when it is
+        reads.clear()
         assert sorted(cache.records(["n1", "n3", "n9"])) == ["n1", "n3"]
         assert reads == [["n9"]]
+
+        # a reconnect loses the watch: it is set again and every host read once more
+        states: list[str] = []
+        client.add_listener(states.append)
+        client._connection._socket.shutdown(socket.SHUT_RDWR)  # the server stays: a blip
+        wait_for(lambda: client.connected and "SUSPENDED" in states, 20, "a reconnect")
+        reads.clear()
+        cache.records(hosts)
+        assert reads == [hosts]
         cache.forget()
     finally:
         store.close(client)
