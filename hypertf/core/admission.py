@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from hypertf.core.layout import owner_of
 from hypertf.core.limits import UserLimits
-from hypertf.core.matrix import Held, Matrix
+from hypertf.core.matrix import FREE, Cell, Held, Matrix
 from hypertf.core.placement import PortsExhausted, Request, pick_ports
 from hypertf.core.scheduler import NoFit, Placement, TaskSlot, schedule
 
@@ -68,6 +68,12 @@ class Decision:
         return not self.reason
 
 
+@functools.lru_cache(maxsize=1024)
+def _free_cells(row: tuple[Cell, ...]) -> tuple[int, ...]:
+    """The free cells' indices of a row (an idle cluster's rows are a few distinct ones)."""
+    return tuple(i for i, cell in enumerate(row) if cell == FREE)
+
+
 def usable_hosts(job: Waiting, matrix: Matrix, live: set[str]) -> set[str]:
     """Hosts ``job`` could ever use: live, in its request, with enough GPUs in all (busy
     or unavailable ones included: they may come back)."""
@@ -109,8 +115,10 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
         return []  # an idle pass over 25,000 hosts computes nothing
     limits = limits or UserLimits()
     live = set(live)
-    taken = matrix.copy()
-    free = {host: taken.free(host) for host in live}
+    taken = matrix  # each admission's take() is a new matrix: this one stays as it is
+    rows = matrix.gpus  # the free cells of the hosts that have some (a full cluster: few)
+    free = {host: list(_free_cells(tuple(row))) for host in live
+            if (row := rows.get(host)) and FREE in row}
     free_total = sum(len(cells) for cells in free.values())
     used = matrix.held_per_user()
     reserved: set[str] = set()  # always live hosts: once it is all of them, it stays so

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from hypertf.core.errors import UsageError
 
+RESOURCE_LEAF = "agent"  # a host's agent record's name in the host's folder
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -72,7 +74,7 @@ class Layout:
 
     def resource(self, host: str) -> str:
         """The host's agent record: ephemeral, of the agent's session."""
-        return f"{self.host(host)}/agent"
+        return f"{self.host(host)}/{RESOURCE_LEAF}"
 
     def user_jobs(self, user: str) -> str:
         return f"{self.jobs}/{user}"

@@ -198,15 +198,18 @@ class Matrix:
 
     def take(self, task_key: str, gpus: Mapping[str, Iterable[int]],
              ports: Mapping[str, Iterable[int]]) -> Matrix:
-        """A copy with the given cells and ports marked as held by ``task_key``."""
-        result = self.copy()
+        """A copy with the given cells and ports marked as held by ``task_key``. Only the
+        rows it changes are copied (the others are shared: every method that changes a
+        row copies the matrix first), so an admission at 25,000 hosts costs no full copy."""
+        result = Matrix(dict(self.gpus), dict(self.ports))
         for host, indices in gpus.items():
+            cells = result.gpus[host] = list(result.gpus[host])
             for i in indices:
-                if result.gpus[host][i] != FREE:
+                if cells[i] != FREE:
                     raise ValueError(f"GPU {i} of {host} is not free")
-                result.gpus[host][i] = task_key
+                cells[i] = task_key
         for host, numbers in ports.items():
-            row = result.ports.setdefault(host, {})
+            row = result.ports[host] = dict(result.ports.get(host, {}))
             for port in numbers:
                 if str(port) in row:
                     raise ValueError(f"port {port} of {host} is reserved")

@@ -9,6 +9,7 @@ take a host of their own, one the job runs no task on, GPU-less hosts first.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -74,19 +75,29 @@ def schedule(
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     hosts = list(free)
-    left = {host: sorted(free[host]) for host in hosts}
+    # What is left of the hosts a slot took from; the others are as ``free`` says (at
+    # 25,000 hosts, sorting every host's list for a 1-GPU job was most of an admission).
+    left: dict[str, list[int]] = {}
+
+    def remaining(host: str) -> Sequence[int]:
+        cells = left.get(host)
+        return cells if cells is not None else free.get(host, ())
+
     cpu_hosts = list(hosts if cpu_hosts is None else cpu_hosts)
     placements: dict[TaskSlot, Placement] = {}
-    cursor = 0
+    cursor, count = 0, len(hosts)
     for slot in (s for s in slots if s.gpus > 0):
-        order = hosts if policy == Policy.PACK else hosts[cursor:] + hosts[:cursor]
-        host = next((h for h in order if len(left[h]) >= slot.gpus), None)
-        if host is None:
+        order = range(count) if policy == Policy.PACK else itertools.chain(
+            range(cursor, count), range(cursor))
+        at = next((i for i in order if len(remaining(hosts[i])) >= slot.gpus), None)
+        if at is None:
             raise NoFit(slot)
-        taken, left[host] = left[host][: slot.gpus], left[host][slot.gpus :]
+        host = hosts[at]
+        cells = sorted(remaining(host))
+        taken, left[host] = cells[: slot.gpus], cells[slot.gpus :]
         placements[slot] = Placement(slot.role, slot.index, host, tuple(taken))
         if policy == Policy.ROUND_ROBIN:
-            cursor = (hosts.index(host) + 1) % len(hosts)
+            cursor = (at + 1) % count
     for turn, slot in enumerate(s for s in slots if s.gpus <= 0 and s.role != OFFLOAD):
         if not cpu_hosts:
             raise NoFit(slot)
@@ -94,10 +105,13 @@ def schedule(
         placements[slot] = Placement(slot.role, slot.index, host, ())
     # Offload hosts: each its own, none running a task of the job (its CPUs are the point);
     # hosts with the fewest free GPUs first, so GPU servers stay for GPU jobs.
-    used = {p.host for p in placements.values()}
-    spare = sorted((h for h in cpu_hosts if h not in used), key=lambda h: len(left.get(h, ())))
-    for slot in (s for s in slots if s.role == OFFLOAD):
-        if not spare:
-            raise NoFit(slot)
-        placements[slot] = Placement(slot.role, slot.index, spare.pop(0), ())
+    offload = [s for s in slots if s.role == OFFLOAD]
+    if offload:
+        used = {p.host for p in placements.values()}
+        spare = sorted((h for h in cpu_hosts if h not in used),
+                       key=lambda h: len(remaining(h)))
+        for slot in offload:
+            if not spare:
+                raise NoFit(slot)
+            placements[slot] = Placement(slot.role, slot.index, spare.pop(0), ())
     return [placements[slot] for slot in slots]

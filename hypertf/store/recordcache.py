@@ -30,6 +30,7 @@ from dataclasses import replace
 from kazoo.protocol.states import KazooState
 
 from hypertf.core.errors import StoreError
+from hypertf.core.layout import RESOURCE_LEAF
 from hypertf.core.records import AgentRecord
 from hypertf.store.zkclient import unwatch_tree, watch_tree
 from hypertf.store.zkstore import Store
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 
 _HEARTBEAT = b'"heartbeat":'
 _CREATED, _DELETED = 1, 2  # ZooKeeper's event types (kazoo's protocol codes)
-AGENT_LEAF = "agent"  # Layout.resource(host) is hosts/<host>/agent
 
 
 def content_of(data: bytes) -> tuple[bytes, float | None]:
@@ -106,7 +106,7 @@ class RecordCache:
 
     def _on_event(self, kind: int, path: str) -> None:
         host, _, leaf = path[len(self._prefix):].partition("/")
-        if leaf != AGENT_LEAF:
+        if leaf != RESOURCE_LEAF:
             return  # a host's folder, or what an agent may not create
         with self._lock:
             self._stale.add(host)

@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from hypertf.config.settings import ClusterSettings
-from hypertf.core.layout import Layout
+from hypertf.core.layout import RESOURCE_LEAF, Layout
 from hypertf.core.records import AgentRecord
 from hypertf.store import auth
 from hypertf.store.connection import acls, close, connect, credential_of
@@ -72,8 +72,13 @@ class Store:
         return _children(self.client, self.layout.hosts)
 
     def live_hosts(self) -> list[str]:
-        """Hosts whose agent record exists: one listing and multi-reads (no parse)."""
-        return sorted(self.raw_records(self.hosts()))
+        """Hosts whose agent record exists: one listing, then each host's folder's children
+        in multi-reads (at 25,000 hosts a few hundred KB, not the records' 37 MB)."""
+        hosts = self.hosts()
+        folders = get_many(self.client, [self.layout.host(host) for host in hosts],
+                           children=True)
+        return sorted(host for host, names in zip(hosts, folders, strict=True)
+                      if isinstance(names, list) and RESOURCE_LEAF in names)
 
     def raw_records(self, hosts: Iterable[str]) -> dict[str, bytes]:
         """The record bytes of the ``hosts`` that have one, in multi-reads (zkclient.get_many:

@@ -55,6 +55,7 @@ def test_a_followed_record_is_read_on_change_only_and_a_keepalive_is_no_change(
         hosts = ["n1", "n2", "n3"]
         assert sorted(cache.records(hosts)) == ["n1", "n2"]
         assert reads == [hosts], "the first pass reads every host once"
+        assert Store(client, layout).live_hosts() == ["n1", "n2"]  # folders' children only
         assert cache.records(hosts) and reads == [hosts], "a quiet pass read ZooKeeper"
         generation = cache.generation
 
