@@ -255,16 +255,13 @@ class QueueReader:
         else:
             fresh = [key for key in keys if key not in self._known or key in self._dirty]
         self._dirty.difference_update(fresh)
-        client, layout = self.store.client, self.store.layout
-        with pipelined(client):
-            pending = [(key, client.get_async(layout.job(key), watch=self._changed))
-                       for key in fresh]
-        for key, result in pending:
-            try:
-                data, stat = result.get(timeout=30)
-            except NoNodeError:
+        for key, answer in self._read(fresh):
+            if isinstance(answer, NoNodeError):
                 self._known.pop(key, None)
                 continue  # not written yet (the launcher's transaction)
+            if isinstance(answer, Exception):
+                raise answer
+            data, stat = answer
             self._known[key] = self._check(key, data, stat.version, stat.czxid)
         self.records, self.rejected = {}, {}
         found = []
@@ -282,6 +279,26 @@ class QueueReader:
                 self.records[key] = (record or {}, version)
                 found.append(job)
         return found
+
+    def _read(self, keys: list[str]) -> list[tuple[str, Any]]:
+        """Each key's record and stat (or the error). The keeper's reader reads each with
+        a one-shot watch (the next pass reads only what changed); a one-off reader
+        (``hypertf queue``) needs no watch, so it uses multi-reads: 4,000 single reads of
+        a fresh process took ~6 s on a loaded machine."""
+        client, layout = self.store.client, self.store.layout
+        if not self.writes:
+            return list(zip(keys, get_many(client, [layout.job(key) for key in keys]),
+                            strict=True))
+        with pipelined(client):
+            pending = [(key, client.get_async(layout.job(key), watch=self._changed))
+                       for key in keys]
+        answers: list[tuple[str, Any]] = []
+        for key, result in pending:
+            try:
+                answers.append((key, result.get(timeout=30)))
+            except NoNodeError as err:
+                answers.append((key, err))
+        return answers
 
     def forget(self, key: str) -> None:
         """A job decided (admitted or refused): not waiting any more."""
