@@ -308,9 +308,27 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
 
         small = Request(slots=(TaskSlot("worker", 0, 1),), hosts=names)
         big = Request(slots=tuple(TaskSlot("worker", i, 8) for i in range(8)), hosts=names)
+        passes = cProfile.Profile() if args.profile and largest_size else None
+        if passes is not None:  # the keeper thread's passes while the 1-GPU jobs cycle
+            keep = keeper.role.keep
+
+            def profiled() -> list[object]:
+                passes.enable()
+                try:
+                    return keep()
+                finally:
+                    passes.disable()
+
+            keeper.role.keep = profiled  # type: ignore[method-assign]
         for label, request, repeat in (("1-GPU job", small, 7),
                                        ("64-GPU job (8 x 8 GPUs)", big, 3)):
             samples = [cycle(request) for _ in range(repeat)]
+            if passes is not None and request is small:
+                keeper.role.keep = keep  # type: ignore[method-assign]
+                print("# profile of the keeper's passes while 7 1-GPU jobs were submitted "
+                      "and released, by cumulative time:", flush=True)
+                print_profile(pstats.Stats(passes))
+                passes = None
             rows[f"submit -> granted, idle cluster, {label} (p50)"] = statistics.median(
                 s[0] for s in samples)
             rows[f"release, {label} (p50)"] = statistics.median(s[1] for s in samples)

@@ -180,13 +180,14 @@ def _index_of(data: bytes, root: str) -> MatrixIndex:
 
 
 def matrix_writes(tx: Any, layout: Layout, old: Matrix, new: Matrix, version: MatrixVersion,
-                  check_rest: bool = False) -> int:
+                  check_rest: bool = False) -> tuple[int, MatrixVersion]:
     """Add to ``tx`` what turns the stored ``old`` (read at ``version``) into ``new``: a
     check of the parent (a reshard in between fails it) and a set of each shard whose
     content changed, against the version it was read at; ``check_rest``: also a check of
     every other shard read (a decision that depended on all of them). Writers of different
     shards never conflict. Returns the bytes of the shards it sets (a transaction must
-    stay below ZooKeeper's 1 MiB request: see ``TRANSACTION_BYTES``)."""
+    stay below ZooKeeper's 1 MiB request: see ``TRANSACTION_BYTES``) and the versions the
+    matrix has once ``tx`` committed."""
     tx.check(layout.matrix, version.index)
     changed = changed_shards(old, new, version.shards)
     written = 0
@@ -200,7 +201,8 @@ def matrix_writes(tx: Any, layout: Layout, old: Matrix, new: Matrix, version: Ma
         for i, shard_version in version.versions.items():
             if i not in changed:
                 tx.check(layout.matrix_shard(i), shard_version)
-    return written
+    return written, replace(version, versions={
+        i: v + (i in changed) for i, v in version.versions.items()})
 
 
 TRANSACTION_BYTES = 512 * 1024  # far below ZooKeeper's 1 MiB request (jute.maxbuffer)
@@ -446,6 +448,16 @@ class SyncMemo:
 
     key: tuple[Any, ...] | None = None
 
+    def admitted(self, read: MatrixVersion, written: MatrixVersion, keys: Iterable[str]
+                 ) -> None:
+        """The keeper's admission turned the matrix read at ``read`` (in line, if the memo
+        says so) into ``written``: what it added are cells of live grants, so the matrix
+        stays in line once those grants count."""
+        if self.key is not None and self.key[0] == read:
+            self.key = (written, self.key[1], self.key[2], self.key[3] | frozenset(keys))
+        else:
+            self.key = None
+
 
 def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
                 cache: RecordCache | None = None) -> tuple[Matrix, dict[str, AgentRecord]]:
@@ -460,14 +472,17 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
 
 def sync(store: Store, grants: Mapping[str, Held] | None = None,
          cache: RecordCache | None = None, last_good: Matrix | None = None,
-         repair: bool = False, memo: SyncMemo | None = None) -> Synced:
+         repair: bool = False, memo: SyncMemo | None = None,
+         registered_hosts: Callable[[], list[str]] | None = None) -> Synced:
     """``sync_matrix``, saying also the stored versions and the leases read (after the
     matrix: a job admitted in between is in both), which the keeper's admission goes by.
     Cells an agent reported drained (its record's ``drained``: it saw the job's processes
     dead on its host) are freed on that host only. A damaged shard or index is rewritten
     first when ``repair`` (the keeper's ``last_good`` read fills it; its running grants are
     restored); else MatrixDamaged is raised. ``memo`` (with ``cache``): skip the work
-    when nothing it goes by changed since a sync found the matrix in line."""
+    when nothing it goes by changed since a sync found the matrix in line.
+    ``registered_hosts``: the registered hosts as a watch keeps them (the keeper's),
+    instead of a listing."""
     def attempt(_retries: int) -> tuple[Synced, set[str]]:
         try:
             matrix, version = read_matrix(store)
@@ -478,7 +493,7 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
             auth.ensure_matrix(store.client, store.layout, store.acls.matrix(), 0,
                                fallback=last_good)
             raise ForceRetryError() from None
-        registered = store.hosts()
+        registered = registered_hosts() if registered_hosts else store.hosts()
         records = cache.records(registered) if cache else store.records(only=registered)
         leases = store.leases()
         inputs = None
@@ -509,6 +524,8 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
         written = written_version(store, matrix, current, version)
         if written is None:
             raise ForceRetryError()
+        if memo is not None and inputs is not None:  # what it wrote is in line with them
+            memo.key = (written, *inputs[1:])
         return Synced(current, written, records, leases), lost
 
     done, lost = until_committed(attempt, "syncing the matrix")

@@ -15,7 +15,8 @@ __all__ = ["HostWatch"]
 
 
 class HostWatch:
-    """Calls ``wake`` whenever the registered hosts change, after ``follow(hosts)`` (the
+    """Keeps ``hosts`` (the registered hosts: the keeper's pass lists 25,000 names no more)
+    and calls ``wake`` whenever they change, after ``follow(hosts)`` (the
     record cache's: one data watch per host's record, not one children watch per host's
     folder and a data watch besides, which cost 2 synchronous round trips per host at the
     keeper's start)."""
@@ -27,6 +28,7 @@ class HostWatch:
         self.wake = wake
         self.follow = follow
         self.stopped = False
+        self.hosts: list[str] | None = None  # the registered hosts, sorted, as last seen
         client.ChildrenWatch(layout.hosts, self._on_hosts)
 
     def stop(self) -> None:
@@ -36,6 +38,7 @@ class HostWatch:
     def _on_hosts(self, hosts: list[str]) -> Any:
         if self.stopped:
             return False
+        self.hosts = sorted(hosts)
         if self.follow is not None:
             self.follow(hosts)
         return self.wake()

@@ -59,6 +59,7 @@ class KeeperRole:
             client.ChildrenWatch(layout.leases, self._on_users)
         self.admitter.cache.changed = self._on_record
         self._hosts = HostWatch(client, layout, self._poke, follow=self.admitter.cache.follow)
+        self.admitter.hosts = self._registered
         watch_matrix(self.store, self._poke)
         return self
 
@@ -71,6 +72,11 @@ class KeeperRole:
         if self._hosts is not None:
             self._hosts.stop()
         self.admitter.cache.forget()
+
+    def _registered(self) -> list[str]:
+        """The registered hosts as the watch saw them last (listed when it has not yet)."""
+        seen = self._hosts.hosts if self._hosts is not None else None
+        return seen if seen is not None else self.store.hosts()
 
     def _poke(self, *_: object) -> bool:
         """A watch fired: wake the keeper; False (the watch ends) once stopped."""

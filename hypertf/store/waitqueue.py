@@ -447,6 +447,8 @@ class Admitter:
     _limits: UserLimits | None = None  # the admin's, until the watch on them fires
     _limits_read: float = 0.0
     _memo: SyncMemo = field(default_factory=SyncMemo)  # what the last in-line sync went by
+    # The registered hosts as the keeper role's watch keeps them (None: listed each pass).
+    hosts: Callable[[], list[str]] | None = None
 
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
@@ -479,7 +481,8 @@ class Admitter:
             time.monotonic() - self._damaged_at >= REPAIR_AFTER_S
         try:
             done = sync(self.store, self.reader.grants, self.cache, self._last_good,
-                        repair=due, memo=self._memo)
+                        repair=due, memo=self._memo,
+                        registered_hosts=self.hosts)
         except MatrixDamaged:
             if self._damaged_at is None:
                 self._damaged_at = time.monotonic()
@@ -596,8 +599,9 @@ class Admitter:
             size += 2 * len(data)
         # The shards the admissions changed, each version-checked; a refusal names what is
         # free everywhere, so then every shard is checked too.
-        size += matrix_writes(tx, self.store.layout, matrix, taken, version,
-                              check_rest=any(d.refused for d in settled))
+        shards, written = matrix_writes(tx, self.store.layout, matrix, taken, version,
+                                        check_rest=any(d.refused for d in settled))
+        size += shards
         if size > TRANSACTION_BYTES and len(settled) > 1:
             first = self._commit(matrix, version, settled[:len(settled) // 2], live, limits,
                                  refusals)
@@ -619,6 +623,7 @@ class Admitter:
             return Commit.CONFLICT  # a cancel, a lost waiter or another writer: decide again
         if any(isinstance(r, Exception) for r in results):
             return Commit.CONFLICT
+        self._memo.admitted(version, written, [d.task_key for d in settled if d.admitted])
         for decision in settled:
             self.reader.settled.add(decision.task_key)
             self.reader.records.pop(decision.task_key, None)  # no longer waiting

@@ -15,8 +15,9 @@ from dataclasses import replace
 from hypertf import store
 from hypertf.core.placement import PortRanges, Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
-from hypertf.store import AgentRecord, RecordCache, Store
+from hypertf.store import AgentRecord, RecordCache, Store, allocation
 from hypertf.store.allocation import read_matrix
+from hypertf.store.keeper import KeeperRole
 from hypertf.store.recordcache import content_of
 from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
@@ -127,3 +128,28 @@ def test_an_agents_unreadable_record_counts_its_host_down_and_stops_nobody(
     finally:
         store.close(agent)
         store.close(user)
+
+
+def test_a_pass_with_nothing_moved_does_not_sync_again(secured, layout, fake_agents, zk,
+                                                       monkeypatch):
+    """The sync is skipped while the matrix, the records' content, the hosts and the live
+    grants are what the last in-line sync saw; a record's change brings it back."""
+    agents = fake_agents({"n1": 2, "n2": 2})
+    role = KeeperRole(Store(zk, layout), wake=lambda: None).start()
+    try:
+        role.keep()
+        role.keep()  # in line now (the first may have written the rows)
+        calls: list[int] = []
+        real = allocation.synced
+        monkeypatch.setattr(allocation, "synced",
+                            lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+        role.keep()
+        role.keep()
+        assert calls == []
+        old = record_of(agents, layout, "n1")
+        agents.set(layout.resource("n1"), replace(old, gpu_avail_list=[0]).to_json())
+        wait_for(lambda: role.keep() is not None and calls, 10, "a sync after the change")
+        matrix, _ = read_matrix(Store(zk, layout))
+        assert matrix.gpus["n1"] == [1, 0]
+    finally:
+        role.stop()

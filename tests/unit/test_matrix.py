@@ -86,6 +86,35 @@ def test_only_the_shards_a_change_touches_are_written():
     assert part.gpus["h3"] == ["k", 1] and part.ports == {"h3": {"20000": "k"}}
 
 
+def test_changed_shards_agree_with_comparing_every_shard():
+    """Finding the changed hosts first gives what splitting both matrices and comparing
+    every shard gave: rows changed, added or removed, ports alone, equal copies."""
+    old = Matrix(gpus={f"h{i}": [1, 1] for i in range(60)},
+                 ports={"h1": {"20000": "a"}, "h2": {"20001": "b"}})
+    new = old.copy()
+    new.gpus["h4"] = [1, 0]  # a changed row (a new list)
+    new.gpus["h70"] = [1]  # a new host
+    del new.gpus["h9"]  # a host gone
+    new.ports["h2"] = {}  # ports emptied
+    new.ports["h5"] = {"20002": "c"}  # ports alone
+    expected = {i: part for i, (was, part) in enumerate(zip(split(old, 7), split(new, 7),
+                                                            strict=True))
+                if not same(was, part)}
+    assert changed_shards(old, new, 7) == expected
+    assert changed_shards(new, new.copy(), 7) == {}
+
+
+def test_take_copies_only_the_rows_it_changes():
+    matrix = Matrix(gpus={"h1": [1, 1], "h2": [1, 1]}, ports={"h2": {"20000": "x"}})
+    taken = matrix.take("job", {"h1": [0]}, {"h1": [20001]})
+    assert taken.gpus["h2"] is matrix.gpus["h2"]  # shared: neither is changed in place
+    assert taken.gpus["h1"] is not matrix.gpus["h1"] and matrix.gpus["h1"] == [1, 1]
+    assert matrix.ports == {"h2": {"20000": "x"}}
+    again = taken.take("other", {"h2": [1]}, {})
+    assert matrix.gpus["h2"] == [1, 1] and taken.gpus["h2"] == [1, 1]
+    assert again.gpus == {"h1": ["job", 1], "h2": [1, "other"]}
+
+
 def test_the_index_names_its_shards_and_the_previous_layout_reads_as_none():
     assert MatrixIndex.from_json(MatrixIndex(79).to_json()) == MatrixIndex(79)
     assert json.loads(MatrixIndex(3).to_json()) == {"format": 2, "shards": 3}
