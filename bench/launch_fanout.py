@@ -336,6 +336,9 @@ def main() -> int:
         return common.median([r[key] for r in results.get((method, count), [])])
 
     print()
+    # Issue 43 item 3's goals, cold (no resident process): <= 1.0x pdsh with 8 hosts, 1.3x
+    # with 1; the warm launcher's rows are judged by the same, for comparison.
+    goals = {8: ("<=", 1.0), 1: ("<=", 1.3)}
     for count in sizes:
         ours, pd, ssh = med("hypertf", count), med("pdsh", count), med("ssh", count)
         report.add(f"N={count} hypertf train: command to every port listening", ours, "s",
@@ -345,7 +348,8 @@ def main() -> int:
                    method="pdsh", n=count)
         report.add(f"N={count} serial ssh loop: command to every port listening", ssh, "s",
                    method="ssh", n=count)
-        report.add(f"N={count} ratio hypertf/pdsh", common.ratio(ours, pd), "x")
+        report.add(f"N={count} ratio hypertf/pdsh", common.ratio(ours, pd), "x",
+                   goal=goals.get(count))
         report.add(f"N={count} ratio hypertf/serial ssh", common.ratio(ours, ssh), "x")
         report.add(f"N={count} hypertf: command to its 'started N tasks' line",
                    med("hypertf", count, "started_line_s"), "s")
@@ -363,7 +367,7 @@ def main() -> int:
             report.add(f"N={count} hypertf, warm launcher: command to every port listening",
                        warm, "s", method="hypertf-warm", n=count)
             report.add(f"N={count} ratio hypertf (warm launcher)/pdsh", common.ratio(warm, pd),
-                       "x")
+                       "x", goal=goals.get(count))
         for method in ("hypertf", "hypertf-cold", "hypertf-warm")[:2 if args.no_warm else 3]:
             timeline = ", ".join(
                 f"{phase} {med(method, count, f'phase {phase}'):.2f}" for phase in PHASES
@@ -384,16 +388,16 @@ def main() -> int:
     report.add(f"short job, {short} workers that listen and exit: hypertf train, command to exit",
                ours_short, "s")
     report.add("short job: ssh in parallel, waited for", ssh_short, "s")
-    report.add("short job: ratio hypertf/ssh (target <= 1.5x)",
-               common.ratio(ours_short, ssh_short), "x")
+    report.add("short job: ratio hypertf/ssh", common.ratio(ours_short, ssh_short), "x",
+               goal=("<=", 1.2))
     report.add("short job: hypertf, preflight cache off", cold_short, "s")
     report.add("short job: ratio hypertf (cache off)/ssh", common.ratio(cold_short, ssh_short),
                "x")
     if not args.no_warm:
         warm_short = med("short hypertf-warm", short, "wall_s")
         report.add("short job: hypertf, warm launcher", warm_short, "s")
-        report.add("short job: ratio hypertf (warm launcher)/ssh (target <= 1.5x)",
-                   common.ratio(warm_short, ssh_short), "x")
+        report.add("short job: ratio hypertf (warm launcher)/ssh",
+                   common.ratio(warm_short, ssh_short), "x", goal=("<=", 1.2))
     for method in ("short hypertf", "short hypertf-cold",
                    "short hypertf-warm")[:2 if args.no_warm else 3]:
         timeline = ", ".join(

@@ -163,16 +163,19 @@ class Matrix:
     def drain(self, task_keys: set[str], hosts: Iterable[str] | None = None) -> Matrix:
         """A copy where the cells and ports of ``task_keys`` (on ``hosts``, default all) are
         draining: neither free nor held, until the node confirms the processes dead."""
-        result = self.copy()
+        result = Matrix(dict(self.gpus), dict(self.ports))  # rows copied where changed
         chosen = set(result.gpus) | set(result.ports) if hosts is None else set(hosts)
         for host in chosen:
             row = result.gpus.get(host, [])
-            for i, cell in enumerate(row):
-                if holder(cell) in task_keys:
-                    row[i] = DRAINING + str(cell)
-            for port, key in result.ports.get(host, {}).items():
-                if holder(key) in task_keys:
-                    result.ports[host][port] = DRAINING + key
+            if _has_job(row):  # most rows of a large cluster hold none: C speed
+                cells = [DRAINING + str(cell) if holder(cell) in task_keys else cell
+                         for cell in row]
+                if cells != row:
+                    result.gpus[host] = cells
+            ports = result.ports.get(host)
+            if ports and any(holder(key) in task_keys for key in ports.values()):
+                result.ports[host] = {port: DRAINING + key if holder(key) in task_keys
+                                      else key for port, key in ports.items()}
         return result
 
     def held_by(self, task_key: str) -> dict[str, list[int]]:
@@ -223,16 +226,18 @@ class Matrix:
                 hosts: Iterable[str] | None = None) -> Matrix:
         """A copy without the cells and ports of ``task_keys``, held or draining, on
         ``hosts`` (default all); freed cells follow the agent's record."""
-        result = self.copy()
+        result = Matrix(dict(self.gpus), dict(self.ports))  # rows copied where changed
         chosen = None if hosts is None else set(hosts)
-        for host, row in result.gpus.items():
-            if chosen is not None and host not in chosen:
+        for host, row in self.gpus.items():
+            if (chosen is not None and host not in chosen) or not _has_job(row):
+                continue  # most rows of a large cluster hold no job: C speed
+            if not any(job_of(cell) in task_keys for cell in row):
                 continue
             record = records.get(host)
             avail = set(record.gpu_avail_list) if record else set()
-            for i, cell in enumerate(row):
-                if job_of(cell) in task_keys:
-                    row[i] = FREE if i in avail else UNAVAILABLE
+            result.gpus[host] = [(FREE if i in avail else UNAVAILABLE)
+                                 if job_of(cell) in task_keys else cell
+                                 for i, cell in enumerate(row)]
         for host in list(result.ports):
             if chosen is not None and host not in chosen:
                 continue

@@ -496,15 +496,15 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
         registered = registered_hosts() if registered_hosts else store.hosts()
         records = cache.records(registered) if cache else store.records(only=registered)
         leases = store.leases()
+        dead = matrix.task_keys() - leases
         inputs = None
-        if memo is not None and cache is not None and not matrix.task_keys() - leases:
+        if memo is not None and cache is not None:
             live_grants = frozenset(k for k in grants or () if k in leases)
             inputs = (version, cache.seen_generation, registered, live_grants)
-            if memo.key == inputs:
+            if not dead and memo.key == inputs:
                 return Synced(matrix, version, records, leases), set()
         current = synced(matrix, records, leases, registered=registered)
         current = freed_by_reports(current, records)
-        dead = matrix.task_keys() - leases
         lost = set()
         ended = read_jobs(store, dead)  # one round trip for every ended job
         for key in dead:
@@ -519,13 +519,13 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
                 log.warning("matrix repaired: %s", line)
         if same(matrix, current):
             if memo is not None:
-                memo.key = inputs
+                memo.key = None if dead else inputs
             return Synced(current, version, records, leases), set()
         written = written_version(store, matrix, current, version)
         if written is None:
             raise ForceRetryError()
         if memo is not None and inputs is not None:  # what it wrote is in line with them
-            memo.key = (written, *inputs[1:])
+            memo.key = (written, *inputs[1:])  # (a dead job's cells: drained or freed now)
         return Synced(current, written, records, leases), lost
 
     done, lost = until_committed(attempt, "syncing the matrix")

@@ -115,6 +115,24 @@ def test_take_copies_only_the_rows_it_changes():
     assert again.gpus == {"h1": ["job", 1], "h2": [1, "other"]}
 
 
+def test_drain_and_release_leave_the_original_as_it_was():
+    """drain and release copy only the rows and ports they change (an idle row of 25,000
+    is shared), and never change the matrix they were called on."""
+    matrix = Matrix(gpus={"h1": ["a", 1], "h2": [1, 1], "h3": ["b", "a"]},
+                    ports={"h1": {"20000": "a"}, "h3": {"20001": "b"}})
+    before = matrix.copy()
+    drained = matrix.drain({"a"})
+    assert drained.gpus == {"h1": [DRAINING + "a", 1], "h2": [1, 1],
+                            "h3": ["b", DRAINING + "a"]}
+    assert drained.ports == {"h1": {"20000": DRAINING + "a"}, "h3": {"20001": "b"}}
+    assert drained.gpus["h2"] is matrix.gpus["h2"]
+    released = drained.release({"a"}, {}, hosts=["h1"])
+    assert released.gpus["h1"] == [UNAVAILABLE, 1] and released.ports == {
+        "h3": {"20001": "b"}}
+    assert released.gpus["h3"] is drained.gpus["h3"]
+    assert matrix == before and drained.gpus["h1"] == [DRAINING + "a", 1]
+
+
 def test_the_index_names_its_shards_and_the_previous_layout_reads_as_none():
     assert MatrixIndex.from_json(MatrixIndex(79).to_json()) == MatrixIndex(79)
     assert json.loads(MatrixIndex(3).to_json()) == {"format": 2, "shards": 3}
