@@ -310,14 +310,14 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         big = Request(slots=tuple(TaskSlot("worker", i, 8) for i in range(8)), hosts=names)
         passes = cProfile.Profile() if args.profile and largest_size else None
         if passes is not None:  # the keeper thread's passes while the 1-GPU jobs cycle
-            keep = keeper.role.keep
+            keep, profiler = keeper.role.keep, passes
 
             def profiled() -> list[object]:
-                passes.enable()
+                profiler.enable()
                 try:
                     return keep()
                 finally:
-                    passes.disable()
+                    profiler.disable()
 
             keeper.role.keep = profiled  # type: ignore[method-assign]
         for label, request, repeat in (("1-GPU job", small, 7),

@@ -84,7 +84,7 @@ def usable_hosts(job: Waiting, matrix: Matrix, live: set[str]) -> set[str]:
             if host in live and len(matrix.gpus.get(host, [])) >= smallest}
 
 
-def _fits(job: Waiting, free: Mapping[str, list[int]], live: set[str]
+def _fits(job: Waiting, free: Mapping[str, Sequence[int]], live: set[str]
           ) -> list[Placement] | None:
     hosts = [host for host in job.request.hosts if host in live]  # the request's order
     try:
@@ -117,8 +117,8 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
     live = set(live)
     taken = matrix  # each admission's take() is a new matrix: this one stays as it is
     rows = matrix.gpus  # the free cells of the hosts that have some (a full cluster: few)
-    free = {host: list(_free_cells(tuple(row))) for host in live
-            if (row := rows.get(host)) and FREE in row}
+    free: dict[str, Sequence[int]] = {host: _free_cells(tuple(row)) for host in live
+                                      if (row := rows.get(host)) and FREE in row}
     free_total = sum(len(cells) for cells in free.values())
     used = matrix.held_per_user()
     reserved: set[str] = set()  # always live hosts: once it is all of them, it stays so
