@@ -276,44 +276,39 @@ def _get_each(client: KazooClient, paths: list[str], timeout: float,
     return results
 
 
-class AddWatch:
-    """ZooKeeper's addWatch (opcode 106, ZooKeeper 3.6 and later), which kazoo lacks: a
-    watch that stays set after it fires; recursive (mode 1), it fires for every node below
-    the path too (created, changed, deleted). One request instead of one per node and per
-    change: 25,000 agents' keep-alives at ~930 a second cost kazoo ~300 us each to re-arm a
-    plain watch, more than the keeper's whole pass."""
+class _PathAndNumber:
+    """A request that kazoo lacks, of a path and a number (ZooKeeper 3.6+), answered by
+    its header alone."""
+
+    type = 0
+
+    def __init__(self, path: str, number: int) -> None:
+        self.path = path
+        self.number = number
+
+    def serialize(self) -> bytes:
+        return bytes(write_string(self.path) + int_struct.pack(self.number))
+
+    @classmethod
+    def deserialize(cls, _data: bytes, _offset: int) -> bool:
+        return True
+
+
+class AddWatch(_PathAndNumber):
+    """ZooKeeper's addWatch (opcode 106): a watch that stays set after it fires; recursive
+    (mode 1), it fires for every node below the path too (created, changed, deleted). One
+    request instead of one per node and per change: 25,000 agents' keep-alives at ~930 a
+    second cost kazoo ~300 us each to re-arm a plain watch, more than the keeper's pass."""
 
     type = 106
     PERSISTENT_RECURSIVE = 1
 
-    def __init__(self, path: str, mode: int = PERSISTENT_RECURSIVE) -> None:
-        self.path = path
-        self.mode = mode
 
-    def serialize(self) -> bytes:
-        return bytes(write_string(self.path) + int_struct.pack(self.mode))
-
-    @classmethod
-    def deserialize(cls, _data: bytes, _offset: int) -> bool:
-        return True
-
-
-class RemoveWatches:
-    """ZooKeeper's removeWatches (opcode 18) for a persistent recursive watch (type 5)."""
+class RemoveWatches(_PathAndNumber):
+    """ZooKeeper's removeWatches (opcode 18); watcher type 5: a persistent recursive one."""
 
     type = 18
     PERSISTENT_RECURSIVE = 5
-
-    def __init__(self, path: str, kind: int = PERSISTENT_RECURSIVE) -> None:
-        self.path = path
-        self.kind = kind
-
-    def serialize(self) -> bytes:
-        return bytes(write_string(self.path) + int_struct.pack(self.kind))
-
-    @classmethod
-    def deserialize(cls, _data: bytes, _offset: int) -> bool:
-        return True
 
 
 TreeCallback = Callable[[int, str], None]  # (kazoo's event type code, path)
@@ -342,7 +337,7 @@ def watch_tree(client: KazooClient, path: str, callback: TreeCallback,
         connection._read_watch_event = read_watch_event
     routes[f"{path}/"] = callback
     result = client.handler.async_result()
-    client._call(AddWatch(path), result)
+    client._call(AddWatch(path, AddWatch.PERSISTENT_RECURSIVE), result)
     try:
         result.get(timeout=timeout)
     except (UnimplementedError, KazooException, client.handler.timeout_exception):
@@ -358,4 +353,5 @@ def unwatch_tree(client: KazooClient, path: str) -> None:
         routes.pop(f"{path}/", None)
     if client.connected:
         with contextlib.suppress(Exception):
-            client._call(RemoveWatches(path), client.handler.async_result())
+            client._call(RemoveWatches(path, RemoveWatches.PERSISTENT_RECURSIVE),
+                         client.handler.async_result())
