@@ -1,6 +1,6 @@
 """The watch on the registered hosts (``HostWatch``): what wakes the keeper when a host is
-registered or removed, and hands the hosts to the keeper's record cache, whose watches
-follow each host's record (its coming, changes and going)."""
+registered or removed, and hands the hosts to the keeper's record cache, whose one
+recursive watch follows each host's record (its coming, changes and going)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ __all__ = ["HostWatch"]
 
 class HostWatch:
     """Keeps ``hosts`` (the registered hosts: the keeper's pass lists 25,000 names no more)
-    and calls ``wake`` whenever they change, after ``follow(hosts)`` (the
-    record cache's: one data watch per host's record, not one children watch per host's
-    folder and a data watch besides, which cost 2 synchronous round trips per host at the
-    keeper's start)."""
+    and calls ``wake`` whenever they change, after ``follow(hosts)`` (the record cache's,
+    which follows every record by one recursive watch: no more a children watch per host's
+    folder and a data watch per record, 2 synchronous round trips per host at the keeper's
+    start)."""
 
     def __init__(self, client: KazooClient, layout: Layout, wake: Callable[..., Any],
                  follow: Callable[[list[str]], None] | None = None) -> None:
