@@ -36,13 +36,10 @@ DRAINING = "draining:"
 Cell = int | str
 
 
-def _cell_ok(cell: object) -> bool:
-    """A cell as the keeper writes it: 1, 0 or a task key (held or draining)."""
-    return (cell in (FREE, UNAVAILABLE) and type(cell) is int) or isinstance(cell, str)
-
-
 def _row_ok(row: object) -> bool:
-    """A row of cells; a row of ints alone (most rows: no job) is checked at C speed."""
+    """A row of cells as the keeper writes them (1, 0 or a task key, held or draining),
+    checked at C speed: a row of ints alone (most rows: no job) by its set, a row with
+    jobs by its distinct cells."""
     if not isinstance(row, list):
         return False
     types = set(map(type, row))
