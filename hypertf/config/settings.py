@@ -233,6 +233,10 @@ SETTINGS: dict[str, Setting] = {
     # Jobs one user may have waiting at once (0: no limit); the keeper refuses the newest
     # past it, so one user's flood cannot slow everyone's admissions.
     "hypertf_user_queue_limit": Setting(_count, 200, scope="cluster"),
+    # The most GPUs the keeper believes one host's agent reports: a record claiming more
+    # counts its host down (a stolen node credential must not draw large jobs, and their
+    # data, to its host). Set it to your largest node's GPU count.
+    "hypertf_host_gpus_max": Setting(_positive(int), 16, scope="cluster"),
     # The hosts whose agent may keep the matrix: only they get the keeper's credential
     # (keeper.yml). Default: the gpu nodes in the zookeeper group, else the first three.
     "hypertf_keeper_hosts": Setting(_hosts, (), scope="cluster"),
@@ -307,6 +311,7 @@ class ClusterSettings:
     keeper_prune_interval: float = 60.0
     user_gpu_limit: int = 0  # 0: none
     user_queue_limit: int = 200  # waiting jobs per user (0: none)
+    host_gpus_max: int = 16  # GPUs a host's record may claim (the keeper's bound)
     keeper_hosts: tuple[str, ...] = ()  # () : the default (keeper_hosts_of)
     zk_credentials: str | None = None  # directory of credential files; None: the default
     zk_tls_ca: str | None = None  # CA certificate: TLS to ZooKeeper

@@ -5,7 +5,9 @@ or read them need no ZooKeeper client.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -15,6 +17,14 @@ from hypertf.core.errors import StoreError
 FORMAT = 1
 # ZooKeeper refuses a znode larger than jute.maxbuffer (1 MiB by default); stay under it.
 MAX_ZNODE_BYTES = 1024 * 1024 - 1024
+# Every record is hostile input (docs/zookeeper-layout.md, "Trust"): none HyperTF writes
+# nests deeper than 6, and Python's JSON parser raises RecursionError past ~1,000.
+MAX_DEPTH = 32
+MAX_AGENT_RECORD_BYTES = 512 * 1024  # 64 GPUs with 1,000 processes each stay far below
+MAX_HOST_GPUS = 1024  # a record's own claim; the keeper caps it lower (hypertf_host_gpus_max)
+MAX_GPU_PROCESSES = 4096
+MAX_REPORTS = 1024  # drained keys, trespasses
+MAX_TEXT = 1024  # a name, a UUID, a reason, a version
 
 
 @dataclass(frozen=True)
@@ -71,11 +81,23 @@ class GpuInfo:
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> GpuInfo:
         """From the record's JSON (80,000 of them at 10,000 hosts: no work when no GPU
-        has processes, the usual case)."""
+        has processes, the usual case), typed and ranged: TypeError names what is wrong."""
         processes = payload.pop("processes", None)
         if processes:
-            payload["processes"] = [GpuProcess(**p) for p in processes]
-        return cls(**payload)
+            _check(isinstance(processes, list) and len(processes) <= MAX_GPU_PROCESSES,
+                   "a GPU's 'processes' is not a list of at most "
+                   f"{MAX_GPU_PROCESSES} processes")
+            payload["processes"] = [_process(p) for p in processes]
+        gpu = cls(**payload)
+        _check(_is_int(gpu.index) and 0 <= gpu.index < MAX_HOST_GPUS, "a GPU's 'index'")
+        _check(_is_text(gpu.name) and _is_text(gpu.uuid) and _is_text(gpu.reason),
+               f"GPU {gpu.index}'s name, uuid or reason is not a short text")
+        _check(_is_number(gpu.utilization) and _is_count(gpu.memory_used)
+               and _is_count(gpu.memory_total),
+               f"GPU {gpu.index}'s utilization or memory is not a finite number")
+        _check(type(gpu.available) is bool and type(gpu.mig) is bool,
+               f"GPU {gpu.index}'s available or mig is not true/false")
+        return gpu
 
 
 @dataclass(frozen=True)
@@ -120,9 +142,16 @@ class AgentRecord:
 
     @classmethod
     def from_json(cls, data: bytes) -> AgentRecord:
+        """The whole record, every field typed and ranged (StoreError naming the host and
+        the field otherwise): what the keeper and the launcher decide by."""
         record, gpus = cls.without_gpus(data)
         try:
-            return replace(record, gpus=[GpuInfo.from_dict(gpu) for gpu in gpus])
+            built = [GpuInfo.from_dict(gpu) for gpu in gpus]
+            indices = [gpu.index for gpu in built]
+            _check(len(set(indices)) == len(indices)
+                   and all(index < record.gpu for index in indices),
+                   f"'gpus' holds indices {indices[:8]} for a host of {record.gpu} GPUs")
+            return replace(record, gpus=built)
         except (TypeError, AttributeError) as err:  # missing or unknown fields, wrong shapes
             raise _unreadable(record.host, err) from None
 
@@ -131,19 +160,101 @@ class AgentRecord:
         """The record with no GpuInfo built (``gpus`` empty; ``gpu`` and
         ``gpu_avail_list`` kept) and its GPUs as the JSON's mappings: at 10,000 hosts,
         building 80,000 GpuInfo was most of a ``hypertf status`` that shows a few fields."""
-        payload = decode(data, "agent record")
+        payload = decode(data, "agent record", limit=MAX_AGENT_RECORD_BYTES)
         gpus = payload.pop("gpus", [])
         try:
-            if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
-                raise TypeError("'gpus' is not a list of objects")
+            _check(isinstance(gpus, list) and len(gpus) <= MAX_HOST_GPUS
+                   and all(isinstance(g, dict) for g in gpus),
+                   "'gpus' is not a list of objects")
             drained = payload.get("drained", [])
-            if not isinstance(drained, list) or not all(isinstance(k, str) for k in drained):
-                raise TypeError("'drained' is not a list of task keys")
+            _check(isinstance(drained, list) and len(drained) <= MAX_REPORTS
+                   and all(_is_text(k) for k in drained),
+                   "'drained' is not a list of task keys")
             if "trespasses" in payload:
-                payload["trespasses"] = [Trespass(**t) for t in payload["trespasses"]]
-            return cls(**payload), gpus
+                trespasses = payload["trespasses"]
+                _check(isinstance(trespasses, list) and len(trespasses) <= MAX_REPORTS,
+                       f"'trespasses' is not a list of at most {MAX_REPORTS}")
+                payload["trespasses"] = [_trespass(t) for t in trespasses]
+            record = cls(**payload)
+            _check_record(record)
+            return record, gpus
         except (TypeError, AttributeError) as err:  # missing or unknown fields, wrong shapes
             raise _unreadable(payload.get("host", "?"), err) from None
+
+
+def _check(ok: object, what: str) -> None:
+    """TypeError naming ``what`` unless ``ok``: the record parsers turn it into a
+    StoreError naming the host."""
+    if not ok:
+        raise TypeError(what if " is " in what or " holds " in what else f"{what} is invalid")
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int
+
+
+def _is_count(value: object) -> bool:
+    """A non-negative integer (memory in bytes, a PID)."""
+    return type(value) is int and value >= 0
+
+
+def _is_number(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def _is_text(value: object, limit: int = MAX_TEXT) -> bool:
+    return type(value) is str and len(value) <= limit
+
+
+def _is_address(value: object) -> bool:
+    """An IP address literal (never a name: a name would be resolved by whoever reads)."""
+    if not isinstance(value, str) or len(value) > 64:
+        return False
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _process(payload: object) -> GpuProcess:
+    _check(isinstance(payload, dict), "a GPU's process is not an object")
+    process = GpuProcess(**payload)  # type: ignore[arg-type]
+    _check(_is_count(process.pid) and (process.memory is None or _is_count(process.memory))
+           and (process.task_key is None or _is_text(process.task_key)),
+           "a GPU process's pid, memory or task_key")
+    return process
+
+
+def _trespass(payload: object) -> Trespass:
+    _check(isinstance(payload, dict), "a trespass is not an object")
+    found = Trespass(**payload)  # type: ignore[arg-type]
+    _check(_is_count(found.pid) and _is_int(found.gpu) and type(found.stopped) is bool
+           and all(_is_text(v) for v in (found.uuid, found.claims, found.holder, found.how,
+                                         found.user)),
+           "a trespass's fields")
+    return found
+
+
+def _check_record(record: AgentRecord) -> None:
+    """The top-level fields typed and ranged: GPU counts are integers up to
+    MAX_HOST_GPUS (the keeper caps them lower), the available list within them, addresses
+    IP literals, the port a port, times finite."""
+    _check(_is_text(record.host, 255) and _is_text(record.hostname, 255), "'host'")
+    _check(_is_address(record.mgmt_addr) and _is_address(record.data_addr),
+           "'mgmt_addr' or 'data_addr' is not an IP address")
+    _check(_is_int(record.port) and 0 <= record.port <= 65535, "'port'")
+    _check(_is_int(record.gpu) and 0 <= record.gpu <= MAX_HOST_GPUS,
+           f"'gpu' is not an integer from 0 to {MAX_HOST_GPUS}")
+    avail = record.gpu_avail_list
+    _check(isinstance(avail, list) and all(_is_int(i) and 0 <= i < record.gpu for i in avail)
+           and len(set(avail)) == len(avail),
+           f"'gpu_avail_list' holds indices outside the host's {record.gpu} GPUs")
+    _check(_is_text(record.gpu_source) and isinstance(record.gpu_driver, dict)
+           and len(record.gpu_driver) <= 16
+           and all(_is_text(k) and _is_text(v) for k, v in record.gpu_driver.items()),
+           "'gpu_source' or 'gpu_driver'")
+    _check(_is_number(record.heartbeat) and _is_count(record.pid), "'heartbeat' or 'pid'")
 
 
 def _unreadable(host: object, err: Exception) -> StoreError:
@@ -165,12 +276,23 @@ def encode(payload: Mapping[str, Any], fmt: int = FORMAT) -> bytes:
     return data
 
 
-def decode(data: bytes, what: str, fmt: int = FORMAT) -> dict[str, Any]:
-    """Parse a record, refusing formats this version does not know (``fmt``: the one)."""
+def decode(data: bytes, what: str, fmt: int = FORMAT,
+           limit: int = MAX_ZNODE_BYTES) -> dict[str, Any]:
+    """Parse a record, refusing formats this version does not know (``fmt``: the one).
+    Every record is hostile input: one over ``limit`` bytes, nested deeper than MAX_DEPTH
+    or not JSON is a StoreError like any unreadable record (never a RecursionError that
+    would stop the reader for everyone)."""
+    if len(data) > limit:
+        raise StoreError(f"ZooKeeper holds an unreadable {what}: {len(data):,} bytes, "
+                         f"over the {limit:,} one may have")
     try:
         payload = json.loads(data.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise StoreError(f"ZooKeeper holds an unreadable {what}: {err}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        reason = "nested too deeply" if isinstance(err, RecursionError) else err
+        raise StoreError(f"ZooKeeper holds an unreadable {what}: {reason}") from None
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and too_deep(payload):
+        raise StoreError(f"ZooKeeper holds an unreadable {what}: nested deeper than "
+                         f"{MAX_DEPTH} levels")
     if not isinstance(payload, dict):
         raise StoreError(
             f"ZooKeeper holds an unreadable {what}: expected a JSON object, "
@@ -185,3 +307,21 @@ def decode(data: bytes, what: str, fmt: int = FORMAT) -> dict[str, Any]:
     return payload
 
 
+
+
+def too_deep(payload: object, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``payload`` nests lists and objects deeper than ``limit`` (a walk with its
+    own stack: a reader that recursed would be the thing it guards)."""
+    stack: list[tuple[object, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False

@@ -25,6 +25,7 @@ DEFAULT_PORT_RANGE = (20000, 20999)
 MAX_RECORD_BYTES = 256 * 1024  # a request over 10,000 hosts is ~120 KB compacted
 MAX_SLOTS = 10_000  # tasks in one job
 MAX_GPUS_PER_TASK = 64  # more than any host holds
+FIRST_TASK_PORT = 1024  # below: the system's services, never a task's
 MAX_PRIORITY_ABS = 10**9  # a wish, clamped to the owner's maximum anyway
 ROLES = ("chief", "worker", "ps", "evaluator", OFFLOAD)  # OFFLOAD: --offload-hosts
 QUEUE_FIELDS = frozenset({"priority", "hosts", "policy", "slots", "port_range",
@@ -56,7 +57,8 @@ def _host(value: Any, what: str) -> str:
 def _port_range(value: Any, what: str) -> tuple[int, int]:
     if not isinstance(value, list) or len(value) != 2:
         raise InvalidRequest(f"{what} is not [low, high]")
-    low = _int(value[0], f"{what}'s low end", 1, 65535)
+    # never a system port (sshd's 22, a web server's 443): a task there could pose as it
+    low = _int(value[0], f"{what}'s low end", FIRST_TASK_PORT, 65535)
     high = _int(value[1], f"{what}'s high end", low, 65535)
     return low, high
 

@@ -15,7 +15,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from kazoo.client import KazooState
 
 from hypertf import store
 from hypertf.config.inventory import Inventory
+from hypertf.core.addresses import HostAddresses, data_addresses
 from hypertf.core.admission import fits_cluster
 from hypertf.core.errors import HyperTFError, InsufficientResources
 from hypertf.core.jobrecord import JobState
@@ -113,6 +114,7 @@ class Job:
         self.store: Any = None  # store.Store once connected
         self.cluster: Cluster | None = None
         self.records: dict[str, store.AgentRecord] = {}
+        self._said_refused: set[tuple[str, str]] = set()  # (host, claim) told about
         self.lost_session = threading.Event()
         self.started_at = time.time()
         self.result = JobState.FAILED  # succeeded, failed or interrupted
@@ -180,7 +182,8 @@ class Job:
         interval = max((n.settings.agent_interval for n in self.inventory.nodes.values()),
                        default=5.0)
         window = store.outage_patience(cluster) + 2.0 + interval + 5.0
-        self.records = self.store.records_soon(self.inventory.nodes, window, self.say)
+        records = self.store.records_soon(self.inventory.nodes, window, self.say)
+        self.records = self._vouched(records)
         hosts = [name for name in self.inventory.nodes if name in self.records]
         if not hosts:
             raise HyperTFError(
@@ -188,6 +191,27 @@ class Job:
                 f"'invoke agent.start -i {self.inventory.path}' (status: hypertf status)"
             )
         return hosts
+
+    def _vouched(self, records: dict[str, store.AgentRecord]
+                 ) -> dict[str, store.AgentRecord]:
+        """The records with each host's data address as the inventory vouches for it
+        (hypertf.core.addresses): an agent's claim the inventory cannot check is replaced
+        by the host's inventory address, said once per host and claim."""
+        nodes = self.inventory.nodes
+        chosen = data_addresses({
+            host: HostAddresses(nodes[host].address, record.data_addr,
+                                nodes[host].settings.data_network)
+            for host, record in records.items() if host in nodes})
+        vouched = dict(records)
+        for host, (address, refused) in chosen.items():
+            if refused and (host, records[host].data_addr) not in self._said_refused:
+                self._said_refused.add((host, records[host].data_addr))
+                self.say(f"hypertf: notice: {host}'s agent reports the data address "
+                         f"{records[host].data_addr}, not taken ({refused}): its tasks use "
+                         f"the inventory's address {address}")
+            if address != records[host].data_addr:
+                vouched[host] = replace(records[host], data_addr=address)
+        return vouched
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.LOST:

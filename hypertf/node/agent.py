@@ -517,7 +517,8 @@ class NodeAgent:
             cluster = self.inventory.cluster
             role = KeeperRole(zk, self._wake_up, cluster.user_gpu_limit,
                               cluster.user_queue_limit,
-                              records_changed=self._records_changed.set).start()
+                              records_changed=self._records_changed.set,
+                              host_gpus_max=cluster.host_gpus_max).start()
         return role
 
     def _stop_requested_cleanup(self, client: KazooClient) -> None:

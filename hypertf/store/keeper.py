@@ -43,9 +43,10 @@ class KeeperRole:
 
     def __init__(self, zk: Store, wake: Callable[[], object], user_gpu_limit: int = 0,
                  user_queue_limit: int = 0, watch_leases: bool = False,
-                 records_changed: Callable[[], object] | None = None) -> None:
+                 records_changed: Callable[[], object] | None = None,
+                 host_gpus_max: int = 0) -> None:
         self.store = zk
-        self.admitter = Admitter(zk, user_gpu_limit, user_queue_limit)
+        self.admitter = Admitter(zk, user_gpu_limit, user_queue_limit, host_gpus_max)
         self._wake = wake
         self._watch_leases = watch_leases
         self._records_changed = records_changed
@@ -115,7 +116,8 @@ class KeeperThread:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.role = KeeperRole(Store(self.client, self.layout), self._wake.set,
-                               user_gpu_limit, user_queue_limit, watch_leases=True)
+                               user_gpu_limit, user_queue_limit, watch_leases=True,
+                               host_gpus_max=cluster.host_gpus_max)
         self.admitter = self.role.admitter
         self._thread = threading.Thread(target=self._run, daemon=True, name="keeper")
         self.passes = 0

@@ -71,9 +71,10 @@ class RecordCache:
     it must only take note."""
 
     def __init__(self, store: Store,
-                 changed: Callable[[bool], object] | None = None) -> None:
+                 changed: Callable[[bool], object] | None = None, gpus_max: int = 0) -> None:
         self.store = store
         self.changed = changed
+        self.gpus_max = gpus_max  # the admin's bound on a record's GPUs (0: the format's)
         self.generation = 0  # moves when a record's content comes, changes or goes
         self.seen_generation = 0  # ``generation`` as the last ``records`` call saw it
         self._lock = threading.Lock()
@@ -178,11 +179,16 @@ class RecordCache:
             return
         try:
             record = AgentRecord.from_json(data)
+            if self.gpus_max and record.gpu > self.gpus_max:
+                raise StoreError(
+                    f"host {host}'s agent reports {record.gpu} GPUs, more than the "
+                    f"{self.gpus_max} hypertf_host_gpus_max allows (raise it in the "
+                    f"inventory if the host has that many)")
         except StoreError as err:
-            if self._refused.get(host) != data:
+            if self._refused.get(host) != content:  # once per content, not per keep-alive
                 log.error("%s: host %s counts as down until its agent writes a readable "
                           "record", err, host)
-                self._refused[host] = data
+                self._refused[host] = content
             if known is not None:
                 del self._parsed[host]
                 self.generation += 1

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kazoo.client import KazooClient
 
 from hypertf.config.inventory import Inventory
+from hypertf.core.errors import StoreError
 from hypertf.core.matrix import Cell, GpuState, job_of, state_of, synced
 from hypertf.store import AgentRecord, GpuInfo, Layout, Store, fourletter
 from hypertf.store.allocation import read_matrix
@@ -66,9 +67,16 @@ def collect(client: KazooClient, inventory: Inventory,
     stored, _ = read_matrix(zk)
     records: dict[str, AgentRecord] = {}
     details: dict[str, dict[Any, dict[str, Any]]] = {}  # the GPUs as the records' JSON says
-    for host, data in zk.raw_records(zk.hosts()).items():
-        records[host], gpu_list = AgentRecord.without_gpus(data)
-        details[host] = {gpu.get("index"): gpu for gpu in gpu_list}
+    written: dict[str, float] = {}
+    unreadable: dict[str, str] = {}
+    for host, (data, at) in zk.raw_records_written(zk.hosts()).items():
+        try:
+            records[host], gpu_list = AgentRecord.without_gpus(data)
+        except StoreError as err:  # hostile or damaged: that host is down, the rest shown
+            unreadable[host] = str(err)
+            continue
+        details[host] = {gpu.get("index"): gpu for gpu in gpu_list if _plain_gpu(gpu)}
+        written[host] = at
     trespasses = [{"host": host, **asdict(t)} for host, record in sorted(records.items())
                   for t in record.trespasses]
     leases = zk.leases()
@@ -84,7 +92,8 @@ def collect(client: KazooClient, inventory: Inventory,
             "name": name,
             "address": node.address,
             "agent": AgentState.UP if record else AgentState.DOWN,
-            "heartbeat_age_s": round(now - record.heartbeat, 1) if record else None,
+            # by ZooKeeper's clock (when the record was written), not the agent's
+            "heartbeat_age_s": round(max(0.0, now - written[name]), 1) if record else None,
             "data_addr": record.data_addr if record else None,
             "mgmt_addr": record.mgmt_addr if record else None,
             "gpu_source": record.gpu_source if record else None,
@@ -92,6 +101,7 @@ def collect(client: KazooClient, inventory: Inventory,
             "gpus": gpus,
             "ports_reserved": len(ports),
             # jobs here without a GPU of this host: parameter servers, offload hosts
+            **({"unreadable": unreadable[name]} if name in unreadable else {}),
             "cpu_jobs": sorted({key for cell in ports.values() if (key := job_of(str(cell)))}
                                - {g["task_key"] for g in gpus}) if ports else [],
         })
@@ -104,6 +114,15 @@ def collect(client: KazooClient, inventory: Inventory,
         # processes on GPUs their job was not granted, as each host's agent reports them
         "trespasses": trespasses,
     }
+
+
+def _plain_gpu(gpu: dict[str, Any]) -> bool:
+    """Whether a record's GPU entry has the types status shows (an integer index, a
+    number's fields numbers): a hostile record's others are left out, not printed."""
+    return (type(gpu.get("index")) is int
+            and all(type(gpu.get(key, 0)) in (int, float)
+                    for key in ("utilization", "memory_used", "memory_total"))
+            and all(isinstance(gpu.get(key, ""), str) for key in ("name", "uuid", "reason")))
 
 
 class _GpuEntries:
@@ -285,6 +304,12 @@ def _render_footer(status: dict[str, Any], console: Console) -> None:
     console.print(f"ZooKeeper: {servers}; root {status['zookeeper']['root']}")
     jobs = status["jobs"]
     console.print(f"Jobs holding resources: {', '.join(jobs) if jobs else 'none'}")
+    from rich.markup import escape
+
+    for host in status["hosts"]:
+        if "unreadable" in host:
+            console.print(f"[red]UNREADABLE[/] {host['name']}: "
+                          f"{escape(host['unreadable'][:300])}", highlight=False)
     for t in status.get("trespasses", ()):
         console.print(f"[red]TRESPASS[/] {t['host']} GPU {t['gpu']}: pid {t['pid']} "
                       f"({t['user'] or '?'}, job {t['claims'] or 'none'}) on a GPU granted to "

@@ -305,7 +305,8 @@ class QueueReader:
         self._known.pop(key, None)
 
     def _changed(self, event: WatchedEvent) -> None:
-        self._dirty.add(event.path.rpartition("/")[2])
+        if event.path:  # None: the session's own event (it expired); the next read sees all
+            self._dirty.add(event.path.rpartition("/")[2])
 
     @staticmethod
     def _check(key: str, data: bytes, version: int, order: int,
@@ -434,6 +435,7 @@ class Admitter:
     store: Store
     user_gpu_limit: int = 0
     user_queue_limit: int = 0
+    host_gpus_max: int = 0  # a host's record claiming more GPUs counts it down (0: none)
     reader: QueueReader = field(init=False)
     cache: RecordCache = field(init=False)
     screen: Screen = field(init=False)
@@ -452,7 +454,7 @@ class Admitter:
 
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
-        self.cache = RecordCache(self.store)
+        self.cache = RecordCache(self.store, gpus_max=self.host_gpus_max)
         self.screen = Screen(self.user_gpu_limit, self.user_queue_limit)
 
     def keep(self) -> list[Decision]:

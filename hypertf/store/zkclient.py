@@ -330,7 +330,7 @@ def watch_tree(client: KazooClient, path: str, callback: TreeCallback,
         def read_watch_event(buffer: bytes, offset: int) -> Any:
             watch, _ = Watch.deserialize(buffer, offset)
             for prefix, route in list(routes.items()):
-                if watch.path.startswith(prefix):
+                if watch.path and watch.path.startswith(prefix):  # None: a session event
                     route(watch.type, watch.path)
             return plain(buffer, offset)
 

@@ -7,6 +7,7 @@ enums (``RecordWrite``, ``LeaseState``), never bare strings.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -17,11 +18,15 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from hypertf.config.settings import ClusterSettings
+from hypertf.core.errors import StoreError
 from hypertf.core.layout import RESOURCE_LEAF, Layout
 from hypertf.core.records import AgentRecord
 from hypertf.store import auth
 from hypertf.store.connection import acls, close, connect, credential_of
 from hypertf.store.zkclient import get_many
+
+log = logging.getLogger(__name__)
+_said_unreadable: dict[str, str] = {}  # host -> the last reason logged (once per reason)
 
 __all__ = ["LeaseState", "RecordWrite", "Store", "opened"]
 
@@ -83,23 +88,28 @@ class Store:
     def raw_records(self, hosts: Iterable[str]) -> dict[str, bytes]:
         """The record bytes of the ``hosts`` that have one, in multi-reads (zkclient.get_many:
         10,000 hosts in 0.1 s instead of 2-3 s of single gets)."""
+        return {host: data for host, (data, _) in self.raw_records_written(hosts).items()}
+
+    def raw_records_written(self, hosts: Iterable[str]) -> dict[str, tuple[bytes, float]]:
+        """``raw_records`` with when each was last written (seconds since the epoch), by
+        ZooKeeper's clock (the znode's mtime), never the agent's own: a skewed or lying
+        node's record cannot look fresher than it is."""
         hosts = list(hosts)
-        found: dict[str, bytes] = {}
+        found: dict[str, tuple[bytes, float]] = {}
         results = get_many(self.client, [self.layout.resource(host) for host in hosts])
         for host, result in zip(hosts, results, strict=True):
             if isinstance(result, NoNodeError):
                 continue  # no agent (or it went between the listing and the read)
             if isinstance(result, Exception):
                 raise result
-            found[host] = result[0]
+            found[host] = (result[0], result[1].mtime / 1000)
         return found
 
     def records(self, only: Iterable[str] | None = None) -> dict[str, AgentRecord]:
         """Every live agent's record (or those of the ``only`` hosts: no listing then; a host
         without a record, registered or not, is left out), keyed by host name."""
         hosts = self.hosts() if only is None else sorted(set(only))
-        return {host: AgentRecord.from_json(data)
-                for host, data in self.raw_records(hosts).items()}
+        return parse_records(self.raw_records(hosts))
 
     def _keys_of_every_user(self, parent: str) -> list[str]:
         """The task keys under each user's folder that are that user's: a key is counted
@@ -195,3 +205,18 @@ def opened(cluster: ClusterSettings, long_lived: bool = False,
         yield Store(client, Layout(cluster.zk_root))
     finally:
         close(client)
+
+
+def parse_records(raw: dict[str, bytes]) -> dict[str, AgentRecord]:
+    """The readable records of ``raw``: an unreadable one (any reason: not JSON, nested too
+    deep, a field of the wrong type or range) counts its host down and is logged once per
+    reason; it never fails the command or the pass for the other hosts."""
+    records: dict[str, AgentRecord] = {}
+    for host, data in raw.items():
+        try:
+            records[host] = AgentRecord.from_json(data)
+        except StoreError as err:
+            if _said_unreadable.get(host) != str(err):
+                _said_unreadable[host] = str(err)
+                log.warning("%s: host %s counts as down", err, host)
+    return records

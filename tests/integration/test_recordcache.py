@@ -28,7 +28,7 @@ def record_of(client, layout, host: str) -> AgentRecord:
 
 
 def test_content_leaves_the_heartbeat_out():
-    record = AgentRecord(host="n1", mgmt_addr="a", data_addr="a", port=1, gpu=2,
+    record = AgentRecord(host="n1", mgmt_addr="10.0.0.1", data_addr="10.0.0.1", port=1, gpu=2,
                          gpu_avail_list=[0, 1], heartbeat=12.5)
     content, beat = content_of(record.to_json())
     assert beat == 12.5
