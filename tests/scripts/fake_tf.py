@@ -66,6 +66,7 @@ def main() -> int:
     role, index = config["task"]["type"], config["task"]["index"]
     me = f"{role}:{index}"
     print("argv=" + json.dumps(sys.argv[1:]), flush=True)
+    print("tf_cluster=" + json.dumps(config["cluster"], sort_keys=True), flush=True)
     print("test_env=" + json.dumps({k: v for k, v in os.environ.items()
                                     if k.startswith("HYPERTF_TEST_")}, sort_keys=True),
           flush=True)
