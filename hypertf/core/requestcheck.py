@@ -12,7 +12,9 @@ shown (the keeper refuses the job with it). Pure: no client.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hypertf.core.admission import Waiting
@@ -133,3 +135,40 @@ def waiting_from_record(record: Mapping[str, Any], order: int, key: str) -> Wait
                    priority=_int(queue.get("priority", 0), "priority", -MAX_PRIORITY_ABS,
                                  MAX_PRIORITY_ABS),
                    order=order, held=held, exclude_ports=excluded, no_wait=no_wait)
+
+
+@dataclass(frozen=True)
+class PortBounds:
+    """The port ranges the admin's inventory gives each host (``hypertf_port_range``): a
+    request's ranges must lie within them, so a user's own record cannot ask for a port
+    the inventory did not set aside for tasks (the keeper refuses it before its pass)."""
+
+    common: tuple[int, int]
+    differing: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, ranges: Mapping[str, tuple[int, int]]) -> PortBounds | None:
+        """From each host's range (the inventory's nodes); None for no hosts."""
+        if not ranges:
+            return None
+        common = Counter(ranges.values()).most_common(1)[0][0]
+        return cls(common, {h: r for h, r in ranges.items() if r != common})
+
+    def outside(self, ranges: Mapping[str, tuple[int, int]]) -> str:
+        """Why ``ranges`` reach outside these bounds ("" when they do not)."""
+        if not isinstance(ranges, PortRanges):
+            ranges = PortRanges(tuple(ranges), DEFAULT_PORT_RANGE, dict(ranges))
+        special = set(ranges.differing)
+        if self.differing:
+            special |= set(self.differing).intersection(ranges.hosts)
+        for host in sorted(special):
+            wanted, bound = ranges[host], self.differing.get(host, self.common)
+            if not bound[0] <= wanted[0] <= wanted[1] <= bound[1]:
+                return (f"ports {wanted[0]}-{wanted[1]} on {host[:60]} are outside its "
+                        f"hypertf_port_range {bound[0]}-{bound[1]}")
+        if len(special) < len(ranges.hosts):
+            low, high = ranges.common
+            if not self.common[0] <= low <= high <= self.common[1]:
+                return (f"ports {low}-{high} are outside the inventory's hypertf_port_range "
+                        f"{self.common[0]}-{self.common[1]}")
+        return ""

@@ -26,6 +26,7 @@ from hypertf import store
 from hypertf.config.settings import ClusterSettings
 from hypertf.core import gctune
 from hypertf.core.admission import Decision
+from hypertf.core.requestcheck import PortBounds
 from hypertf.store import HostWatch, Layout, Store
 from hypertf.store.allocation import watch_matrix
 from hypertf.store.waitqueue import Admitter
@@ -44,9 +45,10 @@ class KeeperRole:
     def __init__(self, zk: Store, wake: Callable[[], object], user_gpu_limit: int = 0,
                  user_queue_limit: int = 0, watch_leases: bool = False,
                  records_changed: Callable[[], object] | None = None,
-                 host_gpus_max: int = 0) -> None:
+                 host_gpus_max: int = 0, port_bounds: PortBounds | None = None) -> None:
         self.store = zk
-        self.admitter = Admitter(zk, user_gpu_limit, user_queue_limit, host_gpus_max)
+        self.admitter = Admitter(zk, user_gpu_limit, user_queue_limit, host_gpus_max,
+                                 port_bounds)
         self._wake = wake
         self._watch_leases = watch_leases
         self._records_changed = records_changed

@@ -62,6 +62,7 @@ from hypertf.core.requestcheck import (
     DEFAULT_PORT_RANGE,
     MAX_RECORD_BYTES,
     InvalidRequest,
+    PortBounds,
     waiting_from_record,
 )
 from hypertf.store import RecordCache, Store, decode, encode, owner_of, until_committed
@@ -341,7 +342,9 @@ class Screen:
 
     user_gpu_limit: int = 0
     queue_limit: int = 0
+    port_bounds: PortBounds | None = None  # the inventory's port ranges (the agent's keeper)
     _fits: dict[tuple[str, int, int], bool] = field(default_factory=dict)
+    _ports: dict[tuple[str, int], str] = field(default_factory=dict)  # why, per version
     _shapes: dict[tuple[object, ...], bool] = field(default_factory=dict)
     _sizes: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())  # the rows the shapes saw
 
@@ -361,6 +364,8 @@ class Screen:
                 why = (f"it asks for {job.request.gpus} GPUs, more than the {cap} {job.user} "
                        f"may hold at once (hypertf_user_gpu_limit, or the admin's 'hypertf "
                        f"auth limits'): ask for fewer GPUs")
+            elif ports := self._ports_outside(job, versions.get(job.task_key, 0)):
+                why = f"invalid request: {ports}"
             elif not self._ever_fits(job, versions.get(job.task_key, 0), matrix, rows):
                 why = (f"{job.request.describe()}: more than the cluster's hosts can ever "
                        f"hold; ask for fewer tasks or GPUs")
@@ -374,6 +379,18 @@ class Screen:
             per_user[job.user] += 1
             kept.append(job)
         return kept, refused
+
+    def _ports_outside(self, job: Waiting, version: int) -> str:
+        """Why the job's port ranges reach past the inventory's (once per record version)."""
+        if self.port_bounds is None:
+            return ""
+        known = self._ports.get((job.task_key, version))
+        if known is None:
+            if len(self._ports) > 100_000:
+                self._ports.clear()
+            known = self._ports[(job.task_key, version)] = self.port_bounds.outside(
+                job.request.port_ranges)
+        return known
 
     def _ever_fits(self, job: Waiting, version: int, matrix: Matrix, rows: int) -> bool:
         known = self._fits.get((job.task_key, version, rows))
@@ -436,6 +453,7 @@ class Admitter:
     user_gpu_limit: int = 0
     user_queue_limit: int = 0
     host_gpus_max: int = 0  # a host's record claiming more GPUs counts it down (0: none)
+    port_bounds: PortBounds | None = None  # the inventory's port ranges (None: unchecked)
     reader: QueueReader = field(init=False)
     cache: RecordCache = field(init=False)
     screen: Screen = field(init=False)
@@ -455,7 +473,7 @@ class Admitter:
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
         self.cache = RecordCache(self.store, gpus_max=self.host_gpus_max)
-        self.screen = Screen(self.user_gpu_limit, self.user_queue_limit)
+        self.screen = Screen(self.user_gpu_limit, self.user_queue_limit, self.port_bounds)
 
     def keep(self) -> list[Decision]:
         """Sync (free ended jobs, repair running ones), then admit. Once the reader knows

@@ -124,3 +124,33 @@ def test_a_request_for_a_system_port_is_invalid():
         waiting_from_record(record, 0, KEY)
     record["queue"]["port_range"] = [20000, 20999]
     assert waiting_from_record(record, 0, KEY).task_key == KEY
+
+
+def test_the_keeper_refuses_ports_outside_the_inventorys_ranges():
+    from hypertf.core.admission import Waiting
+    from hypertf.core.limits import UserLimits
+    from hypertf.core.matrix import FREE, Matrix
+    from hypertf.core.placement import PortRanges, Request
+    from hypertf.core.requestcheck import PortBounds
+    from hypertf.core.scheduler import TaskSlot
+    from hypertf.store.waitqueue import Screen
+
+    hosts = ("h1", "h2", "h3")
+    bounds = PortBounds.of({"h1": (20000, 20999), "h2": (20000, 20999), "h3": (30000, 30099)})
+    assert bounds is not None and bounds.differing == {"h3": (30000, 30099)}
+
+    def job(n: int, common: tuple[int, int], **differing: tuple[int, int]) -> Waiting:
+        ranges = PortRanges(hosts, common, differing)
+        return Waiting(f"20261127-0300{n:02d}-aaaaaa.bob",
+                       Request((TaskSlot("worker", 0, 1),), hosts, port_ranges=ranges), order=n)
+
+    jobs = [job(1, (20000, 20999), h3=(30000, 30099)),  # what the launcher asks: kept
+            job(2, (20000, 20999)),  # h3 at 20000-20999: outside h3's range
+            job(3, (2181, 2181), h3=(30000, 30099)),  # ZooKeeper's port on h1 and h2
+            job(4, (20000, 20999), h3=(30000, 30100))]
+    matrix = Matrix(gpus={h: [FREE] for h in hosts}, ports={})
+    kept, refused = Screen(port_bounds=bounds)(jobs, {}, matrix, UserLimits())
+    assert [j.task_key for j in kept] == [jobs[0].task_key]
+    assert "h3 are outside its hypertf_port_range 30000-30099" in refused[jobs[1].task_key]
+    assert "2181-2181 are outside the inventory's" in refused[jobs[2].task_key]
+    assert "30000-30100 on h3" in refused[jobs[3].task_key]
