@@ -8,7 +8,11 @@ as an argument (it spells nothing itself).
     <workdir>/runs/<task key>/<task>.log    the task's output (task = worker0, ps1, chief0)
     <workdir>/runs/<task key>/<task>/       the task's working directory (its relative
                                             outputs), unless --sync or --workdir
-    <workdir>/runs/<task key>/<task>.pid    its wrapper's PID = its process group
+    <workdir>/runs/<task key>/<task>.pid    its wrapper's record: "PID START", its PID (= its
+                                            process group) and its start time (field 22 of
+                                            /proc/PID/stat): a recycled PID has another
+    <workdir>/runs/<task key>/started       made (O_EXCL) by the one 'tasknode start' of the
+                                            run: a second start into it is refused
     <workdir>/runs/<task key>/<task>.exit   its exit code, written when it ends
     <workdir>/runs/<task key>/drained       the agent's mark: tasks starting now do not run
     <workdir>/runs/<task key>/stopped       every task seen dead (nothing left to reap)
@@ -19,6 +23,8 @@ as an argument (it spells nothing itself).
     <workdir>/checkpoints/<job id>/         HYPERTF_CHECKPOINT_DIR when --checkpoint-dir is not
                                             given (the job id: its first attempt's task key);
                                             made only for a job with --max-restarts
+    A run directory, its files and a checkpoint directory a start makes are its user's
+    alone (0700 directories, 0600 files: ``tasknode start`` and task.sh set umask 077).
     <workdir>/tensorboard/<job id>/         HYPERTF_TENSORBOARD_DIR: the job's own summaries
 """
 
@@ -66,6 +72,27 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as handle:
         os.fchmod(handle.fileno(), 0o600)
         handle.write(text)
+
+
+def read_pid_record(path: Path) -> tuple[int, int] | None:
+    """A task's pid file (task.sh writes ``PID START``): its wrapper's PID and start time in
+    clock ticks after boot. None while it is not written yet (missing or empty); ValueError
+    for anything else (a bare PID, a forged line): such a record proves nothing."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is unreadable") from err
+    if not text.strip():
+        return None
+    fields = text.split()
+    if len(fields) != 2 or not all(f.isascii() and f.isdigit() for f in fields):
+        raise ValueError(f"{path} is no pid record: {text[:40]!r}")
+    pid, start = int(fields[0]), int(fields[1])
+    if not 1 < pid < 1 << 31:
+        raise ValueError(f"{path} names no process: {pid}")
+    return pid, start
 
 
 class RunDir:
@@ -158,6 +185,11 @@ class RunDir:
     def offload_dir(self, task: str) -> PurePath:
         """The task's offload world's private files: its SSH config, logs, the hook's counts."""
         return self.path / f"{task}.offload"
+
+    @property
+    def started(self) -> PurePath:
+        """Made (O_EXCL) by the run's one ``tasknode start``: another start is refused."""
+        return self.path / "started"
 
     @property
     def stopped(self) -> PurePath:

@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
 # One HyperTF task on a node: activate the venv (bin/activate, else bin/ first on PATH),
 # enter the work dir, run the command,
-# keep its output in LOG, its PID (= process group) in PIDFILE and its exit code in
-# EXITFILE. Started by 'tasknode start' in a new session, so 'kill -- -PID' stops the tree.
+# keep its output in LOG, its record in PIDFILE and its exit code in EXITFILE. Started by
+# 'tasknode start' in a new session, so 'kill -- -PID' stops the tree.
 # Every path comes from hypertf.core.rundir.RunDir (the one place the run-dir layout is spelled).
 # usage: task.sh LOG PIDFILE EXITFILE DRAINED VENV CWD -- COMMAND [ARGS...]
 set -u
+# What the job writes on the node is its user's alone (logs, exit codes, outputs).
+umask 077
 log=$1 pidfile=$2 exitfile=$3 drained=$4 venv=$5 cwd=$6
 shift 7
-echo $$ > "$pidfile"
+# The record is "PID START": this shell's PID (= its process group) and its start time
+# (field 22 of /proc/PID/stat, after the command name in parentheses). The node believes
+# the record only while that PID still has that start time: a recycled PID has another.
+# One write (a reader sees it empty or whole); no start time: a record nobody believes.
+stat="" start=""
+read -r stat < "/proc/$$/stat"
+set -f
+# shellcheck disable=SC2206
+fields=(${stat##*) })
+set +f
+start=${fields[19]:-}
+echo "$$ $start" > "$pidfile"
 # The node's agent marks a run 'drained' before it frees the GPUs of a job whose lease is
 # gone; checked after the PID is on disk, so either the agent sees this task and stops it,
 # or this task sees the mark and never runs.

@@ -7,8 +7,12 @@ granted port is already taken, and starts each task in its own session. ``watch`
 streams one JSON event per line (log lines, port listening, exits, heartbeats) so a single
 SSH channel per node carries everything the launcher needs; ``stop`` signals each task's
 process group (TERM, then KILL after a grace period: MultiWorkerMirroredStrategy catches
-TERM). Only processes whose pidfile is in the run directory and whose command line is our
-task wrapper are signalled. Standard library only (and hypertf.node.procs), so it starts fast:
+TERM). A task is believed only as far as the node can prove it (``wrapper``): its pid file
+names a live process group leader running our wrapper for this run, with the start time
+recorded beside the PID (a recycled PID has another), owned by the run directory's owner;
+a bare number in a file proves nothing. ``start`` refuses a run directory that is not the
+job's or already has tasks, and makes everything private to the job's user (0700/0600).
+Standard library only (and hypertf.node.procs), so it starts fast:
 ``start`` is on every job's critical path (one Python start per host), so what only other
 verbs need (psutil through procs, tarfile, logging, diagnose) is imported where it is used.
 """
@@ -30,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from hypertf.core import offloadname
 from hypertf.core import protocol as wire
+from hypertf.core.errors import HyperTFError, NotAllowed
 from hypertf.core.protocol import NodeEvent, RunEnd, StartAnswer, StartRequest, StopResult
-from hypertf.core.rundir import RunDir
+from hypertf.core.rundir import RunDir, read_pid_record
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -44,28 +49,108 @@ def wrapper_path() -> str:
     return str(Path(__file__).with_name(WRAPPER))
 
 
-def _ours(pid: int, task_key: str = "") -> bool:
-    """The group led by ``pid`` is this job's task: its leader is our wrapper started for
-    a file of this job's run directory, or (the wrapper already gone) a member still carries
-    the job's HYPERTF_TASK_KEY. A process group id is not reused while any member lives, so
-    a live group found this way is ours; a reused PID of another job's wrapper is not."""
+KEY_ENV = "HYPERTF_TASK_KEY"
+PRIVATE = 0o077  # the umask of what a start makes: its user's alone
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """``pid``'s state, process group and start time (clock ticks after boot; fields 3, 5
+    and 22 of /proc/PID/stat, read after the command name's closing parenthesis); None when
+    there is no such process. Standard library: ``start --watch`` calls it."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+        fields = data[data.rindex(b")") + 2:].split()
+        return fields[0].decode(), int(fields[2]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _owner(path: str | PurePath) -> int | None:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None
+
+
+def _runs_wrapper_for(pid: int, run: RunDir, name: str) -> bool:
+    """Is ``pid`` our task.sh, started with this run's pid file for ``name``?"""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    for at, arg in enumerate(args[:3]):  # bash [options] .../task.sh LOG PIDFILE ...
+        if PurePath(os.fsdecode(arg)).name == WRAPPER and len(args) > at + 2:
+            pidfile = PurePath(os.fsdecode(args[at + 2]))
+            return pidfile.name == f"{name}.pid" and pidfile.parent.name == run.task_key
+    return False
+
+
+def _record(run: RunDir, name: str) -> tuple[int, int] | None:
+    """The task's pid record; None when there is none yet or it is malformed."""
+    try:
+        return read_pid_record(Path(run.pid(name)))
+    except ValueError:
+        return None
+
+
+def _proves(run: RunDir, name: str, pid: int, start: int) -> bool:
+    """``pid`` lives (not a zombie), leads its own process group, started at ``start``,
+    runs our wrapper for this run's ``name`` and is the run directory's owner's. The start
+    time is read again after the command line: a PID recycled in between fails it."""
+    stat = _proc_stat(pid)
+    if stat is None or stat[0] in ("Z", "X") or stat[1] != pid or stat[2] != start:
+        return False
+    if not _runs_wrapper_for(pid, run, name):
+        return False
+    owner = _owner(run.path)
+    return owner is not None and _owner(f"/proc/{pid}") == owner and _proc_stat(pid) == stat
+
+
+def wrapper(run: RunDir, name: str) -> int | None:
+    """The PID (= process group) of task ``name``'s wrapper if the node can prove it is this
+    run's and alive now (``_proves``); None otherwise: the task counts as dead for the run,
+    and processes claiming it are not believed. A recycled PID has another start time, a
+    forged record names no wrapper of this run, a bare PID is no record."""
+    record = _record(run, name)
+    return record[0] if record and _proves(run, name, *record) else None
+
+
+def task_group(run: RunDir, name: str) -> int | None:
+    """The process group of task ``name`` that a stop or drain must end: its proven
+    wrapper's, or, the wrapper gone (killed alone, or its command ended leaving a child),
+    the group its record names while a member of it is the run owner's, started after the
+    wrapper and carries the job's HYPERTF_TASK_KEY. Never when the record's PID is now
+    another process (recycled or forged): Linux gives no process the id of a live group,
+    so a live PID with another start time means the task's group is gone."""
+    record = _record(run, name)
+    if record is None:
+        return None
+    pid, start = record
+    stat = _proc_stat(pid)
+    if stat is not None and stat[0] not in ("Z", "X"):
+        return pid if _proves(run, name, pid, start) else None
+    if stat is not None and (stat[2] != start or stat[1] != pid):
+        return None
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # another user's group: its members are checked below (and are not ours)
     from hypertf.node import procs
 
-    args = procs.cmdline_args(pid)
-    if any(arg.endswith(WRAPPER) for arg in args) and (
-            not task_key or any(Path(arg).parent.name == task_key for arg in args)):
-        return True
-    if not task_key:
-        return False
-    return any(procs.environ_value(member, "HYPERTF_TASK_KEY") == task_key
-               for member in procs.group_members(pid))
+    owner = _owner(run.path)
+    for member in procs.group_members(pid):
+        found = _proc_stat(member)
+        if (found and found[2] >= start and _owner(f"/proc/{member}") == owner
+                and procs.environ_value(member, KEY_ENV) == run.task_key):
+            return pid
+    return None
 
 
 def _pid(run: RunDir, name: str) -> int | None:
-    try:
-        return int(Path(run.pid(name)).read_text())
-    except (OSError, ValueError):
-        return None
+    record = _record(run, name)
+    return record[0] if record else None
 
 
 def _exit_code(run: RunDir, name: str) -> int | None:
@@ -105,13 +190,16 @@ def start_tasks(request: StartRequest, archive: bytes = b"") -> StartAnswer:
     anything (the launcher retries on fresh ports), or the problems when ``archive``
     (``--sync``, a tar.gz) does not unpack, the request's ``script`` is not there or a
     task's ``cwd`` cannot be made (each task's is made here: its own directory in the
-    run, or --workdir), else each task's PID."""
+    run, or --workdir), else each task's PID. Raises NotAllowed, starting nothing, for a
+    run directory that is not this job's or was started already (``_claim``). What it
+    makes is the job's user's alone: directories 0700, and the wrappers, the tasks and
+    the unpacked code under umask 077."""
     tasks = request.tasks
     busy = tuple(sorted(task.port for task in tasks if _listening(task.port)))
     if busy:
         return StartAnswer(busy=busy)
     run = RunDir(Path(request.run_dir))
-    run.local.mkdir(parents=True, exist_ok=True)
+    _claim(run, tasks)
     problems = _unpack(run, archive) if archive else []
     script = request.script
     if script and tasks and not (Path(tasks[0].cwd) / script).is_file():
@@ -119,35 +207,101 @@ def start_tasks(request: StartRequest, archive: bytes = b"") -> StartAnswer:
                         f"{tasks[0].cwd})")
     for cwd in sorted({task.cwd for task in tasks} if not problems else ()):
         try:
-            Path(cwd).mkdir(parents=True, exist_ok=True)
+            _private_dir(Path(cwd))
         except OSError as err:
             problems.append(f"cannot make the working directory {cwd} ({err.strerror})")
     if problems:
         return StartAnswer(problems=tuple(problems))
     for directory in request.make_dirs:  # checkpoints: kept across attempts
-        Path(directory).mkdir(parents=True, exist_ok=True)
+        _private_dir(Path(directory))
     started = {}
-    for task in tasks:
-        process = subprocess.Popen(
-            wrapper_argv(run, task.name, request.venv, task.cwd, task.argv),
-            env={**os.environ, **task.env}, start_new_session=True,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        started[task.name] = process.pid
+    umask = os.umask(PRIVATE)  # inherited by each wrapper and its task
+    try:
+        for task in tasks:
+            process = subprocess.Popen(
+                wrapper_argv(run, task.name, request.venv, task.cwd, task.argv),
+                env={**os.environ, **task.env}, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            started[task.name] = process.pid
+    finally:
+        os.umask(umask)
     return StartAnswer(started=started)
+
+
+def _claim(run: RunDir, tasks: Sequence[Any]) -> None:
+    """Take ``run``'s directory for this start, made 0700, or refuse (NotAllowed): a task
+    of another job (its HYPERTF_TASK_KEY is not the directory's name), a directory that
+    is a link, another user's, has tasks already or was taken by another start. The
+    'started' mark is made with O_EXCL: of two starts into one run, one wins."""
+    path = run.local
+    other = sorted({task.env.get(KEY_ENV) for task in tasks} - {None, run.task_key})
+    if other:
+        raise NotAllowed(f"tasknode start: {path} is not the run directory of job {other[0]}: "
+                         f"refused, nothing started")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        if path.is_symlink() or not path.is_dir():
+            raise NotAllowed(f"tasknode start: {path} is not a directory of this job (a link "
+                             f"or a file): refused, nothing started") from None
+        if _owner(path) != os.geteuid():
+            raise NotAllowed(f"tasknode start: {path} belongs to another user: refused, "
+                             f"nothing started") from None
+        if run.task_names():
+            raise NotAllowed(f"tasknode start: {path} already has tasks "
+                             f"({', '.join(run.task_names())}): a start never joins another "
+                             f"run; refused, nothing started") from None
+        os.chmod(path, 0o700)
+    try:
+        fd = os.open(run.started, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        raise NotAllowed(f"tasknode start: {path} was taken by another start: refused, "
+                         f"nothing started") from None
+    with os.fdopen(fd, "w") as mark:
+        mark.write(json.dumps(sorted(task.name for task in tasks)) + "\n")
+
+
+def _private_dir(path: Path) -> None:
+    """``path`` made 0700 when missing; its missing parents as the node's umask makes them
+    (shared folders such as <workdir>/checkpoints). One already there is left as it is:
+    a --workdir or --checkpoint-dir of the user's, or the job's own from its first attempt."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
 
 
 def _unpack(run: RunDir, archive: bytes) -> list[str]:
     """``--sync``: the archive into the run directory (only plain files and directories
-    inside it: tarfile's 'data' filter where this Python has it)."""
+    inside it: tarfile's 'data' filter where this Python has it), its user's alone: files
+    keep only their owner's bits, directories are made under umask 077."""
     import io
     import tarfile
 
-    safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    def private(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+        member = tarfile.data_filter(member, dest)  # type: ignore[attr-defined]
+        return member if member.mode is None else member.replace(  # type: ignore[call-arg]
+            mode=member.mode & 0o700, deep=False)
+
+    safe: dict[str, Any] = {"filter": private} if hasattr(tarfile, "data_filter") else {}
+    umask = os.umask(PRIVATE)
     try:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as packed:
             packed.extractall(run.path, **safe)
+            if not safe:  # no filter: narrow what the archive's modes opened
+                for member in packed.getmembers():
+                    if member.isreg() or member.isdir():
+                        with contextlib.suppress(OSError):
+                            os.chmod(run.local / member.name, member.mode & 0o700)
     except (tarfile.TarError, OSError, EOFError) as err:
         return [f"--sync upload failed: {err}"]
+    finally:
+        os.umask(umask)
     return []
 
 
@@ -243,9 +397,15 @@ def _watch(run: RunDir, tasks: dict[str, int], interval: float, end: bool,
                 listening.add(name)
                 emit(wire.listening(name))
             code = _exit_code(run, name)
-            pid = _pid(run, name)
-            gone = pid is not None and (pid in reaped if wake is not None else not _alive(pid))
-            if pid is None:
+            try:
+                record = read_pid_record(Path(run.pid(name)))
+            except ValueError:  # a record that proves nothing: the task counts as dead
+                record = (0, 0)
+            # ended: reaped (our child), or no longer a wrapper the node can prove (dead, a
+            # recycled PID, a forged record)
+            gone = record is not None and (record[0] in reaped or not (
+                record[0] and _proves(run, name, *record)))
+            if record is None:
                 missing_since.setdefault(name, time.monotonic())
                 gone = time.monotonic() - missing_since[name] > 10
             if code is not None or gone:
@@ -290,12 +450,6 @@ def _await_wrappers(run: RunDir, names: Iterable[str], reaped: set[int],
         time.sleep(0.002)
 
 
-def _alive(pid: int) -> bool:
-    from hypertf.node.procs import alive
-
-    return alive(pid)
-
-
 def _end(run: RunDir, names: Iterable[str]) -> RunEnd | None:
     """After every task exited: if nothing of the run lives here, mark it drained and
     stopped (as a stop would) and return the stop's answer, the logs and the metrics."""
@@ -314,8 +468,9 @@ def _end(run: RunDir, names: Iterable[str]) -> RunEnd | None:
 def mark_drained(run: RunDir) -> None:
     """Mark the run so that a task starting from now on does not run (task.sh checks the
     mark after writing its PID file): whoever then looks at the PID files sees every task."""
-    run.local.mkdir(parents=True, exist_ok=True)
-    Path(run.drained).touch()
+    run.local.parent.mkdir(parents=True, exist_ok=True)
+    run.local.mkdir(mode=0o700, exist_ok=True)
+    Path(run.drained).touch(mode=0o600)
 
 
 def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0,
@@ -328,9 +483,9 @@ def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0,
     groups = {}
     result = {}
     for name in chosen:
-        pid = _pid(run, name)
-        if pid and _group_alive(pid) and _ours(pid, run.task_key):
-            groups[name] = pid
+        pgid = task_group(run, name)
+        if pgid:
+            groups[name] = pgid
         else:
             result[name] = StopResult.NOT_RUNNING
     if groups:  # psutil only here: 'start' must not import it (15-20 ms, every node, every job)
@@ -414,25 +569,9 @@ def drain(run: RunDir, grace: float) -> bool:
 
 
 def run_alive(run: RunDir) -> bool:
-    """Is any process of this run still alive on this node (by its tasks' groups)?"""
-    for name in run.task_names():
-        pid = _pid(run, name)
-        if pid and _group_alive(pid) and _ours(pid, run.task_key):
-            return True
-    return False
-
-
-def _group_alive(pgid: int) -> bool:
-    """Any live (non-zombie) process left in the group?"""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    from hypertf.node import procs
-
-    return bool(procs.group_members(pgid))
+    """Is any process of this run still alive on this node (by its tasks' groups, as far
+    as the node can tell they are the run's: ``task_group``)?"""
+    return any(task_group(run, name) for name in run.task_names())
 
 
 def unstopped_runs(workdir: str | Path) -> list[RunDir]:
@@ -511,7 +650,11 @@ def _start_verb(watch_after: bool) -> int:
     if not header.strip():
         return 0  # started early by a launcher that then had nothing for this node
     request = StartRequest.parse(json.loads(header))
-    answer = start_tasks(request, archive)
+    try:
+        answer = start_tasks(request, archive)
+    except HyperTFError as err:  # the launcher shows this line (its RemoteError)
+        print(f"hypertf: error: {err}", file=sys.stderr)
+        return err.exit_code
     emit(answer)
     if watch_after and not (answer.busy or answer.problems):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # launcher gone: just end

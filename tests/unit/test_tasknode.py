@@ -3,7 +3,7 @@
 Tasks are started the way ``tasknode start`` starts them on a node (``task.sh LOG PIDFILE
 EXITFILE DRAINED VENV CWD -- python SCRIPT`` in a new session, the files named by
 ``RunDir``), so the pid, log and exit files, the process groups and the wrapper check in
-``_ours`` are the real ones. Every process a test
+``tasknode.wrapper`` are the real ones. Every process a test
 starts is killed by PID (or by the process group its own setsid made) when the test ends.
 """
 
@@ -123,7 +123,7 @@ class Node:
         pidfile = Path(run.pid(name))
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10,
                  f"{pidfile} to be written")
-        pid = int(pidfile.read_text())
+        pid = int(pidfile.read_text().split()[0])  # the record: "PID START"
         # A new session: wrapper PID = Popen PID = PGID.
         assert pid == proc.pid
         return pid
@@ -314,7 +314,7 @@ def test_stop_of_exited_or_unknown_tasks_is_harmless(node: Node) -> None:
     wait_for((run.local / "worker0.exit").exists, 10, "worker0 to exit")
     # the wrapper writes the exit file a moment before it exits itself (under load, the
     # stop could come in between and find it running)
-    wrapper = int((run.local / "worker0.pid").read_text())
+    wrapper = int((run.local / "worker0.pid").read_text().split()[0])
     wait_for(lambda: not alive(wrapper), 10, "worker0's wrapper to exit")
     assert tasknode.stop(run, grace=0.5) == {"worker0": "not running"}
     assert tasknode.stop(run, ["worker0", "worker7"], grace=0.5) == {
@@ -471,7 +471,7 @@ def test_start_reads_its_request_on_stdin_and_refuses_a_taken_port(node: Node) -
     pid = answer["started"]["worker0"]
     try:
         wait_for(lambda: Path(run.pid("worker0")).exists(), 10, "the pidfile")
-        assert int(Path(run.pid("worker0")).read_text()) == pid
+        assert int(Path(run.pid("worker0")).read_text().split()[0]) == pid
         assert os.getpgid(pid) == pid, "each task leads its own process group"
         log = Path(run.log("worker0"))  # made by task.sh after the pidfile: may not exist yet
         wait_for(lambda: log.exists() and "sleeping" in log.read_text(), 10, "its log")
@@ -555,7 +555,7 @@ def test_start_watch_leaves_a_run_with_a_process_behind_to_the_launchers_stop(
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"))
     request = one_task_request(node, run, script)
     out = start_watch(request)
-    pgid = int(Path(run.pid("worker0")).read_text())
+    pgid = int(Path(run.pid("worker0")).read_text().split()[0])
     try:
         assert json.loads(out.stdout.splitlines()[-1]) == {"e": "done"}
         assert not Path(run.stopped).exists()
