@@ -4,11 +4,29 @@ the store and the credential code (hypertf.store.auth) can name paths without im
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from hypertf.core.errors import UsageError
 
 RESOURCE_LEAF = "agent"  # a host's agent record's name in the host's folder
+
+# A task key as readers accept it: a stamp without dots (``new_task_key`` makes
+# ``20261122-085000-a1b2c3``), a dot, its owner's name (hypertf.store.auth.NAME). At most
+# 129 characters: a user may create any name in its own folders (ZooKeeper bounds a name
+# only by jute.maxbuffer, 1 MiB), and every reader of ``leases/<user>`` and
+# ``jobs/<user>`` skips what does not match, so junk never reaches a decision or an output.
+TASK_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\.[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+TASK_KEY_MAX = 129
+
+
+def is_task_key(name: str, owner: str | None = None) -> bool:
+    """Whether ``name`` looks like a task key (of ``owner``, when given): what every reader
+    of a user's folder checks before the name goes anywhere (a length check first: a
+    100 KB name costs no regex)."""
+    if len(name) > TASK_KEY_MAX or not TASK_KEY.fullmatch(name):
+        return False
+    return owner is None or name.partition(".")[2] == owner
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,13 @@ NETTY_JARS = tuple(f"/usr/share/java/netty-{part}.jar" for part in (
     "buffer", "codec", "common", "handler", "resolver", "transport",
     "transport-native-epoll", "transport-native-unix-common"))
 INSTALL_HINT = "apt-get install zookeeper (Debian package; brings Java)"
+# ZooKeeper's largest request, and so its largest name (ZooKeeper bounds names by nothing
+# else): its own default, said explicitly; HyperTF's transactions need about 0.5 MiB
+# (docs/zookeeper-layout.md, "Bounds"). The zookeeper role sets the same.
+JUTE_MAXBUFFER = 1048575
+# The per-user folders' quotas (hypertf.store.auth.UserQuotas) refuse past their hard
+# limits only with this (ZooKeeper 3.7 and later; Debian's package is 3.8).
+SERVER_FLAGS = ("-Dzookeeper.enforceQuota=true", f"-Djute.maxbuffer={JUTE_MAXBUFFER}")
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -131,7 +138,7 @@ class ZooKeeperServer:
         config = self.write_config(tick_ms)
         with open(self.logfile, "ab") as log:
             proc = subprocess.Popen(
-                ["java", f"-Xmx{heap}", "-Dzookeeper.admin.enableServer=false",
+                ["java", f"-Xmx{heap}", "-Dzookeeper.admin.enableServer=false", *SERVER_FLAGS,
                  "-cp", ":".join(jars),
                  "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(config)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

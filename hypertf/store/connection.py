@@ -98,7 +98,8 @@ def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] 
     client = connect(cluster, identity="admin", check=False)
     try:
         auth.secure_root(client, cluster.zk_root, directory, reset=reset,
-                         hosts=matrix_hosts)
+                         hosts=matrix_hosts, quotas=auth.UserQuotas.of(
+                             cluster.user_queue_limit, cluster.job_records_max))
     finally:
         close(client)
     return directory

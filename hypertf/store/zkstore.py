@@ -19,11 +19,11 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from hypertf.config.settings import ClusterSettings
 from hypertf.core.errors import StoreError
-from hypertf.core.layout import RESOURCE_LEAF, Layout
+from hypertf.core.layout import RESOURCE_LEAF, Layout, is_task_key
 from hypertf.core.records import AgentRecord
 from hypertf.store import auth
 from hypertf.store.connection import acls, close, connect, credential_of
-from hypertf.store.zkclient import get_many
+from hypertf.store.zkclient import get_many, pipelined
 
 log = logging.getLogger(__name__)
 _said_unreadable: dict[str, str] = {}  # host -> the last reason logged (once per reason)
@@ -114,18 +114,34 @@ class Store:
     def _keys_of_every_user(self, parent: str) -> list[str]:
         """The task keys under each user's folder that are that user's: a key is counted
         only under its owner (a user may create ``leases/mallory/<bob's key>`` in its own
-        folder; that must not keep bob's job alive, nor end it)."""
+        folder; that must not keep bob's job alive, nor end it), and a name that is not a
+        task key (``is_task_key``: a 100 KB name, a stray folder) is skipped, so no junk
+        reaches a decision or a command's output. Each folder's size is bounded by the
+        quota ``auth init`` sets; only the keeper and commands list them, never every
+        agent (``leases_of``)."""
         keys: list[str] = []
         for user in _children(self.client, parent):
             with contextlib.suppress(NoNodeError):  # a user removed meanwhile
                 keys.extend(key for key in self.client.get_children(f"{parent}/{user}")
-                            if key.endswith(f".{user}") and key.partition(".")[2] == user)
+                            if is_task_key(key, owner=user))
         return keys
 
     def leases(self) -> set[str]:
         """Task keys whose launcher is still alive (a lease counts only under its key's
-        owner)."""
+        owner). Lists every user's folder: the keeper's and commands' read; an agent asks
+        about its own keys with ``leases_of``."""
         return set(self._keys_of_every_user(self.layout.leases))
+
+    def leases_of(self, keys: Iterable[str], watch: Callable[..., Any] | None = None,
+                  ) -> set[str]:
+        """Which of ``keys`` still have their lease: one pipelined ``exists`` each (an
+        agent's runs and its row's jobs, a few), never a listing whose size a user
+        controls. ``watch`` (a data watch on each lease) fires when one goes."""
+        wanted = sorted({key for key in keys if is_task_key(key)})
+        with pipelined(self.client):
+            pending = [(key, self.client.exists_async(self.layout.lease(key), watch=watch))
+                       for key in wanted]
+        return {key for key, result in pending if result.get(timeout=30) is not None}
 
     def job_keys(self) -> list[str]:
         """Every job record's task key, of every user."""

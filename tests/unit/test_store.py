@@ -159,8 +159,8 @@ def test_agent_record_json_has_the_documented_fields_with_format_first():
 def test_a_record_without_gpus_key_reads_as_no_gpu_detail():
     """An agent that found no GPU library may leave 'gpus' out; that is not an error."""
     data = json.dumps({
-        "format": 1, "host": "h1", "mgmt_addr": "10.0.0.1", "data_addr": "10.40.0.1", "port": 20000, "gpu": 2,
-        "gpu_avail_list": [0, 1],
+        "format": 1, "host": "h1", "mgmt_addr": "10.0.0.1", "data_addr": "10.40.0.1",
+        "port": 20000, "gpu": 2, "gpu_avail_list": [0, 1],
     }).encode()
     record = AgentRecord.from_json(data)
     assert record.gpus == []
