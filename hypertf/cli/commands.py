@@ -100,11 +100,16 @@ def _job_line(job: JobRecord) -> str:
 
 
 def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
+    """Recent jobs of every user, newest first; unreadable records (a user's own junk) are
+    skipped and counted on stderr, never an error for everyone."""
     from hypertf import store
-    from hypertf.store.jobs import job_state, list_jobs
+    from hypertf.store.jobs import collect_jobs, job_state
 
     with store.opened(load_inventory(inventory).cluster) as zk:
-        found = list_jobs(zk)[:last]
+        listed = collect_jobs(zk)
+    found = listed.jobs[:last]
+    for note in listed.notes():
+        print(f"hypertf: {note}", file=sys.stderr)
     if as_json:
         print(json.dumps([{**job, "status": job_state(job)} for job in found], indent=2))
         return 0

@@ -222,7 +222,10 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_agent_metrics_port": Setting(_port_or_off, 9401, field="metrics_port"),
     "hypertf_known_hosts": Setting(_text, "~/.ssh/known_hosts", agent=False, scope="cluster"),
     "hypertf_ssh_timeout": Setting(_positive(float), 10.0, agent=False, scope="cluster"),
-    # Finished job records older than this, or beyond the newest N, are pruned by the keeper.
+    # The keeper prunes a finished job record nobody wrote for this many days, and each
+    # user's finished records beyond that user's newest N (per user: one user's excess
+    # prunes only their own). Both by when ZooKeeper last wrote the record (the znode's
+    # mtime), never by a date inside it, which its owner writes (hypertf.store.prune).
     "hypertf_job_retention_days": Setting(_positive(float), 30.0, scope="cluster"),
     "hypertf_job_records_max": Setting(_positive(int), 10000, scope="cluster"),
     # How often the keeper looks for records to prune (seconds; tests shorten it).

@@ -66,9 +66,16 @@ class ClusterSource:
         return queueview.collect(self.store, self.inventory.cluster.user_gpu_limit)
 
     def jobs(self) -> list[dict[str, Any]]:
-        from hypertf.store.jobs import job_state, list_jobs
+        """The newest 200 readable records, then one ``{"skipped": n, "note": ...}`` row per
+        user whose folder holds unreadable records (the page shows them as notes)."""
+        from hypertf.store.jobs import collect_jobs, job_state
 
-        return [{**job, "status": job_state(job)} for job in list_jobs(self.store)[:200]]
+        listed = collect_jobs(self.store)
+        rows: list[dict[str, Any]] = [{**job, "status": job_state(job)}
+                                      for job in listed.jobs[:200]]
+        return rows + [{"skipped": count, "folder": f"jobs/{user}", "note": note}
+                       for (user, count), note in zip(sorted(listed.unreadable.items()),
+                                                      listed.notes(), strict=True)]
 
     def sweeps(self) -> list[dict[str, Any]]:
         return sweep_rows()

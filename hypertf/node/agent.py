@@ -37,8 +37,9 @@ from hypertf import store
 from hypertf.config.inventory import Inventory, Node
 from hypertf.config.settings import GpuEnforce, GpuSourceKind
 from hypertf.core.errors import HyperTFError, StoreError
-from hypertf.core.matrix import Cell
+from hypertf.core.matrix import Cell, job_of
 from hypertf.core.records import Trespass
+from hypertf.core.requestcheck import PortBounds
 from hypertf.core.rundir import RunDir
 from hypertf.node import dcgmmap, tasknode, trespass
 from hypertf.node.metrics import AgentCollector, MetricsServer
@@ -54,8 +55,8 @@ from hypertf.node.probes import (
 )
 from hypertf.store import AgentRecord, Layout, LeaseState, RecordWrite, Store
 from hypertf.store.allocation import read_matrix, watch_shard_of
-from hypertf.store.jobs import prune_jobs
 from hypertf.store.keeper import KeeperRole
+from hypertf.store.prune import Pruner
 
 KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at most)
 KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
@@ -193,8 +194,7 @@ class NodeAgent:
         self._republish = True
         self._writes = WritePolicy(self.node.settings.agent_interval)
         self._content: tuple[AgentRecord | None, bytes] = (None, b"")  # a record, serialised
-        self._next_prune = 0.0
-        self._users: set[str] = set()
+        self._pruner: tuple[KeeperRole, Pruner] | None = None  # the keeper's prune thread
         self.metrics = AgentCollector(host)
         self.metrics_server = MetricsServer(self.metrics)
 
@@ -213,11 +213,6 @@ class NodeAgent:
     def _wake_up(self, *_: object) -> None:
         """A watch fired: look again now. One bound method, so kazoo keeps one watcher
         per path however often the loop sets it."""
-        self._wake.set()
-
-    def _on_users(self, users: list[str]) -> None:
-        """The users with a lease folder: the loop watches each (no read per pass)."""
-        self._users = set(users)
         self._wake.set()
 
     def publish(self, zk: Store, record: AgentRecord, force: bool = False) -> bool:
@@ -298,7 +293,9 @@ class NodeAgent:
         runs = tasknode.unstopped_runs(self.node.settings.workdir)
         if not runs:
             return
-        leases = zk.leases()  # read after listing: see reap()
+        # Read after listing: see reap(). Only this node's runs, by ``exists`` (a data watch
+        # on each wakes the loop when its lease goes): no agent lists users' folders.
+        leases = zk.leases_of((run.task_key for run in runs), watch=self._wake_up)
         for task_key, result in tasknode.reap(runs, leases).items():
             log.warning("job %s has no lease any more: stopped its tasks %s", task_key, result)
 
@@ -309,7 +306,10 @@ class NodeAgent:
         while a process lives: a GPU is free only when this node says so."""
         host = self.node.name
         matrix, _ = read_matrix(zk, hosts=[host])  # its own row's shard only
-        leases = zk.leases()  # after the matrix: see allocation
+        # After the matrix (see allocation); only the jobs of its own row, as in reap_orphans.
+        row = [*matrix.gpus.get(host, []), *matrix.ports.get(host, {}).values()]
+        leases = zk.leases_of((key for cell in row if (key := job_of(cell))),
+                              watch=self._wake_up)
         self._row = list(matrix.gpus.get(host, []))
         self.metrics.update(row=matrix.gpus.get(host, []))
         mapping = self.node.settings.dcgm_job_mapping_dir
@@ -333,21 +333,25 @@ class NodeAgent:
             log.info("saw the tasks of %s dead on %s: reported to the keeper", sorted(dead),
                      host)
 
-    def prune(self, zk: Store) -> None:
-        """The keeper drops finished job records past their retention (every
-        hypertf_keeper_prune_interval seconds)."""
-        if time.monotonic() < self._next_prune:
-            return
+    def prune(self, zk: Store, role: KeeperRole) -> None:
+        """The keeper's prune thread (hypertf.store.prune) runs while ``role``'s term
+        lasts: started here, it ends by itself when the role stops or the agent does.
+        Never in this loop: 100,000 records read and deleted here held up every admission
+        for 22-26 s each minute."""
+        if self._pruner is not None:
+            term, pruner = self._pruner
+            if term is role and pruner.alive:
+                return
+            pruner.stop()  # an earlier term's
         cluster = self.inventory.cluster
-        self._next_prune = time.monotonic() + cluster.keeper_prune_interval
-        pruned = prune_jobs(zk, cluster.job_retention_days * 86400,
-                            cluster.job_records_max)
-        if pruned:
-            log.info("pruned %d finished job records", pruned)
+        self._pruner = (role, Pruner(
+            zk, cluster.job_retention_days * 86400, cluster.job_records_max,
+            cluster.keeper_prune_interval,
+            active=lambda: not role.stopped and not self._stop.is_set()).start())
 
     def keep(self, zk: Store, role: KeeperRole) -> None:
-        """The keeper's pass: sync the matrix (and repair it), admit or refuse waiting jobs,
-        prune old records."""
+        """The keeper's pass: sync the matrix (and repair it), admit or refuse waiting jobs;
+        see that the prune thread runs."""
         try:
             for decision in role.keep():
                 if decision.admitted:
@@ -357,7 +361,7 @@ class NodeAgent:
                     log.info("refused %s (--no-wait): %s", decision.task_key, decision.reason)
         except StoreError as err:  # e.g. the matrix outgrew its znode
             log.error("cannot sync the matrix or admit waiting jobs: %s", err)
-        self.prune(zk)
+        self.prune(zk, role)
 
     def is_keeper(self, zk: Store) -> bool:
         """Whether this agent keeps the matrix (it takes the keeper lease when it is free;
@@ -427,9 +431,7 @@ class NodeAgent:
         matrix and reap, so job starts and ends cost no write per node."""
         zk = Store(client, self.layout)
         record = None
-        watching = False
         shard_watched = False
-        watched_users: set[str] = set()
         role: KeeperRole | None = None  # while this agent holds the keeper lease
         next_beat = 0.0
         # Work proportional to change: every interval the node is probed (and its record
@@ -450,12 +452,6 @@ class NodeAgent:
                 woken = True
                 continue
             try:
-                if not watching:
-                    client.ChildrenWatch(self.layout.leases, self._on_users)
-                    watching = True
-                for user in self._users - watched_users:  # new users' lease folders
-                    client.ChildrenWatch(self.layout.user_leases(user), self._wake_up)
-                    watched_users.add(user)
                 if self._republish or time.monotonic() >= next_beat:
                     record, changed = self._publish_probe(zk)
                     woken |= changed  # a new record (not a keep-alive): look around too
@@ -516,9 +512,12 @@ class NodeAgent:
         if role is None:
             cluster = self.inventory.cluster
             role = KeeperRole(zk, self._wake_up, cluster.user_gpu_limit,
-                              cluster.user_queue_limit,
+                              cluster.user_queue_limit, watch_leases=True,
                               records_changed=self._records_changed.set,
-                              host_gpus_max=cluster.host_gpus_max).start()
+                              host_gpus_max=cluster.host_gpus_max,
+                              port_bounds=PortBounds.of(
+                                  {name: node.settings.port_range
+                                   for name, node in self.inventory.nodes.items()})).start()
         return role
 
     def _stop_requested_cleanup(self, client: KazooClient) -> None:

@@ -204,28 +204,6 @@ def confirm_all(zk, layout) -> None:
     sync_matrix(Store(zk, layout))
 
 
-def test_prune_drops_old_and_excess_finished_records_never_running_ones(zk, layout):
-    from hypertf.store import encode
-    from hypertf.store.jobs import prune_jobs
-
-    now = 1_800_000_000.0
-    day = 86400.0
-    records = {"a-old.root": {"created": now - 40 * day, "released": now - 40 * day},
-               "b-old-running.root": {"created": now - 40 * day},
-               "c-recent.root": {"created": now - 2 * day, "released": now - 2 * day},
-               "d-killed-long-ago.root": {"created": now - 50 * day, "killed": now - 31 * day},
-               "e-new.root": {"created": now - 60, "released": now - 30}}
-    for key, job in records.items():
-        zk.create(layout.job(key), encode({"task_key": key, **job}))
-    zk.create(layout.lease("b-old-running.root"), b"{}", ephemeral=True, makepath=True)
-    assert prune_jobs(Store(zk, layout), max_age_s=30 * day, max_records=100, now=now) == 2
-    assert sorted(zk.get_children(layout.user_jobs("root"))) == [
-        "b-old-running.root", "c-recent.root", "e-new.root"]
-    # over the cap: the oldest finished go first; the running job stays whatever its age
-    assert prune_jobs(Store(zk, layout), max_age_s=30 * day, max_records=2, now=now) == 1
-    assert sorted(zk.get_children(layout.user_jobs("root"))) == ["b-old-running.root", "e-new.root"]
-
-
 def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents, keeper):
     """'hypertf kill' during a launcher's start: the launcher's later state updates and its
     release keep 'killed' (who killed it, and when)."""
