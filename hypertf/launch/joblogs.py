@@ -79,11 +79,12 @@ def _wait_for_placement(store: Store, task_key: str, out: TextIO) -> JobRecord:
 
 
 def follow_command(run: RunDir, file_name: str) -> str:
-    """Print the log, follow it while the task's wrapper lives, then end."""
+    """Print the log, follow it while the task's wrapper lives, then end (the pid file
+    holds the wrapper's PID, then its start time)."""
     log, pid = quote(run.log(file_name)), quote(run.pid(file_name))
     return (f"for i in $(seq {WAIT_FOR_START_S * 2}); do [ -s {pid} ] && break; "
             f"[ -e {quote(run.stopped)} ] && break; sleep 0.5; done; "
-            f"p=$(cat {pid} 2>/dev/null); touch -a {log} 2>/dev/null; "
+            f"p=$(cut -d' ' -f1 {pid} 2>/dev/null); touch -a {log} 2>/dev/null; "
             f"if [ -n \"$p\" ] && kill -0 \"$p\" 2>/dev/null; then "
             f"exec tail -n +1 -s 0.5 -F --pid=\"$p\" {log} 2>/dev/null; "
             f"else cat {log} 2>/dev/null; fi")

@@ -512,7 +512,7 @@ class NodeAgent:
         if role is None:
             cluster = self.inventory.cluster
             role = KeeperRole(zk, self._wake_up, cluster.user_gpu_limit,
-                              cluster.user_queue_limit, watch_leases=True,
+                              cluster.user_queue_limit,
                               records_changed=self._records_changed.set,
                               host_gpus_max=cluster.host_gpus_max,
                               port_bounds=PortBounds.of(

@@ -473,7 +473,8 @@ def sync_matrix(store: Store, grants: Mapping[str, Held] | None = None,
 def sync(store: Store, grants: Mapping[str, Held] | None = None,
          cache: RecordCache | None = None, last_good: Matrix | None = None,
          repair: bool = False, memo: SyncMemo | None = None,
-         registered_hosts: Callable[[], list[str]] | None = None) -> Synced:
+         registered_hosts: Callable[[], list[str]] | None = None,
+         live_leases: Callable[[], set[str]] | None = None) -> Synced:
     """``sync_matrix``, saying also the stored versions and the leases read (after the
     matrix: a job admitted in between is in both), which the keeper's admission goes by.
     Cells an agent reported drained (its record's ``drained``: it saw the job's processes
@@ -482,7 +483,7 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
     restored); else MatrixDamaged is raised. ``memo`` (with ``cache``): skip the work
     when nothing it goes by changed since a sync found the matrix in line.
     ``registered_hosts``: the registered hosts as a watch keeps them (the keeper's),
-    instead of a listing."""
+    instead of a listing; ``live_leases``: the leases likewise (``LeaseCache``)."""
     def attempt(_retries: int) -> tuple[Synced, set[str]]:
         try:
             matrix, version = read_matrix(store)
@@ -495,7 +496,7 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
             raise ForceRetryError() from None
         registered = registered_hosts() if registered_hosts else store.hosts()
         records = cache.records(registered) if cache else store.records(only=registered)
-        leases = store.leases()
+        leases = live_leases() if live_leases else store.leases()
         dead = matrix.task_keys() - leases
         inputs = None
         if memo is not None and cache is not None:

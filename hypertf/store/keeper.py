@@ -8,11 +8,11 @@ keeper should run per root: the cluster's agents take the keeper lease, this doe
 
 ``KeeperRole`` is what holding the keeper lease adds to a process, shared by an agent's
 keeper and this thread: the watches that wake the keeper (every shard of the matrix, the
-hosts and their records; with ``watch_leases`` also every user's leases, which an agent
-watches for its own node anyway) and the ``Admitter`` with its caches. It is started when
-the lease is taken and stopped when it is lost: its watches then end at their next firing,
-and a later term starts from a fresh read. The records are kept by the admitter's
-``RecordCache``, whose watches follow every registered host's record.
+hosts and their records, every user's leases) and the ``Admitter`` with its caches. It is
+started when the lease is taken and stopped when it is lost: its watches then end at their
+next firing, and a later term starts from a fresh read. The records are kept by the
+admitter's ``RecordCache``, the leases by its ``LeaseCache``: one persistent recursive
+watch each, so no user's folder is listed again at each change (hypertf.store.leasecache).
 """
 
 from __future__ import annotations
@@ -43,23 +43,21 @@ class KeeperRole:
     ends them (each at its next firing)."""
 
     def __init__(self, zk: Store, wake: Callable[[], object], user_gpu_limit: int = 0,
-                 user_queue_limit: int = 0, watch_leases: bool = False,
+                 user_queue_limit: int = 0,
                  records_changed: Callable[[], object] | None = None,
                  host_gpus_max: int = 0, port_bounds: PortBounds | None = None) -> None:
         self.store = zk
         self.admitter = Admitter(zk, user_gpu_limit, user_queue_limit, host_gpus_max,
                                  port_bounds)
         self._wake = wake
-        self._watch_leases = watch_leases
         self._records_changed = records_changed
-        self._users: set[str] = set()
         self._hosts: HostWatch | None = None
         self.stopped = False
 
     def start(self) -> KeeperRole:
         client, layout = self.store.client, self.store.layout
-        if self._watch_leases:
-            client.ChildrenWatch(layout.leases, self._on_users)
+        self.admitter.leases.changed = self._poke  # a lease came or went: look again
+        self.admitter.leases.follow()
         self.admitter.cache.changed = self._on_record
         self._hosts = HostWatch(client, layout, self._poke, follow=self.admitter.cache.follow)
         self.admitter.hosts = self._registered
@@ -75,6 +73,7 @@ class KeeperRole:
         if self._hosts is not None:
             self._hosts.stop()
         self.admitter.cache.forget()
+        self.admitter.leases.forget()
 
     def _registered(self) -> list[str]:
         """The registered hosts as the watch saw them last (listed when it has not yet)."""
@@ -99,14 +98,6 @@ class KeeperRole:
         elif self._records_changed is not None:
             self._records_changed()
 
-    def _on_users(self, users: list[str]) -> bool:
-        if self.stopped:
-            return False
-        for user in set(users) - self._users:
-            self._users.add(user)
-            self.store.client.ChildrenWatch(self.store.layout.user_leases(user), self._poke)
-        return self._poke()
-
 
 class KeeperThread:
     """Start with ``start()``; ``stop()`` ends the thread and closes its session."""
@@ -118,7 +109,7 @@ class KeeperThread:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.role = KeeperRole(Store(self.client, self.layout), self._wake.set,
-                               user_gpu_limit, user_queue_limit, watch_leases=True,
+                               user_gpu_limit, user_queue_limit,
                                host_gpus_max=cluster.host_gpus_max)
         self.admitter = self.role.admitter
         self._thread = threading.Thread(target=self._run, daemon=True, name="keeper")

@@ -79,6 +79,7 @@ from hypertf.store.allocation import (
     sync,
 )
 from hypertf.store.jobs import mark_lost, read_job
+from hypertf.store.leasecache import LeaseCache
 from hypertf.store.zkclient import get_many, pipelined
 
 log = logging.getLogger(__name__)
@@ -456,6 +457,7 @@ class Admitter:
     port_bounds: PortBounds | None = None  # the inventory's port ranges (None: unchecked)
     reader: QueueReader = field(init=False)
     cache: RecordCache = field(init=False)
+    leases: LeaseCache = field(init=False)
     screen: Screen = field(init=False)
     published: bytes | None = None
     unwritable: set[str] = field(default_factory=set)  # records whose ACL shuts the keeper out
@@ -473,6 +475,7 @@ class Admitter:
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
         self.cache = RecordCache(self.store, gpus_max=self.host_gpus_max)
+        self.leases = LeaseCache(self.store)
         self.screen = Screen(self.user_gpu_limit, self.user_queue_limit, self.port_bounds)
 
     def keep(self) -> list[Decision]:
@@ -480,7 +483,7 @@ class Admitter:
         the running jobs' grants, the sync goes first and the queue is read with the
         leases it read (one listing of every user's leases per pass, not two)."""
         if not self.reader.read_once:  # fresh grants before the repair (a new keeper)
-            waiting = self.reader.waiting()
+            waiting = self.reader.waiting(self.leases.leases())
             done = self._sync()
         else:
             done = self._sync()
@@ -502,7 +505,7 @@ class Admitter:
         try:
             done = sync(self.store, self.reader.grants, self.cache, self._last_good,
                         repair=due, memo=self._memo,
-                        registered_hosts=self.hosts)
+                        registered_hosts=self.hosts, live_leases=self.leases.leases)
         except MatrixDamaged:
             if self._damaged_at is None:
                 self._damaged_at = time.monotonic()

@@ -33,11 +33,27 @@ from hypertf.store.allocation import release
 from hypertf.store.auth import QUOTA_ROOT, UserQuotas
 from hypertf.store.queueview import collect
 from hypertf.store.waitqueue import request_to_json, submit
+from tests.conftest import wait_for
 
 HOSTS = {"n1": 2, "n2": 2}
 QUEUE, RECORDS = 4, 10  # small settings: the quotas below follow from them
 QUOTAS = UserQuotas.of(QUEUE, RECORDS)
 LONG = 100_000  # the finding's 100 KB names
+
+
+@pytest.fixture(scope="module")
+def zk_server(state_home, request: pytest.FixtureRequest) -> Iterator[ZooKeeperServer]:
+    """A ZooKeeper of this module's own (the conftest's, overridden): the floods below are
+    the attack, and if one took its server down, no other module's test may go with it."""
+    from hypertf.ops.zkserver import free_port
+
+    server = ZooKeeperServer("127.0.0.1", free_port(), state_home / "zookeeper-bounds")
+    server.start(tick_ms=500)
+    yield server
+    if request.session.testsfailed:
+        print("\n--- ZooKeeper log (last lines) ---\n"
+              + "\n".join(server.logfile.read_text(errors="replace").splitlines()[-30:]))
+    server.stop()
 
 
 @pytest.fixture
@@ -192,3 +208,36 @@ def test_an_agent_asks_about_its_own_keys_and_wakes_when_one_goes(bob, zk, bound
     bob.delete(layout.lease(keys[0]))
     assert gone.wait(5)
     assert zkstore.leases_of(asked) == {keys[1]}
+
+
+def test_the_keeper_follows_leases_by_their_events_and_never_lists_a_folder_again(
+        bob, bounded, keeper):
+    """The keeper lists each user's leases folder once per connection; after that, bob's
+    flood of long names reaches it as one event each (junk dropped), not as listings of
+    his whole folder at every change (what took ZooKeeper down)."""
+    layout = Layout(bounded.zk_root)
+    thread = keeper(bounded, user_queue_limit=QUEUE)
+    root = store.connect(bounded, identity="user.root")
+    try:
+        first = submit(Store(root, layout), one_gpu(), new_task_key("root"))
+        release(Store(root, layout), first.task_key, stopped_on=list(HOSTS))
+        listed: list[str] = []
+        real = thread.client.get_children
+
+        def counting(path: str, *args: object, **kwargs: object) -> object:
+            listed.append(path)
+            return real(path, *args, **kwargs)
+
+        thread.client.get_children = counting  # type: ignore[method-assign]
+        junk = [f"2026112208500{i:02d}{'x' * LONG}.bob" for i in range(50)]
+        assert flood(bob, layout.user_leases("bob"), junk, ephemeral=True) == 50
+        grant = submit(Store(root, layout), one_gpu(), new_task_key("root"))
+        assert grant.task_key in thread.admitter.leases.leases()
+        assert not any(stamp.startswith("2026112208500")
+                       for stamp in thread.admitter.leases.leases())
+        release(Store(root, layout), grant.task_key, stopped_on=list(HOSTS))
+        wait_for(lambda: grant.task_key not in thread.admitter.leases.leases(), 5,
+                 "the released lease gone from the keeper's set")
+        assert not [path for path in listed if path.startswith(layout.leases)], listed
+    finally:
+        store.close(root)

@@ -112,14 +112,15 @@ def test_taken_port_is_retried_on_a_fresh_one(lab, tmp_path):
     from hypertf.launch.remote import Session
 
     def edit(inv):
-        inv["all"]["vars"]["hypertf_port_range"] = "23000-23009"
+        # within the lab's own range: the keeper (the lab's agents) refuses ports outside it
+        inv["all"]["vars"]["hypertf_port_range"] = "20990-20999"
 
     inventory = variant(lab, tmp_path, edit)
     inv = load_inventory(inventory)
     session = Session(inv.node("h1"), inv.cluster)
     squatter = session.run(
         "setsid nohup python3 -c 'import socket,time; s=socket.socket(); "
-        "s.bind((\"0.0.0.0\", 23000)); s.listen(); time.sleep(300)' "
+        "s.bind((\"0.0.0.0\", 20990)); s.listen(); time.sleep(300)' "
         "> /dev/null 2>&1 < /dev/null & echo $!").stdout.strip()
     try:
         done = hypertf("train", "-i", inventory, "--script", FAKE, "--worker", "1",
@@ -130,7 +131,7 @@ def test_taken_port_is_retried_on_a_fresh_one(lab, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "could not bind its port: retrying on fresh ports" in done.stdout
     final = [s for s in summaries(tmp_path) if s["result"] == "succeeded"]
-    assert [t["port"] for t in final[0]["tasks"]] == [23001]
+    assert [t["port"] for t in final[0]["tasks"]] == [20991]
     assert all_free(lab.inventory)
 
 

@@ -82,9 +82,10 @@ def test_a_killed_worker_restarts_the_job_from_its_checkpoint(lab, tmp_path):
     first = task_key(lines)
     host = re.search(r"worker:1@(\w+):", "".join(lines)).group(1)
     workdir = load_inventory(lab.inventory).node(host).settings.workdir
-    # The worker's python is the child of its task.sh wrapper, whose PID is in the pidfile.
+    # The worker's python is the child of its task.sh wrapper, whose PID (then its start
+    # time) is in the pidfile.
     on_host(lab.inventory, host,
-            f"kill -KILL $(pgrep -P $(cat {workdir}/runs/{first}/worker1.pid))")
+            f"kill -KILL $(pgrep -P $(cut -d' ' -f1 {workdir}/runs/{first}/worker1.pid))")
     try:
         out, _ = job.communicate(timeout=420)
     except subprocess.TimeoutExpired:
