@@ -137,8 +137,10 @@ def through_hypertf(kids: common.Children, job: str, inventory: str, cwd: Path,
     out = log.read_text()
     if proc.returncode:
         raise RuntimeError(f"hypertf train failed ({proc.returncode}):\n{out[-3000:]}")
-    (summary_path,) = cwd.glob("runs/*/summary.json")
-    summary = json.loads(summary_path.read_text())
+    # the attempt that succeeded: a port taken meanwhile (another bench's task on this
+    # machine) makes the launcher retry on fresh ports, under a new key with its own summary
+    summaries = [json.loads(path.read_text()) for path in cwd.glob("runs/*/summary.json")]
+    summary = next(s for s in summaries if s.get("result") == "succeeded")
     durations = [t["duration_s"] for t in summary["tasks"] if t["duration_s"] is not None]
     return {"wall_s": wall, "launcher_wall_s": summary["wall_s"],
             "launcher_cpu_s": usage.ru_utime + usage.ru_stime,
