@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +25,15 @@ INVOKE = str(Path(sys.executable).with_name("invoke"))
 def local_inventory(zk_server, tmp_path):
     """inventory/local.yml, pointed at the test ZooKeeper and a private work dir."""
     data = yaml.safe_load((REPO / "inventory" / "local.yml").read_text())
+    base = 10000 + 100 * secrets.randbelow(90)
     data["all"]["vars"].update(
         hypertf_zookeeper_hosts=zk_server.hosts, hypertf_zk_root=f"/local-{tmp_path.name}",
         hypertf_venv=sys.prefix, hypertf_workdir=str(tmp_path / "work"),
         hypertf_agent_interval=1, hypertf_zk_session_timeout=4,
+        # ports of its own on this machine's network, below the default range and the
+        # kernel's ephemeral ones: other workers' local jobs and benches use 20000 and up,
+        # and a port taken between the launcher's check and TensorFlow's bind fails a task
+        hypertf_port_range=f"{base}-{base + 99}",
     )
     path = tmp_path / "local.yml"
     path.write_text(yaml.safe_dump(data))
