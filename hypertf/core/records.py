@@ -89,7 +89,8 @@ class GpuInfo:
                    f"{MAX_GPU_PROCESSES} processes")
             payload["processes"] = [_process(p) for p in processes]
         gpu = cls(**payload)
-        _check(_is_int(gpu.index) and 0 <= gpu.index < MAX_HOST_GPUS, "a GPU's 'index'")
+        _check(_is_int(gpu.index) and 0 <= gpu.index < MAX_HOST_GPUS,
+               f"a GPU's 'index' is not an integer below {MAX_HOST_GPUS}")
         _check(_is_text(gpu.name) and _is_text(gpu.uuid) and _is_text(gpu.reason),
                f"GPU {gpu.index}'s name, uuid or reason is not a short text")
         _check(_is_number(gpu.utilization) and _is_count(gpu.memory_used)
@@ -183,10 +184,10 @@ class AgentRecord:
 
 
 def _check(ok: object, what: str) -> None:
-    """TypeError naming ``what`` unless ``ok``: the record parsers turn it into a
+    """TypeError saying ``what`` is wrong unless ``ok``: the record parsers turn it into a
     StoreError naming the host."""
     if not ok:
-        raise TypeError(what if " is " in what or " holds " in what else f"{what} is invalid")
+        raise TypeError(what)
 
 
 def _is_int(value: object) -> bool:
@@ -222,7 +223,7 @@ def _process(payload: object) -> GpuProcess:
     process = GpuProcess(**payload)  # type: ignore[arg-type]
     _check(_is_count(process.pid) and (process.memory is None or _is_count(process.memory))
            and (process.task_key is None or _is_text(process.task_key)),
-           "a GPU process's pid, memory or task_key")
+           "a GPU process's pid, memory or task_key is of the wrong type")
     return process
 
 
@@ -232,7 +233,7 @@ def _trespass(payload: object) -> Trespass:
     _check(_is_count(found.pid) and _is_int(found.gpu) and type(found.stopped) is bool
            and all(_is_text(v) for v in (found.uuid, found.claims, found.holder, found.how,
                                          found.user)),
-           "a trespass's fields")
+           "a trespass's fields are of the wrong types")
     return found
 
 
@@ -240,10 +241,12 @@ def _check_record(record: AgentRecord) -> None:
     """The top-level fields typed and ranged: GPU counts are integers up to
     MAX_HOST_GPUS (the keeper caps them lower), the available list within them, addresses
     IP literals, the port a port, times finite."""
-    _check(_is_text(record.host, 255) and _is_text(record.hostname, 255), "'host'")
+    _check(_is_text(record.host, 255) and _is_text(record.hostname, 255),
+           "'host' or 'hostname' is not a short text")
     _check(_is_address(record.mgmt_addr) and _is_address(record.data_addr),
            "'mgmt_addr' or 'data_addr' is not an IP address")
-    _check(_is_int(record.port) and 0 <= record.port <= 65535, "'port'")
+    _check(_is_int(record.port) and 0 <= record.port <= 65535,
+           "'port' is not an integer from 0 to 65535")
     _check(_is_int(record.gpu) and 0 <= record.gpu <= MAX_HOST_GPUS,
            f"'gpu' is not an integer from 0 to {MAX_HOST_GPUS}")
     avail = record.gpu_avail_list
@@ -253,8 +256,9 @@ def _check_record(record: AgentRecord) -> None:
     _check(_is_text(record.gpu_source) and isinstance(record.gpu_driver, dict)
            and len(record.gpu_driver) <= 16
            and all(_is_text(k) and _is_text(v) for k, v in record.gpu_driver.items()),
-           "'gpu_source' or 'gpu_driver'")
-    _check(_is_number(record.heartbeat) and _is_count(record.pid), "'heartbeat' or 'pid'")
+           "'gpu_source' or 'gpu_driver' is not text")
+    _check(_is_number(record.heartbeat) and _is_count(record.pid),
+           "'heartbeat' or 'pid' is not a finite number")
 
 
 def _unreadable(host: object, err: Exception) -> StoreError:

@@ -187,10 +187,7 @@ class Folder:
 
 def users(store: Store) -> list[str]:
     """The users with a jobs folder."""
-    try:
-        return sorted(store.client.get_children(store.layout.jobs))
-    except NoNodeError:
-        return []
+    return store.users(store.layout.jobs)
 
 
 def read_folder(store: Store, user: str, pause: Callable[[], object] = lambda: None,

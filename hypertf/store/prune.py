@@ -33,7 +33,6 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf.core.errors import StoreError
 from hypertf.core.jobrecord import LIVE_STATES
-from hypertf.core.layout import is_task_key
 from hypertf.store import Store
 from hypertf.store.jobs import Folder, mark_lost, read_folder, users
 from hypertf.store.zkclient import pipelined
@@ -91,11 +90,7 @@ def _leases(store: Store, user: str) -> set[str]:
     """The user's live task keys: one listing of its leases folder (bounded by its quota),
     not an ``exists`` per record (100,000 of them queued on the keeper's session would hold
     up its admissions)."""
-    try:
-        return {key for key in store.client.get_children(store.layout.user_leases(user))
-                if is_task_key(key, owner=user)}
-    except NoNodeError:
-        return set()
+    return set(store.keys_of(store.layout.leases, user))
 
 
 def _delete(store: Store, user: str, victims: list[tuple[str, int]]) -> int:

@@ -116,13 +116,18 @@ def collect(client: KazooClient, inventory: Inventory,
     }
 
 
+_NUMBER = (int, float)
+
+
 def _plain_gpu(gpu: dict[str, Any]) -> bool:
     """Whether a record's GPU entry has the types status shows (an integer index, a
-    number's fields numbers): a hostile record's others are left out, not printed."""
-    return (type(gpu.get("index")) is int
-            and all(type(gpu.get(key, 0)) in (int, float)
-                    for key in ("utilization", "memory_used", "memory_total"))
-            and all(isinstance(gpu.get(key, ""), str) for key in ("name", "uuid", "reason")))
+    number's fields numbers): a hostile record's others are left out, not printed.
+    Unrolled: at 25,000 hosts x 8 GPUs it runs 200,000 times a ``status``."""
+    get = gpu.get
+    return (type(get("index")) is int and type(get("utilization", 0)) in _NUMBER
+            and type(get("memory_used", 0)) in _NUMBER
+            and type(get("memory_total", 0)) in _NUMBER and type(get("name", "")) is str
+            and type(get("uuid", "")) is str and type(get("reason", "")) is str)
 
 
 class _GpuEntries:

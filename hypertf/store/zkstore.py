@@ -119,12 +119,20 @@ class Store:
         reaches a decision or a command's output. Each folder's size is bounded by the
         quota ``auth init`` sets; only the keeper and commands list them, never every
         agent (``leases_of``)."""
-        keys: list[str] = []
-        for user in _children(self.client, parent):
-            with contextlib.suppress(NoNodeError):  # a user removed meanwhile
-                keys.extend(key for key in self.client.get_children(f"{parent}/{user}")
-                            if is_task_key(key, owner=user))
-        return keys
+        return [key for user in self.users(parent) for key in self.keys_of(parent, user)]
+
+    def users(self, parent: str) -> list[str]:
+        """The users with a folder under ``parent`` (``leases`` or ``jobs``), sorted."""
+        return _children(self.client, parent)
+
+    def keys_of(self, parent: str, user: str) -> list[str]:
+        """The task keys in ``user``'s folder under ``parent`` that are ``user``'s (junk
+        names skipped: ``is_task_key``); none when the folder is gone."""
+        try:
+            names = self.client.get_children(f"{parent}/{user}")
+        except NoNodeError:  # a user removed meanwhile
+            return []
+        return [key for key in names if is_task_key(key, owner=user)]
 
     def leases(self) -> set[str]:
         """Task keys whose launcher is still alive (a lease counts only under its key's
