@@ -185,6 +185,8 @@ class JobFacts:
     tf_keras: bool | None = None
 
 
+# Its Keras hint is left out when TF_USE_LEGACY_KERAS=1 is set: tf.compat.v1 is then the fix.
+TF1_RNN_CELL = "tf.nn.rnn_cell is tf.compat.v1.nn.rnn_cell, whose cells are Keras 2 classes"
 # Keras 3's errors for Keras 2 habits (seen with scripts written for TF <= 2.15; each one
 # ran under --env TF_USE_LEGACY_KERAS=1 with tf-keras on the nodes).
 KERAS3_ERRORS = (
@@ -200,8 +202,48 @@ KERAS3_ERRORS = (
     (re.compile(r"pass this dataset to ClusterCoordinator\.create_per_worker_dataset"
                 r"|ParameterServerStrategy.*(?:not supported|unsupported)"),
      "model.fit under ParameterServerStrategy"),
+    # TensorFlow's lazy loader: "`BasicLSTMCell` is not available with Keras 3." for
+    # tf.compat.v1.nn.rnn_cell's cells, tf.compat.v1.layers, tf.compat.v1.keras
+    (re.compile(r"not (?:available|supported) with Keras 3|(?:Error|Exception): .*"
+                r"\bwith Keras 3\b"),
+     "TF1's Keras classes, e.g. tf.compat.v1.nn.rnn_cell.BasicLSTMCell, are not in Keras 3"),
+    (re.compile(r"module 'tensorflow(?:\._api\.v2)?\.nn' has no attribute 'rnn_cell'"),
+     TF1_RNN_CELL),
 )
 _MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'")
+
+# TF1-only names: not in TensorFlow 2's tf namespace but kept in tf.compat.v1 (TensorFlow 2.21:
+# hasattr(tf, name) is False, hasattr(tf.compat.v1, name) True), the ones TF1 scripts use; a
+# name below tf.train, tf.summary or tf.nn is written with its submodule. A name not listed
+# (a typo: tf.kears) gets no hint. docs/tensorflow.md lists them.
+TF1_ONLY = frozenset({
+    "app", "flags", "logging", "gfile", "placeholder", "placeholder_with_default", "Session",
+    "InteractiveSession", "ConfigProto", "GPUOptions", "RunOptions", "get_variable",
+    "variable_scope", "global_variables_initializer", "local_variables_initializer",
+    "global_variables", "trainable_variables", "reset_default_graph", "get_default_graph",
+    "set_random_seed", "random_normal", "to_float", "Print", "assign", "layers",
+    "disable_eager_execution", "enable_eager_execution",
+    "train.Supervisor", "train.MonitoredTrainingSession", "train.replica_device_setter",
+    "train.Server", "train.SyncReplicasOptimizer", "train.StopAtStepHook", "train.Saver",
+    "train.GradientDescentOptimizer", "train.AdamOptimizer", "train.MomentumOptimizer",
+    "train.get_or_create_global_step", "train.get_global_step", "train.start_queue_runners",
+    "summary.FileWriter", "summary.merge_all", "nn.rnn_cell", "nn.dynamic_rnn",
+})
+# Python's words for tf.<name> and tf.<submodule>.<name> (tensorflow._api.v2.train); the
+# first group is the submodule, the second the name. tf.compat.v1's own errors do not match.
+_NO_ATTRIBUTE = re.compile(r"module 'tensorflow(?:\._api\.v2)?(?:\.(\w+))?' has no attribute "
+                           r"'(\w+)'")
+COMPAT_V1 = "'import tensorflow.compat.v1 as tf; tf.disable_v2_behavior()'"
+TF_UPGRADE_V2 = "tf_upgrade_v2 --infile train.py --outfile train_v2.py"
+# TF1 modules that TensorFlow 2 removed and no package provides: what to do instead.
+TF2_REMOVED = {
+    "tensorflow.examples": "port the script to TensorFlow 2, e.g. "
+                           "tensorflow.examples.tutorials.mnist -> tf.keras.datasets.mnist "
+                           "(load_data() gives the arrays input_data.read_data_sets did)",
+    "tensorflow.contrib": f"port the script to TensorFlow 2; tensorflow.contrib has no TF2 "
+                          f"home: {TF_UPGRADE_V2} lists each use of it and renames those that "
+                          f"have a replacement",
+}
 _TB_MISSING = re.compile(r"TBNotInstalledError|TensorBoard is not installed")
 TF_KERAS_PACKAGE = "hypertf_python_packages_no_deps: [tf-keras==<TensorFlow's version>]"
 
@@ -212,6 +254,34 @@ def keras3_error(lines: Sequence[str]) -> str | None:
         for pattern, what in KERAS3_ERRORS:
             if pattern.search(line):
                 return what
+    return None
+
+
+def tf1_api(lines: Sequence[str]) -> str | None:
+    """The TF1-only name (tf.train.Supervisor) a TF1 script asked TensorFlow 2 for."""
+    for line in lines:
+        for match in _NO_ATTRIBUTE.finditer(line):
+            sub, name = match.groups()
+            qualified = f"{sub}.{name}" if sub else name
+            if qualified in TF1_ONLY:
+                return f"tf.{qualified}"
+    return None
+
+
+def removed_module(lines: Sequence[str]) -> str | None:
+    """The TF1 module TensorFlow 2 removed (TF2_REMOVED) that the log's script imports."""
+    for line in lines:
+        missing = _MISSING_MODULE.search(line)
+        attribute = _NO_ATTRIBUTE.search(line)
+        if missing:
+            module = missing.group(1)
+        elif attribute and not attribute.group(1):
+            module = f"tensorflow.{attribute.group(2)}"
+        else:
+            continue
+        for removed in TF2_REMOVED:
+            if module == removed or module.startswith(f"{removed}."):
+                return removed
     return None
 
 
@@ -226,24 +296,35 @@ def _tf_keras_words(facts: JobFacts) -> str:
 
 def hints(lines: Sequence[str], facts: JobFacts = JobFacts()) -> list[str]:
     """The fixes HyperTF can name for a task's log: Keras 2 scripts under Keras 3
-    (TF_USE_LEGACY_KERAS with tf-keras), a module missing from the nodes' virtualenv
-    (hypertf_python_packages; TensorBoard is no longer a dependency of tensorflow-cpu)."""
+    (TF_USE_LEGACY_KERAS with tf-keras), TF1 API under TensorFlow 2 (tf.compat.v1), a TF1
+    module TensorFlow 2 removed (port the script), else a module missing from the nodes'
+    virtualenv (hypertf_python_packages; TensorBoard is no longer a dependency of
+    tensorflow-cpu)."""
     found: list[str] = []
     keras = keras3_error(lines)
     if keras and not facts.legacy_keras:
         found.append(f"a Keras 2 script under Keras 3 ({keras}): run it with --env "
                      f"TF_USE_LEGACY_KERAS=1; {_tf_keras_words(facts)}; a script that does "
                      f"'import keras' then needs 'import tf_keras as keras'")
-    elif keras:
+    elif keras and keras != TF1_RNN_CELL:  # with Keras 2 set, tf.compat.v1 is the fix
         found.append(f"a Keras 3 error ({keras}) although TF_USE_LEGACY_KERAS=1 is set: that "
                      f"only changes tf.keras, so a script that does 'import keras' needs "
                      f"'import tf_keras as keras'; {_tf_keras_words(facts)}")
+    api = tf1_api(lines)
+    if api:
+        found.append(f"TF1 API under TensorFlow 2 ({api}): TensorFlow 2 keeps it in "
+                     f"tf.compat.v1, so start the script with {COMPAT_V1}, or port it "
+                     f"({TF_UPGRADE_V2} rewrites what it can)")
     text = "\n".join(lines)
     missing = _MISSING_MODULE.search(text)
+    removed = removed_module(lines)
     if _TB_MISSING.search(text) or (missing and missing.group(1).split(".")[0] == "tensorboard"):
         found.append("TensorBoard is not on the nodes (tensorflow-cpu no longer depends on "
                      "it): add tensorboard to hypertf_python_packages in the inventory and run "
                      "invoke cluster.setup")
+    elif removed:  # before the generic hint: no package provides it
+        found.append(f"module {removed!r} is TF1 code that TensorFlow 2 removed (no package "
+                     f"provides it): {TF2_REMOVED[removed]}")
     elif missing:  # named whole: 'google' is protobuf's namespace, 'google.cloud' is not
         module = missing.group(1)
         found.append(f"module {module!r} is not on the nodes: add its package to "
