@@ -77,7 +77,7 @@ case "${1:-}" in
         .venv/bin/ruff check hypertf tests tasks.py examples bench
         echo "== import contracts (pyproject.toml [tool.importlinter])"
         .venv/bin/lint-imports --no-cache
-        echo "== types (pyproject.toml [tool.mypy]: the package; core and store strictly)"
+        echo "== types (pyproject.toml [tool.mypy]: the whole package, strictly)"
         .venv/bin/mypy
         # Independent tests in parallel processes, each with its own ZooKeeper and lab
         # (tests/conftest.py); most of the suite waits on processes, sshd and ZooKeeper, not

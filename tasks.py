@@ -1,20 +1,27 @@
 """Invoke tasks: ``invoke --list``. Each task calls the same typed functions as the
-``hypertf`` command (hypertf.cli.commands), with typed values: no command line in between."""
+``hypertf`` command (hypertf.cli.commands), with typed values: no command line in between.
+
+The tasks of hypertf's verbs are made from the verb table (hypertf.cli.options.VERB_OPTIONS)
+and hypertf's own tree, one line each in ``VERB_TASKS``; ``train``, ``export`` and ``sweep``
+are written out over TRAIN_OPTIONS (the script's arguments after ``--``), ``test`` and
+``bench`` are the repository's."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import inspect
 import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import invoke
 from invoke import Collection, Context, Exit, Task
 
-from hypertf.cli import commands
+from hypertf.cli import commands, trainargs
 from hypertf.cli import main as cli
 from hypertf.cli import sweep as sweepcli
 from hypertf.cli.options import VERB_OPTIONS, command_args
@@ -25,7 +32,7 @@ from hypertf.launch.request import TRAIN_OPTIONS, Option, TrainRequest
 
 quiet_uncaught_broken_pipe()  # invoke --help train | head -1: no traceback
 
-INVENTORY_HELP = {"inventory": "inventory YAML (default $HYPERTF_INVENTORY or inventory/local.yml)"}
+INVENTORY_HELP = {"inventory": trainargs.INVENTORY_HELP}
 
 
 class TypedTask(Task):
@@ -114,139 +121,103 @@ def _inv(inventory: str | None) -> str:
     return inventory or cli.default_inventory()
 
 
-def verb(words: str, inventory: bool = True) -> Callable[[Body], Task]:
-    """A task with the options of ``hypertf WORDS`` (hypertf.cli.options.VERB_OPTIONS, which
-    the argparse verb reads too) and ``-i/--inventory`` unless ``inventory`` is false."""
-    options = VERB_OPTIONS[words]
+@dataclass(frozen=True)
+class VerbTask:
+    """An Invoke task of a ``hypertf`` verb: its dotted name (``zk.start``), hypertf's words
+    (``zk start``: the verb's and its action's) and the task's one line for ``invoke --list``.
+    All else comes from the verb itself: its options (VERB_OPTIONS), whether it takes
+    ``-i/--inventory`` and with what help, and the function it runs (hypertf's tree)."""
 
-    def decorate(body: Body) -> Task:
-        return task(positional=[option.name for option in options if option.positional],
-                    help={**(INVENTORY_HELP if inventory else {}), **option_help(options)},
-                    )(with_options(options)(body))
-
-    return decorate
-
-
-def _call_verb(func: Callable[..., int], words: str, inventory: str | None,
-               values: Mapping[str, Any], **fixed: object) -> None:
-    """Run ``func`` with the inventory, the task's option values as the command's keyword
-    arguments (VERB_OPTIONS[words]) and ``fixed`` (a zk or agent task's action)."""
-    _call(func, inventory=_inv(inventory), **fixed,
-          **command_args(VERB_OPTIONS[words], values))
+    name: str
+    words: str
+    doc: str
 
 
-@verb("zk")
-def zk_start(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Start the local standalone ZooKeeper the inventory names."""
-    _call_verb(commands.zk, "zk", inventory, options, action="start")
+VERB_TASKS = (
+    VerbTask("zk.start", "zk start", "Start the local standalone ZooKeeper the inventory names."),
+    VerbTask("zk.stop", "zk stop", "Stop the local ZooKeeper (by its pidfile)."),
+    VerbTask("zk.status", "zk status",
+             "Say whether the local ZooKeeper serves, and in which mode."),
+    VerbTask("agent.start", "agents start",
+             "Start the resource agent on the nodes (over SSH; locally for a local node)."),
+    VerbTask("agent.stop", "agents stop",
+             "Stop the resource agent on the nodes; their records leave ZooKeeper at once."),
+    VerbTask("jobs", "jobs",
+             "List recent jobs, newest first: running, succeeded, failed, interrupted, killed."),
+    VerbTask("kill", "kill",
+             "Stop a running job from anywhere: its tasks stop and its GPUs return."),
+    VerbTask("cancel", "cancel", "End a waiting or running job (yours; the admin: any)."),
+    VerbTask("hold", "hold", "Keep a waiting job in the queue without admitting it."),
+    VerbTask("unhold", "unhold", "Let a held job be admitted again."),
+    VerbTask("queue", "queue",
+             "Waiting jobs in admission order: position, priority, waiting time, reason."),
+    VerbTask("dashboard", "dashboard",
+             "Serve a read-only web page of the matrix, the queue, jobs, logs and sweeps."),
+    VerbTask("logs", "logs", "A job's task logs, read on the nodes (running or finished jobs)."),
+    VerbTask("cluster.status", "status",
+             "Show hosts x GPUs (free / busy / unavailable), agents and ZooKeeper health."),
+    VerbTask("cluster.setup", "cluster setup",
+             "Provision every node with deploy.yml (SSH keys, virtualenv, ZooKeeper, agents)."),
+    VerbTask("cluster.teardown", "cluster teardown",
+             "Stop the agents (and ZooKeeper on request) and remove what cluster.setup "
+             "installed."),
+    VerbTask("auth.init", "auth init",
+             "As the admin: make the cluster's ZooKeeper credentials and secure its root."),
+    VerbTask("auth.add-user", "auth add-user",
+             "As the admin: register a user and write the credential file to hand them."),
+    VerbTask("auth.limits", "auth limits",
+             "As the admin: a user's maximum priority and GPU limit, which the keeper enforces."),
+    VerbTask("lab.up", "lab up",
+             "Create a multi-host lab on this machine; the last line printed is its inventory."),
+    VerbTask("lab.down", "lab down",
+             "Remove the lab(s): hosts, sshd, agents, ZooKeeper, namespaces, bridge, files."),
+    VerbTask("lab.list", "lab list", "List the labs that are up."),
+)
+"""Every task that is a ``hypertf`` verb with VERB_OPTIONS (train, export and sweep have
+TRAIN_OPTIONS and their own tasks below; test and bench are the repository's)."""
 
 
-@verb("zk")
-def zk_stop(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Stop the local ZooKeeper (by its pidfile)."""
-    _call_verb(commands.zk, "zk", inventory, options, action="stop")
+def hypertf_parser(root: argparse.ArgumentParser, words: str,
+                   ) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The parser of ``hypertf WORDS`` in hypertf's tree (``root``: cli.build_parser()), and
+    the words left after its verb (the action of ``zk start``)."""
+    parser, left = root, words.split()
+    while left:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or left[0] not in subs[0].choices:
+            break
+        parser = subs[0].choices[left.pop(0)]
+    return parser, left
 
 
-@verb("zk")
-def zk_status(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Say whether the local ZooKeeper serves, and in which mode."""
-    _call_verb(commands.zk, "zk", inventory, options, action="status")
+def verb_task(spec: VerbTask, root: argparse.ArgumentParser) -> Task:
+    """The task of one hypertf verb: the verb's options (VERB_OPTIONS by its words, the
+    action aside), ``-i/--inventory`` when the verb has it (with its help), and a body that
+    calls the function the verb runs with what ``hypertf WORDS`` would give it
+    (cli.verb_call: the command word, the action word, the typed option values)."""
+    parser, action = hypertf_parser(root, spec.words)
+    words = spec.words.split()
+    options = VERB_OPTIONS[" ".join(words[:len(words) - len(action)])]
+    inventory_help = {a.dest: a.help for a in parser._actions if a.dest == "inventory"}
+    fixed = {"command": words[0], "func": parser.get_default("func"),
+             **({"action": words[1]} if len(words) > 1 else {})}
 
+    def run(chosen: dict[str, Any], values: Mapping[str, Any]) -> None:
+        func, kwargs = cli.verb_call(argparse.Namespace(
+            **fixed, **chosen, **command_args(options, values)))
+        _call(func, **kwargs)
 
-@verb("agents")
-def agent_start(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Start the resource agent on the nodes (over SSH; locally for a local node)."""
-    _call_verb(commands.agents, "agents", inventory, options, action="start")
+    def with_inventory(c: Context, inventory: str | None = None, **values: Any) -> None:
+        run({"inventory": _inv(inventory)}, values)
 
+    def without_inventory(c: Context, **values: Any) -> None:
+        run({}, values)
 
-@verb("agents")
-def agent_stop(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Stop the resource agent on the nodes; their records leave ZooKeeper at once."""
-    _call_verb(commands.agents, "agents", inventory, options, action="stop")
-
-
-@verb("jobs")
-def jobs(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """List recent jobs, newest first: running, succeeded, failed, interrupted, killed."""
-    _call_verb(commands.jobs, "jobs", inventory, options)
-
-
-@verb("kill")
-def kill(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Stop a running job from anywhere: its tasks stop and its GPUs return."""
-    _call_verb(commands.kill, "kill", inventory, options)
-
-
-@verb("cancel")
-def cancel(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """End a waiting or running job (yours; the admin: any)."""
-    _call_verb(commands.kill, "cancel", inventory, options)
-
-
-@verb("hold")
-def hold(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Keep a waiting job in the queue without admitting it."""
-    _call_verb(commands.hold, "hold", inventory, options)
-
-
-@verb("unhold")
-def unhold(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Let a held job be admitted again."""
-    _call_verb(commands.unhold, "unhold", inventory, options)
-
-
-@verb("queue")
-def queue(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Waiting jobs in admission order: position, priority, waiting time, reason."""
-    _call_verb(commands.queue, "queue", inventory, options)
-
-
-@verb("dashboard")
-def dashboard(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Serve a read-only web page of the matrix, the queue, jobs, logs and sweeps."""
-    _call_verb(commands.dashboard, "dashboard", inventory, options)
-
-
-@verb("logs")
-def logs(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """A job's task logs, read on the nodes (running or finished jobs)."""
-    _call_verb(commands.logs, "logs", inventory, options)
-
-
-@verb("status")
-def status(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Show hosts x GPUs (free / busy / unavailable), agents and ZooKeeper health."""
-    _call_verb(commands.status, "status", inventory, options)
-
-
-@verb("cluster setup")
-def cluster_setup(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Provision every node with deploy.yml (SSH keys, virtualenv, ZooKeeper, agents)."""
-    _call_verb(commands.cluster_setup, "cluster setup", inventory, options)
-
-
-@verb("cluster teardown")
-def cluster_teardown(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """Stop the agents (and ZooKeeper on request) and remove what cluster.setup installed."""
-    _call_verb(commands.cluster_teardown, "cluster teardown", inventory, options)
-
-
-@verb("lab up", inventory=False)
-def lab_up(c: Context, **options: Any) -> None:
-    """Create a multi-host lab on this machine; the last line printed is its inventory."""
-    _call(commands.lab_up, **command_args(VERB_OPTIONS["lab up"], options))
-
-
-@verb("lab down", inventory=False)
-def lab_down(c: Context, **options: Any) -> None:
-    """Remove the lab(s): hosts, sshd, agents, ZooKeeper, namespaces, bridge, files."""
-    _call(commands.lab_down, **command_args(VERB_OPTIONS["lab down"], options))
-
-
-@verb("lab list", inventory=False)
-def lab_list(c: Context, **options: Any) -> None:
-    """List the labs that are up."""
-    _call(commands.lab_list, **command_args(VERB_OPTIONS["lab list"], options))
+    body: Body = with_inventory if inventory_help else without_inventory
+    body.__doc__ = spec.doc
+    body.__name__ = body.__qualname__ = spec.name.replace(".", "_").replace("-", "_")
+    return task(positional=[option.name for option in options if option.positional],
+                help={**inventory_help, **option_help(options)})(with_options(options)(body))
 
 
 @task(auto_shortflags=False, iterable=option_lists(TRAIN_OPTIONS), help={**INVENTORY_HELP,
@@ -353,47 +324,19 @@ def bench(c: Context, quick: bool = False, only: str | None = None, out: str | N
         raise Exit(f"benchmarks failed: {', '.join(failed)}", code=1)
 
 
-@verb("auth init")
-def auth_init(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """As the admin: make the cluster's ZooKeeper credentials and secure its root."""
-    _call_verb(commands.auth, "auth init", inventory, options, action="init")
+def namespace() -> Collection:
+    """``invoke --list``: the verbs' tasks (``zk.start`` in the collection ``zk``) and the
+    hand-written ones."""
+    root, hypertf = Collection(train, export, sweep, test, bench), cli.build_parser()
+    for spec in VERB_TASKS:
+        *path, name = spec.name.split(".")
+        collection = root
+        for part in path:
+            if part not in collection.collections:
+                collection.add_collection(Collection(part))
+            collection = collection.collections[part]
+        collection.add_task(verb_task(spec, hypertf), name)
+    return root
 
 
-@verb("auth add-user")
-def auth_add_user(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """As the admin: register a user and write the credential file to hand them."""
-    _call_verb(commands.auth, "auth add-user", inventory, options, action="add-user")
-
-
-@verb("auth limits")
-def auth_limits(c: Context, inventory: str | None = None, **options: Any) -> None:
-    """As the admin: a user's maximum priority and GPU limit, which the keeper enforces."""
-    _call_verb(commands.auth, "auth limits", inventory, options, action="limits")
-
-
-zk = Collection("zk")
-zk.add_task(zk_start, "start")
-zk.add_task(zk_stop, "stop")
-zk.add_task(zk_status, "status")
-
-agent = Collection("agent")
-agent.add_task(agent_start, "start")
-agent.add_task(agent_stop, "stop")
-
-cluster = Collection("cluster")
-cluster.add_task(status, "status")
-cluster.add_task(cluster_setup, "setup")
-cluster.add_task(cluster_teardown, "teardown")
-
-auth = Collection("auth")
-auth.add_task(auth_init, "init")
-auth.add_task(auth_add_user, "add-user")
-auth.add_task(auth_limits, "limits")
-
-lab = Collection("lab")
-lab.add_task(lab_up, "up")
-lab.add_task(lab_down, "down")
-lab.add_task(lab_list, "list")
-
-ns = Collection(zk, auth, agent, cluster, lab, train, export, sweep, jobs, kill, cancel, hold,
-                unhold, queue, logs, dashboard, test, bench)
+ns = namespace()

@@ -1,7 +1,7 @@
 """Allocation: submit+release latency and throughput on a real ZooKeeper, beside plain sets.
 
 Every job goes through the keeper (hypertf.store.waitqueue.submit: a request in the user's
-folder, admitted by the keeper's pass; here hypertf.store.keeper.KeeperThread in the driver, as
+folder, admitted by the keeper's pass; here hypertf.keeper.thread.KeeperThread in the driver, as
 an agent's keeper would). "allocate" below is that: submit -> granted.
 
 A ZooKeeper of our own (loopback, tickTime 500 ms) holds real agent records for 16 hosts x
@@ -39,9 +39,10 @@ from hypertf.core.errors import StoreError
 from hypertf.core.matrix import FREE
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
+from hypertf.keeper.sync import sync_matrix
+from hypertf.keeper.thread import KeeperThread
 from hypertf.store import AgentRecord, Layout, Store, auth
-from hypertf.store.allocation import read_matrix, release, sync_matrix
-from hypertf.store.keeper import KeeperThread
+from hypertf.store.allocation import read_matrix, release
 from hypertf.store.waitqueue import submit
 
 HOSTS = tuple(f"n{i:02d}" for i in range(1, 17))

@@ -309,7 +309,7 @@ def register_hosts(admin: Any, root: str, hosts: Sequence[str]) -> None:
     from kazoo.exceptions import NodeExistsError
 
     layout = store.Layout(root)
-    acl = store.acls(admin).hosts()
+    acl = store.acls(admin).of("hosts")  # the admin's alone, as the hosts folder
     pending = [admin.create_async(layout.host(host), b"", acl=acl) for host in hosts]
     for result in pending:
         with contextlib.suppress(NodeExistsError):

@@ -26,11 +26,12 @@ from hypertf import store
 from hypertf.config.settings import ClusterSettings
 from hypertf.core.placement import PortRanges, Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
+from hypertf.keeper.admitter import Admitter
+from hypertf.keeper.thread import KeeperThread
 from hypertf.store import Layout, Store, encode
 from hypertf.store.allocation import release
 from hypertf.store.jobs import read_job
-from hypertf.store.keeper import KeeperThread
-from hypertf.store.waitqueue import Admitter, request_to_json, submit
+from hypertf.store.waitqueue import request_to_json, submit
 
 GPUS, HOSTS = 8, 10
 

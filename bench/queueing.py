@@ -42,10 +42,13 @@ from hypertf.core.errors import InsufficientResources
 from hypertf.core.matrix import Matrix
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
-from hypertf.store import Layout, Store, auth, queueview
+from hypertf.keeper import queueview
+from hypertf.keeper.admitter import Admitter
+from hypertf.keeper.reader import QueueReader
+from hypertf.keeper.thread import KeeperThread
+from hypertf.store import Layout, Store, auth
 from hypertf.store.allocation import overwrite_matrix, read_matrix
-from hypertf.store.keeper import KeeperThread
-from hypertf.store.waitqueue import Admitter, QueueReader, enqueue, submit
+from hypertf.store.waitqueue import enqueue, submit
 
 GPUS = 8
 

@@ -57,10 +57,13 @@ from hypertf.config.settings import ClusterSettings
 from hypertf.core.matrix import Matrix, joined, shard_count, split
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
+from hypertf.keeper import queueview
+from hypertf.keeper.role import KeeperRole
+from hypertf.keeper.sync import sync_matrix
+from hypertf.keeper.thread import KeeperThread
 from hypertf.node.agent import WritePolicy
-from hypertf.store import AgentRecord, GpuInfo, Layout, Store, auth, queueview, status
-from hypertf.store.allocation import overwrite_matrix, read_matrix, release, sync_matrix
-from hypertf.store.keeper import KeeperRole, KeeperThread
+from hypertf.store import AgentRecord, GpuInfo, Layout, Store, auth, status
+from hypertf.store.allocation import overwrite_matrix, read_matrix, release
 from hypertf.store.waitqueue import enqueue, submit
 
 GPUS = 8

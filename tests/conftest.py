@@ -19,11 +19,11 @@ from kazoo.client import KazooClient
 from hypertf import store
 from hypertf.config.inventory import Inventory, load_inventory
 from hypertf.config.settings import ClusterSettings
+from hypertf.keeper.thread import KeeperThread
 from hypertf.launch.remote import Session
 from hypertf.ops import lab as lab_module
 from hypertf.ops.zkserver import ZooKeeperServer, free_port
 from hypertf.store import AgentRecord, Layout
-from hypertf.store.keeper import KeeperThread
 
 REPO = Path(__file__).resolve().parent.parent
 

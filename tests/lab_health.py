@@ -22,10 +22,11 @@ from hypertf import store
 from hypertf.config.inventory import load_inventory
 from hypertf.core.errors import HyperTFError
 from hypertf.core.matrix import FREE
+from hypertf.keeper.sync import sync_matrix
 from hypertf.launch.remote import Cluster
 from hypertf.ops import lab as lab_module
 from hypertf.store import Store
-from hypertf.store.allocation import read_matrix, sync_matrix
+from hypertf.store.allocation import read_matrix
 
 JOB_MARKER = "HYPERTF_TASK_KEY="
 

@@ -70,30 +70,30 @@ def _span(seconds: Any) -> str:
 
 
 def _job_line(job: JobRecord) -> str:
-    from hypertf.core.jobrecord import task_hosts
+    from hypertf.core.jobrecord import JobState, task_hosts
     from hypertf.store.jobs import job_state
 
     owner = job.get("owner", {})
     tasks = ", ".join(f"{name}@{host}" for name, host in task_hosts(job))
     state = job_state(job)
     ended = ""
-    for how, by, when in (("killed", job.get("killed_by"), job.get("killed")),
-                          ("cancelled", job.get("cancelled_by"), job.get("cancelled"))):
+    for how, by, when in ((JobState.KILLED, job.get("killed_by"), job.get("killed")),
+                          (JobState.CANCELLED, job.get("cancelled_by"), job.get("cancelled"))):
         if state == how and by:
             who = by.get("identity") or by.get("user", "?")
             ended = f"  ({how} by {who} from {by.get('host', '?')} at {_clock(when)})"
     attempt = (f"  attempt {job['attempt']} of {job['job_id']}"
                if job.get("attempt", 1) > 1 else "")
     created = job.get("created")
-    started = job.get("admitted", created) if state != "queued" else None
+    started = job.get("admitted", created) if state != JobState.QUEUED else None
     ends = [job.get(k) for k in ("released", "killed", "cancelled", "lost", "refused")]
     end = max((t for t in ends if isinstance(t, (int, float))), default=None)
-    waited = job.get("waited_s") if state != "queued" else \
+    waited = job.get("waited_s") if state != JobState.QUEUED else \
         (time.time() - created if isinstance(created, (int, float)) else None)
-    if state != "queued" and isinstance(waited, (int, float)) and waited < 1.0:
+    if state != JobState.QUEUED and isinstance(waited, (int, float)) and waited < 1.0:
         waited = None  # admitted at once (every job passes the keeper): it did not wait
     ran = (end or time.time()) - started if isinstance(started, (int, float)) and \
-        state not in ("queued", "cancelled", "refused") else None
+        state not in (JobState.QUEUED, JobState.CANCELLED, JobState.REFUSED) else None
     return (f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
             f"  submitted {_clock(created)}  waited {_span(waited)}  ran {_span(ran)}"
             f"  {job.get('script', '')}  {tasks}{ended}{attempt}")
@@ -123,13 +123,14 @@ def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
 def kill(inventory: str, task_key: str) -> int:
     """End a running job, or take a waiting one out of the queue (owner or admin)."""
     from hypertf import store
+    from hypertf.core.jobrecord import JobState
     from hypertf.store.allocation import kill as kill_job
     from hypertf.store.jobs import read_job
 
     with store.opened(load_inventory(inventory).cluster) as zk:
         killed = kill_job(zk, task_key)
         state = (read_job(zk, task_key) or {}).get("state")
-    if state == "cancelled" and killed:
+    if state == JobState.CANCELLED and killed:
         print(f"job {task_key}: cancelled; it left the queue and never started")
     else:
         print(f"job {task_key}: " + ("lease dropped; its GPUs drain until the agents have "
@@ -141,7 +142,7 @@ def kill(inventory: str, task_key: str) -> int:
 def queue(inventory: str, as_json: bool = False) -> int:
     """The waiting jobs in admission order, like squeue: position, reason, waiting time."""
     from hypertf import store
-    from hypertf.store.queueview import collect, render
+    from hypertf.keeper.queueview import collect, render
 
     inv = load_inventory(inventory)
     with store.opened(inv.cluster) as zk:

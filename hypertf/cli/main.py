@@ -25,6 +25,7 @@ from hypertf.cli.trainargs import (
     script_args_note,
     train_request,
 )
+from hypertf.config import environment
 from hypertf.core import gctune
 from hypertf.launch.exits import SIGPIPE_EXIT as SIGPIPE_EXIT  # re-exported for Invoke's tasks
 from hypertf.launch.exits import quiet_kazoo, reader_gone, run
@@ -84,8 +85,9 @@ def parse_export(argv: Sequence[str]) -> argparse.Namespace:
 
 
 
-def _verb(sub: argparse._SubParsersAction, name: str, func: Callable[..., int], help: str,
-          inventory: bool = True, words: str | None = None) -> argparse.ArgumentParser:
+def _verb(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+          func: Callable[..., int], help: str, inventory: bool = True,
+          words: str | None = None) -> argparse.ArgumentParser:
     """A verb's parser: ``-i/--inventory`` and its options in VERB_OPTIONS (by ``words``,
     default ``name`` for a top-level verb), shared with Invoke's tasks, if it has any there."""
     p = sub.add_parser(name, help=help)
@@ -99,8 +101,9 @@ def _verb(sub: argparse._SubParsersAction, name: str, func: Callable[..., int], 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hypertf", description=__doc__.splitlines()[0],
-        epilog="hypertf warm {status,stop}: this user's warm launchers, which HYPERTF_WARM_S="
-               "<idle seconds> turns on for 'hypertf train' (README, 'A warm launcher')")
+        epilog="hypertf warm {status,stop}: this user's warm launchers, which "
+               f"{environment.WARM_S.name}=<idle seconds> turns on for 'hypertf train' "
+               "(README, 'A warm launcher')")
     sub = parser.add_subparsers(dest="command", required=True)
 
     _verb(sub, "status", commands.status, "hosts x GPUs, agents and ZooKeeper health")

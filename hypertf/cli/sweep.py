@@ -15,7 +15,7 @@ from hypertf.cli.trainargs import parse_train, train_request
 from hypertf.core.errors import UsageError
 from hypertf.launch.request import TRAIN_OPTIONS
 from hypertf.sweep import driver as sweeps
-from hypertf.sweep.spec import SweepSpec, expand, load_spec, parse_grid_option
+from hypertf.sweep.spec import SweepSpec, TrialState, expand, load_spec, parse_grid_option
 
 VERBS = ("status", "resume", "cancel", "list")
 
@@ -144,7 +144,7 @@ def _cancel(inventory: str, sweep_id: str) -> int:
 def _resume(sweep_id: str, detach: bool) -> int:
     sweep = sweeps.resume(sweep_id)
     env = sweep.env_values()
-    again = sum(t["state"] == "pending" for t in sweep.trials)
+    again = sum(t["state"] == TrialState.PENDING for t in sweep.trials)
     print(f"hypertf: sweep {sweep_id}: re-running {again} failed, lost or cancelled trials",
           flush=True)
     if detach:

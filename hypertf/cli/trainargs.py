@@ -7,23 +7,24 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import shlex
 import sys
 from collections.abc import Sequence
 
+from hypertf.config import environment
 from hypertf.config.settings import DEFAULT_INVENTORY
 from hypertf.launch.request import TRAIN_OPTIONS, TrainRequest
+
+INVENTORY_HELP = f"inventory YAML (default ${environment.INVENTORY.name} or {DEFAULT_INVENTORY})"
 
 
 def default_inventory() -> str:
     """``$HYPERTF_INVENTORY``, else the embedded default (inventory/local.yml)."""
-    return os.environ.get("HYPERTF_INVENTORY", DEFAULT_INVENTORY)
+    return environment.INVENTORY.read()  # its default is DEFAULT_INVENTORY (a test pins it)
 
 
 def inventory_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-i", "--inventory", default=default_inventory(),
-                        help=f"inventory YAML (default $HYPERTF_INVENTORY or {DEFAULT_INVENTORY})")
+    parser.add_argument("-i", "--inventory", default=default_inventory(), help=INVENTORY_HELP)
 
 
 def train_request(args: argparse.Namespace) -> TrainRequest:

@@ -35,21 +35,15 @@ import sys
 import zlib
 from collections.abc import Sequence
 
-ENV = "HYPERTF_WARM_S"  # idle seconds before the warm launcher ends; unset or 0: off
+from hypertf.config import environment
+
+ENV = environment.WARM_S.name  # idle seconds before the warm launcher ends; unset or 0: off
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 VERBS = ("train",)  # what goes through it: the launch path, where the start is the cost
 SIZE = struct.Struct("!I")  # the request's length, sent with the descriptors
 PID = struct.Struct("!q")  # the fork's PID, its first answer
 CODE = struct.Struct("!i")  # the command's exit code, its last
 PEERCRED = struct.Struct("3i")  # SO_PEERCRED's struct ucred: pid, uid, gid
-
-
-def idle_seconds(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
-    """``HYPERTF_WARM_S`` as seconds; 0 (off) when unset, empty, not a number or <= 0."""
-    try:
-        return max(0.0, float(env.get(ENV) or 0))
-    except ValueError:
-        return 0.0
 
 
 class Refused(OSError):
@@ -87,8 +81,9 @@ def check_socket(path: str) -> bool:
 
 def peer_uid(conn: socket.socket) -> int:
     """The uid the process at the other end of ``conn`` ran as when it listened."""
-    return PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                           PEERCRED.size))[1]
+    uid: int = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                               PEERCRED.size))[1]
+    return uid
 
 
 def stamp() -> str:
@@ -129,7 +124,7 @@ def main() -> int:
     argv = sys.argv[1:]
     if argv[:1] == ["warm"]:
         return warm_command(argv[1:])
-    idle = idle_seconds()
+    idle = environment.WARM_S.read()  # 0 (off) when unset, not a number or <= 0
     if idle and argv[:1] and argv[0] in VERBS:
         code = through_warm(argv, idle)
         if code is not None:
@@ -183,7 +178,8 @@ def _served(conn: socket.socket, argv: Sequence[str]) -> int | None:
                 return 128 + forward.pending[0]
             return None  # it went away before forking: nothing ran, run cold
         try:
-            return CODE.unpack(read_exactly(conn, CODE.size))[0]
+            code: int = CODE.unpack(read_exactly(conn, CODE.size))[0]
+            return code
         except (OSError, EOFError):
             print(f"hypertf: error: the warm launcher's process {forward.pid} ended without "
                   "an exit code", file=sys.stderr)
@@ -277,7 +273,7 @@ def warm_command(argv: Sequence[str]) -> int:
                 served = sum(1 for _ in log)
             print(f"warm launcher {pid}: {path}, {served} commands served")
     if not found and argv[0] == "status":
-        print(f"no warm launcher ({ENV}={os.environ.get(ENV, '')!s})")
+        print(f"no warm launcher ({ENV}={environment.WARM_S.raw()})")
     return 0
 
 

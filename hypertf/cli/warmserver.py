@@ -24,6 +24,7 @@ import stat
 import sys
 import threading
 import time
+from typing import Any
 
 import hypertf.cli.main as cli_main
 from hypertf.cli import commands  # noqa: F401 - imported here, inherited by every fork
@@ -141,14 +142,14 @@ def _accept(conn: socket.socket, listener: socket.socket, log: str) -> None:
                 os.close(fd)
 
 
-def _served(log: str, pid: int, request: dict) -> None:
+def _served(log: str, pid: int, request: dict[str, Any]) -> None:
     """A line per command in ``warm-<stamp>.log`` beside the socket: what it served, when."""
     with contextlib.suppress(OSError), open(log, "a") as handle:
         handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {pid}: "
                      f"{(request['argv'] or ['?'])[0]} in {request['cwd']}\n")
 
 
-def _child(conn: socket.socket, fds: list[int], request: dict) -> None:
+def _child(conn: socket.socket, fds: list[int], request: dict[str, Any]) -> None:
     """In the fork: become the client's command, run it, send its code, end."""
     code = 1
     try:

@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hypertf.config import inventorycache, yamlguard
 from hypertf.config.settings import (
@@ -374,7 +374,7 @@ def _parse(path: Path, files: list[Path]) -> Inventory:
         zookeeper_hosts = ",".join(parts)
 
     known_hosts = str(Path(first["hypertf_known_hosts"]).expanduser())
-    return _plain(Inventory(
+    return cast(Inventory, _plain(Inventory(  # _plain keeps each value's type
         path=path,
         nodes=nodes,
         cluster=ClusterSettings(**{  # every cluster setting, by the table
@@ -387,7 +387,7 @@ def _parse(path: Path, files: list[Path]) -> Inventory:
             "zk_tls_ca": _beside(path, first["hypertf_zk_tls_ca"]),
         }),
         zookeeper_nodes=zk_members,
-    ))
+    )))
 
 
 def _plain(value: Any) -> Any:

@@ -225,7 +225,7 @@ SETTINGS: dict[str, Setting] = {
     # The keeper prunes a finished job record nobody wrote for this many days, and each
     # user's finished records beyond that user's newest N (per user: one user's excess
     # prunes only their own). Both by when ZooKeeper last wrote the record (the znode's
-    # mtime), never by a date inside it, which its owner writes (hypertf.store.prune).
+    # mtime), never by a date inside it, which its owner writes (hypertf.keeper.prune).
     "hypertf_job_retention_days": Setting(_positive(float), 30.0, scope="cluster"),
     "hypertf_job_records_max": Setting(_positive(int), 10000, scope="cluster"),
     # How often the keeper looks for records to prune (seconds; tests shorten it).

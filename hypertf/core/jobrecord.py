@@ -1,16 +1,23 @@
 """A job record (``jobs/<user>/<task key>``, docs/zookeeper-layout.md): its states, its
-fields and the one codec of its placements. Pure: the store reads and writes records
-(hypertf.store.jobs), the keeper admits them, the CLI and the dashboard show them.
+fields, its summary and the one codec of its placements. Pure: the store reads and writes
+records (hypertf.store.jobs), the keeper admits them, the CLI and the dashboard show them.
 
 A record is plain JSON, written by several parties (its launcher, the keeper, ``kill``);
 ``JobRecord`` names every field any of them writes, so a reader's typo is a type error.
+Its states are StrEnum members: each equals its text, so a record read back from JSON
+compares equal to them. A record is its owner's writing: the store checks the fields a
+reader uses (hypertf.store.jobs ``job_problem``) before anyone trusts them.
+
+``JobSummary`` is what ``summary.json`` holds (the launcher's local copy of a run) and the
+record's ``summary`` (its launcher's release): the launcher builds one per attempt
+(hypertf.launch.attempt ``summary_of``), the sweep driver reads a trial's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from hypertf.core.matrix import Held
 from hypertf.core.scheduler import Placement
@@ -66,12 +73,69 @@ class TaskPlacement(TypedDict):
     port: int
 
 
+class TaskSummary(TypedDict):
+    """One task of an attempt in its summary: where it ran and how it ended."""
+
+    task: str  # "worker:0"
+    host: str
+    gpus: list[int]
+    port: int
+    exit_code: int | None
+    killed: bool
+    end: str  # how it ended, in words (hypertf.core.monitor TaskState.end)
+    duration_s: float | None
+
+
+class AttemptSummary(TypedDict):
+    """One attempt of the job (a restart or a port retry is a new attempt with a new key)."""
+
+    attempt: int
+    task_key: str
+    result: JobState
+    message: str  # the first line of its message
+
+
+class OffloadSummary(TypedDict):
+    """The job's matmul offload over its hosts, summed over its tasks
+    (hypertf.offload.taskspec ``summarize``)."""
+
+    ops: int
+    bytes: int
+    fallbacks: int
+    local: int
+    restarts: int
+    seconds: float
+    hosts: list[str]
+    failed: dict[str, str]  # task -> its last failure
+    tasks: dict[str, dict[str, Any]]  # task -> the counts its runner reported
+
+
+class JobSummary(TypedDict):
+    """summary.json: the attempt's placement, ports and task ends, the job's attempts so far
+    and its timeline; ``result`` and ``message`` are the job's once it ended."""
+
+    task_key: str
+    result: JobState
+    message: str
+    script: str
+    args: list[str]
+    inventory: str
+    policy: str
+    cpu_only: bool
+    env: dict[str, list[str]]  # host -> the names of its tasks' --env (never the values)
+    wall_s: float
+    tasks: list[TaskSummary]
+    attempts: list[AttemptSummary]
+    timeline: list[dict[str, Any]]  # hypertf.core.timeline Timeline.to_json
+    offload: NotRequired[OffloadSummary]  # only with offload hosts
+
+
 class JobRecord(TypedDict, total=False):
     """Every field of a job record, by who writes it."""
 
     # the launcher, when it queues the job (waitqueue.enqueue)
     task_key: str
-    state: str  # a JobState's text
+    state: JobState
     created: float
     owner: Owner
     policy: str
@@ -87,10 +151,10 @@ class JobRecord(TypedDict, total=False):
     waited_s: float
     refused: float
     refused_reason: str
-    refused_kind: str  # a RefusedKind's text
+    refused_kind: RefusedKind
     # its end: the launcher's release, ``kill``/``cancel``, or the sync that finds it lost
     released: float
-    summary: dict[str, Any]  # what summary.json says (the launcher's release)
+    summary: JobSummary  # what summary.json says (the launcher's release)
     stopped_on: list[str] | str  # hosts where its tasks were seen dead, or "all"
     killed: float
     killed_by: dict[str, Any]

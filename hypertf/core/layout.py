@@ -114,3 +114,17 @@ def owner_of(task_key: str) -> str:
         raise UsageError(f"{task_key[:80]!r} is not a task key (they look like "
                          f"20261122-085000-a1b2c3.alice; list them with 'hypertf jobs')")
     return user
+
+
+def path_names() -> tuple[str, ...]:
+    """Every path a ``Layout`` names, by its name there, in order: ``root``, then each public
+    property and method that returns one (``-> str``). Read from the class, so a new path is
+    in it at once: hypertf.store.auth.RULES keys who may touch each path by these names, and
+    a path without a rule fails tests/unit/test_acl_table.py."""
+    names = ["root"]
+    for name, member in vars(Layout).items():
+        function = member.fget if isinstance(member, property) else member
+        returns = getattr(function, "__annotations__", {}).get("return")
+        if not name.startswith("_") and returns in ("str", str):
+            names.append(name)
+    return tuple(names)

@@ -150,7 +150,7 @@ class Event:
         object.__setattr__(self, "kind", EventKind(self.kind))  # "exit" -> EventKind.EXIT
 
     @classmethod
-    def from_node(cls, host: str, payload: object, strict: bool | None = None) -> Event:
+    def from_node(cls, host: str, payload: object, strict: bool = False) -> Event:
         """A line of ``tasknode watch`` JSON (``{"e": "exit", "task": ..., ...}``); one this
         launcher cannot read is noise, or with ``strict`` a ProtocolError
         (``protocol.parse_event``)."""

@@ -1,10 +1,10 @@
 """The POSIX names of an offload channel, spelled once.
 
-The launcher names each task's channel after the job's task key (``attempt.offload_spec``),
-the offload agent creates its shared memory and semaphores under that name
-(``offload.channel``), and the node's ``tasknode stop`` removes what a SIGKILLed agent
-left in /dev/shm by the same key: if two of them spelled it differently, the segments would
-leak until the node reboots.
+The launcher names each task's channel after the job's task key
+(``taskstart.StartPlan.offload_spec``), the offload agent creates its shared memory and
+semaphores under that name (``offload.channel``), and the node's ``tasknode stop`` removes
+what a SIGKILLed agent left in /dev/shm by the same key: if two of them spelled it
+differently, the segments would leak until the node reboots.
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ A message is one JSON object per line. The verbs and what they carry:
 The wire keys are those of the nodes before this module (``{"e": "exit", "task": ...}``),
 so a message of version 2 reads as it did in version 1; what changed is that the
 launcher now checks the version and every field's type. An unknown event or a malformed
-message is a ``ProtocolError`` when ``strict`` (the test suite sets
-``HYPERTF_PROTOCOL_STRICT=1``); otherwise the launcher passes it on as noise, so a node
-one release ahead does not end a job over a message it adds.
+message is a ``ProtocolError`` when the caller asks for ``strict`` (the launcher does with
+``HYPERTF_PROTOCOL_STRICT=1``, which the test suite sets: hypertf.config.environment);
+otherwise the launcher passes it on as noise, so a node one release ahead does not end a
+job over a message it adds.
 
 Records are NamedTuples, not dataclasses: ``tasknode start`` imports this module on every
 node of every job, and ``dataclasses`` costs ~8 ms to import (it imports ``inspect``).
@@ -27,7 +28,6 @@ node of every job, and ``dataclasses`` costs ~8 ms to import (it imports ``inspe
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -35,13 +35,6 @@ from hypertf.core.errors import RemoteError
 
 PROTOCOL_VERSION = 2
 UNVERSIONED = 1  # nodes from before the version: their preflight answer names none
-STRICT_ENV = "HYPERTF_PROTOCOL_STRICT"
-
-
-def strict_default() -> bool:
-    """Whether an unknown or malformed message raises (``HYPERTF_PROTOCOL_STRICT=1``: the
-    tests) instead of passing as noise."""
-    return os.environ.get(STRICT_ENV) == "1"
 
 
 class ProtocolError(RemoteError):
@@ -199,10 +192,10 @@ def done(ended: RunEnd | None = None) -> NodeEvent:
     return NodeEvent(EventKind.DONE, ended=ended)
 
 
-def parse_event(payload: object, strict: bool | None = None) -> NodeEvent | None:
+def parse_event(payload: object, strict: bool = False) -> NodeEvent | None:
     """A watcher's line, read: the event, or None for one this launcher cannot read (an
     unknown kind, a field of the wrong type), which raises ProtocolError when ``strict``
-    (default: ``HYPERTF_PROTOCOL_STRICT``)."""
+    (the launcher's choice: ``HYPERTF_PROTOCOL_STRICT``)."""
     try:
         found = _object(payload, "an event")
         try:
@@ -220,7 +213,7 @@ def parse_event(payload: object, strict: bool | None = None) -> NodeEvent | None
         return NodeEvent(kind, task, _str(found, "line", "an event", ""), code, killed,
                          RunEnd.parse(ended) if ended is not None else None)
     except ProtocolError:
-        if strict_default() if strict is None else strict:
+        if strict:
             raise
         return None
 

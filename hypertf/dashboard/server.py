@@ -16,7 +16,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
 import secrets
 import sys
 import threading
@@ -28,11 +27,12 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from hypertf.config import environment
 from hypertf.dashboard.source import DataSource
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 8470
-TOKEN_ENV = "HYPERTF_DASHBOARD_TOKEN"  # a token of the user's choosing (else a fresh one)
+TOKEN_ENV = environment.DASHBOARD_TOKEN.name  # a token of the user's choosing (else fresh)
 log = logging.getLogger(__name__)
 
 
@@ -196,7 +196,7 @@ class Dashboard(ThreadingHTTPServer):
 def new_token() -> str:
     """``$HYPERTF_DASHBOARD_TOKEN`` when set (a URL that survives a restart), else a fresh
     random one."""
-    return os.environ.get(TOKEN_ENV, "").strip() or secrets.token_urlsafe(24)
+    return environment.DASHBOARD_TOKEN.read() or secrets.token_urlsafe(24)
 
 
 def serve(source: DataSource, port: int = DEFAULT_PORT, bind: str | None = None) -> None:

@@ -14,7 +14,7 @@ import json
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, cast
 
 from hypertf.config.inventory import Inventory
 from hypertf.store import Store
@@ -61,7 +61,7 @@ class ClusterSource:
             return status.collect(self.store.client, self.inventory)
 
     def queue(self) -> list[dict[str, Any]]:
-        from hypertf.store import queueview
+        from hypertf.keeper import queueview
 
         return queueview.collect(self.store, self.inventory.cluster.user_gpu_limit)
 
@@ -89,12 +89,23 @@ class ClusterSource:
         return out.getvalue()[-self.log_limit:]
 
 
+class Fixture(TypedDict, total=False):
+    """A recorded answer per endpoint (a missing one: an empty answer)."""
+
+    status: dict[str, Any]
+    queue: list[dict[str, Any]]
+    jobs: list[dict[str, Any]]
+    sweeps: list[dict[str, Any]]
+    logs: dict[str, str]  # task key -> its logs
+
+
 class FixtureSource:
     """A recorded answer per endpoint, from a JSON object or file: ``{"status": ...,
     "queue": [...], "jobs": [...], "sweeps": [...], "logs": {key: text}}``."""
 
-    def __init__(self, data: dict[str, Any] | str | Path) -> None:
-        self.data = data if isinstance(data, dict) else json.loads(Path(data).read_text())
+    def __init__(self, data: Fixture | dict[str, Any] | str | Path) -> None:
+        self.data = cast(Fixture, data if isinstance(data, dict)
+                         else json.loads(Path(data).read_text()))
 
     def status(self) -> dict[str, Any]:
         return self.data.get("status", {"hosts": []})

@@ -11,9 +11,10 @@ import time
 from typing import Any
 
 from hypertf.core.admission import Decision, admission_pass, clamped
+from hypertf.keeper.reader import QueueReader, read_limits
+from hypertf.keeper.screen import INVALID, Screen
 from hypertf.store import Store
 from hypertf.store.allocation import read_matrix
-from hypertf.store.waitqueue import INVALID, QueueReader, Screen, read_limits
 
 STARTING = "Starting"  # fits now: the keeper admits it at its next pass
 

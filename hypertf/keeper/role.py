@@ -1,35 +1,34 @@
-"""The keeper's pass (``Admitter.keep``) in a thread, for a process that is no agent.
+"""What holding the keeper lease adds to a process: ``KeeperRole``, shared by an agent's
+keeper and the keeper thread of benches and tests (hypertf.keeper.thread), and
+``KeeperTerm``, an agent's terms of the lease.
 
-An agent's keeper runs the pass in its service loop (hypertf.node.agent). Benches and tests whose
-hosts are records they publish themselves have no agent process, so nothing would admit
-their jobs: this runs the same pass, as the admin, waking on the changes an agent's keeper
-watches (every user's leases, the records, the matrix) and every 0.2 s besides. Only one
-keeper should run per root: the cluster's agents take the keeper lease, this does not.
-
-``KeeperRole`` is what holding the keeper lease adds to a process, shared by an agent's
-keeper and this thread: the watches that wake the keeper (every shard of the matrix, the
+``KeeperRole`` holds the watches that wake the keeper (every shard of the matrix, the
 hosts and their records, every user's leases) and the ``Admitter`` with its caches. It is
 started when the lease is taken and stopped when it is lost: its watches then end at their
 next firing, and a later term starts from a fresh read. The records are kept by the
 admitter's ``RecordCache``, the leases by its ``LeaseCache``: one persistent recursive
-watch each, so no user's folder is listed again at each change (hypertf.store.leasecache).
+watch each, so no user's folder is listed again at each change (hypertf.keeper.leasecache).
+
+``KeeperTerm`` is the agent's side: it takes the lease when it is free (only an agent with
+the keeper's credential tries), starts a role for each term and stops it when the lease is
+lost, runs the pass and keeps the prune thread (hypertf.keeper.prune) running beside it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 from collections.abc import Callable
 
 from hypertf import store
-from hypertf.config.settings import ClusterSettings
-from hypertf.core import gctune
+from hypertf.config.inventory import Inventory
 from hypertf.core.admission import Decision
+from hypertf.core.errors import StoreError
 from hypertf.core.requestcheck import PortBounds
-from hypertf.store import HostWatch, Layout, Store
+from hypertf.keeper.admitter import Admitter
+from hypertf.keeper.hostwatch import HostWatch
+from hypertf.keeper.prune import Pruner
+from hypertf.store import LeaseState, Store
 from hypertf.store.allocation import watch_matrix
-from hypertf.store.waitqueue import Admitter
 
 log = logging.getLogger(__name__)
 
@@ -99,66 +98,90 @@ class KeeperRole:
             self._records_changed()
 
 
-class KeeperThread:
-    """Start with ``start()``; ``stop()`` ends the thread and closes its session."""
-
-    def __init__(self, cluster: ClusterSettings, user_gpu_limit: int = 0,
-                 identity: str = "admin", user_queue_limit: int = 200) -> None:
-        self.client = store.connect(cluster, identity=identity)
-        self.layout = Layout(cluster.zk_root)
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self.role = KeeperRole(Store(self.client, self.layout), self._wake.set,
-                               user_gpu_limit, user_queue_limit,
-                               host_gpus_max=cluster.host_gpus_max)
-        self.admitter = self.role.admitter
-        self._thread = threading.Thread(target=self._run, daemon=True, name="keeper")
-        self.passes = 0
-
-    def start(self) -> KeeperThread:
-        self.role.start()
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(0.2)
-            self._wake.clear()
-            if self._stop.is_set():
-                break
-            try:
-                self.role.keep()
-                self.passes += 1
-            except Exception as err:  # the next pass tries again, as an agent's keeper does
-                log.warning("keeper pass failed: %s", err)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self.role.stop()
-        self._thread.join(10)
-        with contextlib.suppress(Exception):
-            store.close(self.client)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hypertf.store.keeper ZK_HOSTS ROOT [SESSION_TIMEOUT]``: a keeper process until
-    killed (benches and the failover test SIGKILL it)."""
-    import signal
-    import sys
+class KeeperTerm:
+    """An agent's terms of the keeper lease. Only the hosts the admin names hold the
+    keeper's credential (``keeper.yml``): elsewhere a stolen agent credential reports about
+    its own host and decides nothing. ``step`` takes the lease when it is free, starts a
+    role for a new term (stops it when the lease is lost: a later term starts from a fresh
+    read) and runs one pass; ``end`` stops the role when the agent's session ends."""
 
-    gctune.tune()
-    args = sys.argv[1:] if argv is None else argv
-    cluster = ClusterSettings("gpu_nodes", args[0], args[1],
-                              float(args[2]) if len(args) > 2 else 10.0, "/nonexistent", 5.0)
-    thread = KeeperThread(cluster).start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print("keeping", flush=True)
-    stop.wait()
-    thread.stop()
-    return 0
+    def __init__(self, inventory: Inventory, host: str, wake: Callable[..., object],
+                 records_changed: Callable[[], object],
+                 running: Callable[[], bool]) -> None:
+        self.inventory = inventory
+        self.host = host
+        self.capable = host in inventory.keeper_hosts and (
+            store.credentials_dir(inventory.cluster) / "keeper.yml").exists()
+        self.role: KeeperRole | None = None
+        self._wake = wake
+        self._records_changed = records_changed
+        self._running = running  # False once the agent stops: the prune thread ends too
+        self._pruner: tuple[KeeperRole, Pruner] | None = None  # the keeper's prune thread
 
+    def step(self, zk: Store) -> None:
+        """Hold the role while this agent holds the lease, and run the pass then. Only the
+        keeper wakes when GPUs are freed and when a host comes or goes (10,000 agents x
+        10,000 host watches would be 10^8 watches in ZooKeeper); it looks again, at its
+        next interval, when a record changed."""
+        if not self.holds_lease(zk):
+            self.end()
+            return
+        if self.role is None:
+            cluster = self.inventory.cluster
+            self.role = KeeperRole(zk, self._wake, cluster.user_gpu_limit,
+                                   cluster.user_queue_limit,
+                                   records_changed=self._records_changed,
+                                   host_gpus_max=cluster.host_gpus_max,
+                                   port_bounds=PortBounds.of(
+                                       {name: node.settings.port_range
+                                        for name, node in self.inventory.nodes.items()})
+                                   ).start()
+        self.keep(zk, self.role)
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+    def end(self) -> None:
+        """Stop the role (its watches end at their next firing)."""
+        if self.role is not None:
+            self.role.stop()
+            self.role = None
+
+    def holds_lease(self, zk: Store) -> bool:
+        """Whether this agent keeps the matrix (it takes the keeper lease when it is free;
+        only an agent with the keeper's credential tries)."""
+        if not self.capable:
+            return False
+        taken = zk.take_keeper_lease(self.host, watch=self._wake)
+        if taken is LeaseState.TAKEN:
+            log.info("this agent now keeps the matrix (keeper lease taken)")
+        return taken in (LeaseState.TAKEN, LeaseState.HELD)
+
+    def keep(self, zk: Store, role: KeeperRole) -> None:
+        """The keeper's pass: sync the matrix (and repair it), admit or refuse waiting jobs;
+        see that the prune thread runs."""
+        try:
+            for decision in role.keep():
+                if decision.admitted:
+                    log.info("admitted %s: %s", decision.task_key,
+                             ", ".join(f"{p.name}@{p.host}" for p in decision.placements))
+                elif decision.refused:
+                    log.info("refused %s (--no-wait): %s", decision.task_key, decision.reason)
+        except StoreError as err:  # e.g. the matrix outgrew its znode
+            log.error("cannot sync the matrix or admit waiting jobs: %s", err)
+        self.prune(zk, role)
+
+    def prune(self, zk: Store, role: KeeperRole) -> None:
+        """The keeper's prune thread (hypertf.keeper.prune) runs while ``role``'s term
+        lasts: started here, it ends by itself when the role stops or the agent does.
+        Never in the agent's loop: 100,000 records read and deleted there held up every
+        admission for 22-26 s each minute."""
+        if self._pruner is not None:
+            term, pruner = self._pruner
+            if term is role and pruner.alive:
+                return
+            pruner.stop()  # an earlier term's
+        cluster = self.inventory.cluster
+        self._pruner = (role, Pruner(
+            zk, cluster.job_retention_days * 86400, cluster.job_records_max,
+            cluster.keeper_prune_interval,
+            active=lambda: not role.stopped and self._running()).start())

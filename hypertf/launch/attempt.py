@@ -5,78 +5,72 @@ Monitor's verdict, and the ports to avoid after a port clash) or raises the fail
 release, logs and summary happen whatever goes wrong, and cannot be interrupted. A new try
 is a new ``Attempt`` with a new key: nothing of an old one is reused or mutated.
 
-An attempt is handed its collaborators (``Parts``): the placer (the keeper's grant), the
-fleet (the nodes), the lease (its job record) and the reporter (lines and timeline). What
-the other threads learn (the nodes' watchers, kazoo's watches) reaches the attempt only as
-events on its queue, so its state changes in its own thread alone, and
-tests/unit/test_attempt.py drives a whole attempt with in-memory parts.
+An attempt is handed its collaborators (``Parts``): the placer (the keeper's grant:
+hypertf.launch.placer), the fleet (the nodes), the lease (its job record) and the reporter
+(lines and timeline). What each host is sent to start is a ``StartPlan``
+(hypertf.launch.taskstart). What the other threads learn (the nodes' watchers, kazoo's
+watches) reaches the attempt only as events on its ``Inbox`` (hypertf.launch.inbox), so
+its state changes in its own thread alone, and tests/unit/test_attempt.py drives a whole
+attempt with in-memory parts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import queue
 import signal
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hypertf.config.inventory import Inventory, Node
-from hypertf.core import diagnose, taskenv
+from hypertf.core import diagnose
 from hypertf.core import spec as specs
 from hypertf.core.errors import Cancelled, HyperTFError
-from hypertf.core.jobrecord import JobState
+from hypertf.core.jobrecord import AttemptSummary, JobState, JobSummary
 from hypertf.core.monitor import Event, EventKind, Limits, Monitor, TaskState, Verdict
-from hypertf.core.offloadname import channel_name
 from hypertf.core.placement import Grant
-from hypertf.core.protocol import RunEnd, StopResult, TaskStart
-from hypertf.core.records import AgentRecord
-from hypertf.core.rundir import RunDir, make_private, tensorboard_dir, write_private
-from hypertf.launch.fleet import Fleet, HostStart
+from hypertf.core.protocol import RunEnd, StopResult
+from hypertf.core.rundir import RunDir, make_private, write_private
+from hypertf.launch.fleet import Fleet
+from hypertf.launch.inbox import Inbox
 from hypertf.launch.lease import JobLease
 from hypertf.launch.nodeclient import PortsBusy
 from hypertf.launch.remote import GroupResult
 from hypertf.launch.reporter import Reporter
-from hypertf.launch.request import TrainRequest
-from hypertf.offload.taskspec import OffloadHost, summarize
-from hypertf.offload.taskspec import Spec as OffloadSpec
-from hypertf.offload.taskspec import command as offload_command
+from hypertf.launch.taskstart import QUIET_ENV as QUIET_ENV  # re-exported: the benches, a test
+from hypertf.launch.taskstart import StartingJob, StartPlan, reporting_task
 from hypertf.offload.taskspec import line as offload_line
+from hypertf.offload.taskspec import summarize
 
 
-class Job(Protocol):
+class Job(StartingJob, Protocol):
     """What an attempt reads of its job (hypertf.launch.launcher.Job): the request, the
     inventory and what preflight and the records said. The job hands itself in, and the
     attempt sees only these members, so the two modules do not import each other."""
 
-    inventory: Inventory
-    request: TrainRequest
-    records: dict[str, AgentRecord]
-    queued: set[str]
-    tf_keras: dict[str, bool]
     cpu_only: bool
     started_at: float
     max_port_retries: int
 
     @property
-    def job_id(self) -> str: ...
+    def tf_keras(self) -> Mapping[str, bool]:
+        """Preflight's answer: tf-keras in each host's venv."""
+        ...
 
     def announce_flags(self) -> bool: ...
 
-    def checkpoint_dir(self, host: str) -> str: ...
-
-    def script_path(self) -> str: ...
-
-    def attempts_summary(self) -> list[dict[str, Any]]: ...
+    def attempts_summary(self) -> list[AttemptSummary]: ...
 
 
 class Placer(Protocol):
     """Where the job's tasks go: the keeper's grant (after the queue and preflight), the
-    hosts whose agent is up, and the preflight answers to forget after a failed start."""
+    hosts whose agent is up, the preflight answers to forget after a failed start, and
+    the task keys that went through the queue (hypertf.launch.placer.KeeperPlacer)."""
+
+    @property
+    def queued(self) -> Set[str]: ...
 
     def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
               avoid: frozenset[str] = ...) -> Grant: ...
@@ -97,11 +91,6 @@ class Parts:
 
 
 LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow reads as TF_USE_LEGACY_KERAS set
-LATE_EXIT_WAIT_S = 5.0  # after the stop: how long the watchers may take to report the ends
-ENDED_WAIT_S = 0.5  # before the stop: how long a finished host's watcher may take to end it
-KILLED_WAIT_S = 1.0  # a task killed by a signal: how long a lease drop may take to arrive
-QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1",
-             "GRPC_FAIL_FAST": "use_caller"}
 
 
 class JobFailed(HyperTFError):
@@ -183,19 +172,12 @@ class Attempt:
         self.last = last  # a port clash now fails the job instead of asking for a retry
         self.grant: Grant | None = None
         self.tasks: dict[str, TaskState] = {}
-        self.events: queue.Queue[Event] = queue.Queue()
-        self._pending: deque[Event] = deque()  # taken from the queue early, handled next
-        self.lease_dropped = False
+        self.inbox = Inbox()  # the events: the attempt's one input
         self._unwatch: Callable[[], None] | None = None
         self.lost_hosts: set[str] = set()
         self.offload_hosts: list[str] = []  # --offload-hosts: lent to the tasks' products
         self.offload: dict[str, dict[str, Any]] = {}  # what each task's runner offloaded
-        self.watched: set[str] = set()  # hosts whose watcher runs (until closed or lost)
-        self.start_after: dict[str, str] = {}  # task -> address it starts after (TF1 order)
         self.legacy_flags = False  # passed to the script (it reads them)
-        # per host: what the stop answered (logs, metrics, offload counts), or the watcher's
-        # 'done' when the node ended the run itself ("stopped": what a stop would have said)
-        self.ended: dict[str, RunEnd] = {}
         self.result = JobState.FAILED  # succeeded, failed, interrupted or retried
         self.message = ""
 
@@ -205,7 +187,7 @@ class Attempt:
     @property
     def reporter(self) -> str:
         """The task whose HYPERTF_METRICS_FILE is copied back: the chief, else worker 0."""
-        return "chief:0" if "chief:0" in self.tasks else "worker:0"
+        return reporting_task(self.tasks)
 
     @property
     def local(self) -> RunDir:
@@ -216,6 +198,11 @@ class Attempt:
     @property
     def local_dir(self) -> Path:
         return self.local.local
+
+    @property
+    def ended(self) -> dict[str, RunEnd]:
+        """Per host, how its run ended (the stop's answer, or the node's own word)."""
+        return self.inbox.ended
 
     def run_dir(self, host: str) -> RunDir:
         return RunDir.of(self.job.inventory.node(host).settings.workdir, self.task_key)
@@ -232,7 +219,7 @@ class Attempt:
                           for p in specs.tasks_of(self.grant.placements)}
             self.offload_hosts = specs.offload_hosts(self.grant.placements)
             # the lease's end ('hypertf kill', a lost session) arrives as an event
-            self._unwatch = self.parts.lease.watch(self.task_key, self.events)
+            self._unwatch = self.parts.lease.watch(self.task_key, self.inbox.events)
             busy = self.start()
             verdict = Verdict.PORT_CLASH if busy else self.watch()
             if verdict is Verdict.PORT_CLASH:
@@ -252,73 +239,17 @@ class Attempt:
             with uninterruptible():
                 self.finish()
 
-    # -- events ---------------------------------------------------------------------------
-    def _next(self, timeout: float) -> Event | None:
-        """The next event (one taken early first), or None after ``timeout``."""
-        if self._pending:
-            return self._pending.popleft()
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            return None
-
-    def _absorb(self, event: Event, exits: bool = False) -> None:
-        """What the attempt keeps of any event, besides the Monitor's rules: how a node
-        ended its run, whose watcher is gone, the lease's end; with ``exits`` (once the
-        Monitor has decided) the exit codes that come after the decision."""
-        if event.kind is EventKind.DONE and event.ended is not None:
-            self.ended[event.host] = event.ended
-        elif event.kind in (EventKind.CLOSED, EventKind.LOST):
-            self.watched.discard(event.host)
-        elif event.kind is EventKind.LEASE_DROPPED:
-            self.lease_dropped = True
-        elif exits and event.kind is EventKind.EXIT:
-            task = next((t for t in self.tasks.values() if t.placement.host == event.host
-                         and t.file_name == event.task), None)
-            if task is not None and task.ended is None:
-                task.ended, task.exit_code, task.killed = (time.monotonic(), event.code,
-                                                           event.killed)
-
-    def _await_lease_drop(self, wait_s: float = KILLED_WAIT_S) -> None:
-        """A task killed by a signal: was it an agent stopping it after 'hypertf kill'?
-        Events that come meanwhile are kept, in order, for the watch loop."""
-        deadline = time.monotonic() + wait_s
-        while not self.lease_dropped and (left := deadline - time.monotonic()) > 0:
-            try:
-                event = self.events.get(timeout=left)
-            except queue.Empty:
-                return
-            self._pending.append(event)
-            if event.kind is EventKind.LEASE_DROPPED:
-                self.lease_dropped = True
-
     # -- start ----------------------------------------------------------------------------
     def start(self) -> dict[str, set[int]]:
         """Every task at once: one request per host, hosts in parallel. Returns the granted
         ports found already in use, per host (nothing is started on such a host)."""
-        job, grant = self.job, self.grant
-        assert grant
-        placements = specs.tasks_of(grant.placements)
-        addresses = {p.name: f"{job.records[p.host].data_addr}:{grant.ports[p.name]}"
-                     for p in placements}
-        by_host: dict[str, list[specs.TaskSpec]] = {}
-        for task_spec in sorted(specs.build(placements, addresses),
-                                key=lambda s: specs.start_rank(s.placement)):
-            by_host.setdefault(task_spec.placement.host, []).append(task_spec)
-        self.start_after = specs.start_after(placements, addresses)
-        legacy_flags = self.legacy_flags = job.announce_flags()
-        script = job.script_path()
-        starts = {}
-        for host, host_specs in by_host.items():
-            node, run = job.inventory.node(host), self.run_dir(host)
-            starts[host] = HostStart(
-                run, tuple(task_requests(self, node, host_specs, legacy_flags)),
-                make_dirs=(job.checkpoint_dir(host),) if job.request.makes_checkpoint_dir
-                else (), sync_dir=job.request.sync_dir,
-                script=job.request.script_on(node.settings.workdir, run, script))
+        assert self.grant
+        plan = StartPlan(self.job, self.task_key, self.number, self.grant, self.tasks)
+        self.legacy_flags = self.job.announce_flags()
+        starts = plan.hosts(self.legacy_flags)
         self.parts.lease.starting(self.task_key)
-        results = self.parts.fleet.start(starts, self.events)
-        self.watched.update(results.succeeded)
+        results = self.parts.fleet.start(starts, self.inbox.events)
+        self.inbox.watched.update(results.succeeded)
         busy = {h: v.ports for h, v in results.failed.items() if isinstance(v, PortsBusy)}
         failed = {h: v for h, v in results.failed.items() if not isinstance(v, PortsBusy)}
         if failed:
@@ -339,7 +270,7 @@ class Attempt:
     def watch(self) -> Verdict:
         """Stream logs and feed every event to a Monitor until it decides: the verdict
         (succeeded, or a port clash to retry); a failure raises JobFailed."""
-        job, timeline = self.job, self.parts.reporter.timeline
+        job, timeline, inbox = self.job, self.parts.reporter.timeline, self.inbox
         request = job.request
         limits = Limits(start_timeout=request.start_timeout, timeout=request.timeout,
                         idle_timeout=request.idle_timeout, idle_fail=request.idle_fail,
@@ -348,15 +279,15 @@ class Attempt:
                           idle_causes=job.request.idle_causes(self.legacy_flags),
                           facts=self.facts())
         while True:
-            event = self._next(timeout=0.2) or Event(EventKind.TICK)
-            self._absorb(event)
+            event = inbox.next(timeout=0.2) or Event(EventKind.TICK)
+            inbox.absorb(event)
             if event.kind is EventKind.LISTENING:
                 timeline.mark("listening", event.host)
             elif event.kind is EventKind.LOG:
                 timeline.mark("first log line")
             elif event.kind is EventKind.EXIT and event.killed:
-                self._await_lease_drop()  # killed by an agent after 'hypertf kill'?
-            if self.lease_dropped and event.kind is not EventKind.SESSION_LOST:
+                inbox.await_lease_drop()  # killed by an agent after 'hypertf kill'?
+            if inbox.lease_dropped and event.kind is not EventKind.SESSION_LOST:
                 event = Event(EventKind.LEASE_DROPPED, why=(
                     f"job {self.task_key} was killed: its lease was dropped (hypertf kill); "
                     f"its tasks are stopped and its GPUs returned"))
@@ -366,7 +297,7 @@ class Attempt:
             self.lost_hosts |= monitor.lost_hosts
             if decision.verdict in (Verdict.SUCCEEDED, Verdict.PORT_CLASH):
                 return decision.verdict
-            if decision.final and self.lease_dropped:
+            if decision.final and inbox.lease_dropped:
                 raise JobKilled(decision.message)
             if decision.final:
                 raise JobFailed(decision.message, decision.verdict is Verdict.RETRYABLE,
@@ -414,37 +345,13 @@ class Attempt:
                      f"agent stops them once the job's lease is released")
         return results
 
-    def _ended_by_nodes(self, hosts: list[str], wait_s: float = ENDED_WAIT_S,
-                        ) -> dict[str, dict[str, StopResult]]:
+    def _ended_by_nodes(self, hosts: list[str]) -> dict[str, dict[str, StopResult]]:
         """Hosts whose every task exited by itself: their watcher ends the run there and
         says so right after the last exit (nothing of it left, logs attached), so they
         need no stop. Waits briefly for that word; a host without it is stopped."""
         finished = {host for host in hosts if all(
             t.ended is not None for t in self.tasks.values() if t.placement.host == host)}
-        deadline = time.monotonic() + wait_s
-        while any(h not in self.ended for h in finished) and \
-                (left := deadline - time.monotonic()) > 0:
-            event = self._next(timeout=left)
-            if event is not None:
-                self._absorb(event, exits=True)
-        return {host: self.ended[host].stopped for host in finished if host in self.ended}
-
-    def late_exits(self, wait_s: float = LATE_EXIT_WAIT_S) -> None:
-        """Record the exit codes the watchers report after the Monitor decided. A job ends
-        at its first failure; its peers die of it a second later (a mirrored worker's
-        'Socket closed') or are stopped now, and their ends arrive after the decision.
-        Without this, a task that exited 1 with its own traceback read as having no exit
-        code at all. Waits until every watched host's tasks have ended, its watcher
-        closed, or ``wait_s``."""
-        def waiting() -> bool:
-            return any(t.ended is None and t.placement.host in self.watched - self.lost_hosts
-                       for t in self.tasks.values())
-
-        deadline = time.monotonic() + wait_s
-        while waiting() and time.monotonic() < deadline:
-            event = self._next(timeout=0.1)
-            if event is not None:
-                self._absorb(event, exits=True)
+        return self.inbox.ends_of(finished, self.tasks)
 
     def collect_logs(self) -> None:
         """Every task's log into the local copy of the run (hosts that answer; the stop's
@@ -486,13 +393,13 @@ class Attempt:
         try:
             with timeline.phase("stop"):
                 stopped = self.stop()
-                self.late_exits()
+                self.inbox.late_exits(self.tasks, self.lost_hosts)
         finally:
             with timeline.phase("release"):
                 if self.grant is not None:
                     lease.release(self.task_key, self.result, summary_of(self),
                                   confirmed_dead(self.tasks.values(), stopped, self.grant))
-                elif self.task_key in self.job.queued:  # left the queue: nothing ran
+                elif self.task_key in self.parts.placer.queued:  # left the queue: nothing ran
                     lease.release(self.task_key, self.result, summary_of(self), None)
             with timeline.phase("logs"):
                 self.collect_logs()
@@ -501,56 +408,6 @@ class Attempt:
                 write_private(Path(self.local.summary), json.dumps(summary_of(self), indent=2))
             if self.offload_hosts and self.offload:
                 self.say(offload_line(summarize(self.offload, self.offload_hosts)))
-
-
-def task_requests(attempt: Attempt, node: Node, task_specs: Iterable[specs.TaskSpec],
-                  legacy_flags: bool) -> list[TaskStart]:
-    """What ``tasknode start`` gets for each task on ``node``: name, port, working dir,
-    environment (TF_CONFIG, GPU pinning, attempt, checkpoints, the user's) and argv."""
-    job, run = attempt.job, attempt.run_dir(node.name)
-    script = job.request.script_on(node.settings.workdir, run, job.script_path())
-    requests = []
-    for task_spec in task_specs:
-        task = attempt.tasks[task_spec.placement.name]
-        extra = {"HYPERTF_METRICS_FILE": str(run.metrics)} if task.name == attempt.reporter \
-            else {}
-        if task.name in attempt.start_after:
-            extra["HYPERTF_START_AFTER"] = attempt.start_after[task.name]
-        env = {**QUIET_ENV, **job.request.task_env(node), **taskenv.ours({
-            "TF_CONFIG": task_spec.tf_config,
-            **specs.gpu_env(task_spec.placement.gpus, job.records[node.name].gpus),
-            "HYPERTF_TASK_KEY": attempt.task_key, "HYPERTF_TASK": task.name,
-            "HYPERTF_ATTEMPT": str(attempt.number),
-            "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name),
-            "HYPERTF_TENSORBOARD_DIR": tensorboard_dir(node.settings.workdir, job.job_id),
-            **extra})}
-        argv = ["python", script, *(task_spec.flags if legacy_flags else ()), *job.request.args]
-        if attempt.offload_hosts:
-            argv = offload_command(
-                offload_spec(attempt, node, task.file_name), str(run.offload_dir(task.file_name)),
-                str(run.offload(task.file_name)), argv)
-        cwd = job.request.task_cwd(node.settings.workdir, run, task.file_name)
-        requests.append(TaskStart(task.file_name, task.port, cwd, env, tuple(argv)))
-    return requests
-
-
-def offload_spec(attempt: Attempt, node: Node, file_name: str) -> OffloadSpec:
-    """What the task's runner on ``node`` needs to start its world: the offload hosts as
-    this node reaches them over SSH (with the cluster-internal key and the known_hosts the
-    nodes share, both on the node where cluster.setup put them: never the controller's),
-    and a channel name of the task's own (the node's agent can find it by the task key)."""
-    job = attempt.job
-    hosts = tuple(OffloadHost(address=n.address, port=n.port, user=n.user,
-                              python=f"{n.settings.venv}/bin/python")
-                  for n in map(job.inventory.node, attempt.offload_hosts))
-    record = job.records.get(node.name)
-    return OffloadSpec(hosts=hosts, channel=channel_name(attempt.task_key, file_name),
-                       local_address=record.data_addr if record else node.address,
-                       known_hosts=node.settings.offload_known_hosts,
-                       key_file=node.settings.offload_key,
-                       min_flops=job.request.offload_min_flops,
-                       start_timeout=min(60.0, job.request.start_timeout),
-                       port_range=node.settings.offload_port_range)
 
 
 def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, StopResult]],
@@ -568,11 +425,11 @@ def confirmed_dead(tasks: Iterable[TaskState], stopped: GroupResult[dict[str, St
     return sorted(dead)
 
 
-def summary_of(attempt: Attempt) -> dict[str, Any]:
+def summary_of(attempt: Attempt) -> JobSummary:
     """An attempt as summary.json and its job record say it: placement, ports, how each task
     ended, and the job's attempts so far."""
     job = attempt.job
-    return {
+    summary: JobSummary = {
         "task_key": attempt.task_key,
         "result": attempt.result,
         "message": attempt.message,
@@ -594,6 +451,7 @@ def summary_of(attempt: Attempt) -> dict[str, Any]:
         ],
         "attempts": job.attempts_summary(),
         "timeline": attempt.parts.reporter.timeline.to_json(),
-        **({"offload": summarize(attempt.offload, attempt.offload_hosts)}
-           if attempt.offload_hosts else {}),
     }
+    if attempt.offload_hosts:
+        summary["offload"] = summarize(attempt.offload, attempt.offload_hosts)
+    return summary

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hypertf.config import environment
 from hypertf.core import protocol
 from hypertf.core.errors import RemoteError
 from hypertf.core.monitor import Event, EventKind
@@ -47,11 +48,12 @@ class PortsBusy(Exception):
 class _LineSink(io.TextIOBase):
     """Invoke/Fabric write the watcher's stdout here; whole lines go to the queue as events
     (``Event.from_node``: a line that is no event is noise, or with
-    ``HYPERTF_PROTOCOL_STRICT`` a ProtocolError that ends the watch as the host lost). A
+    ``HYPERTF_PROTOCOL_STRICT=1`` a ProtocolError that ends the watch as the host lost). A
     'done' event carries ``ended`` (the node ended the run itself) to the attempt."""
 
     def __init__(self, host: str, events: queue.Queue[Event]) -> None:
         self.host, self.events, self.buffer = host, events, ""
+        self.strict = environment.PROTOCOL_STRICT.read()
 
     def write(self, text: str) -> int:
         self.buffer += text
@@ -62,7 +64,7 @@ class _LineSink(io.TextIOBase):
                     payload: object = json.loads(line)
                 except json.JSONDecodeError:  # not JSON: passed on as it is, or refused
                     payload = line
-                self.events.put(Event.from_node(self.host, payload))
+                self.events.put(Event.from_node(self.host, payload, self.strict))
         return len(text)
 
 

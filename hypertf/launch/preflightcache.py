@@ -26,20 +26,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hypertf.config import environment
 from hypertf.config.inventory import Node
 from hypertf.config.paths import state_home
 from hypertf.core.protocol import PROTOCOL_VERSION
 
-DEFAULT_TTL_S = 120.0
 FILE_NAME = "preflight-cache.json"
 
 
 def ttl_s() -> float:
     """How long an answer is kept: ``HYPERTF_PREFLIGHT_CACHE_S`` (0: never)."""
-    try:
-        return max(0.0, float(os.environ.get("HYPERTF_PREFLIGHT_CACHE_S", DEFAULT_TTL_S)))
-    except ValueError:
-        return DEFAULT_TTL_S
+    return environment.PREFLIGHT_CACHE_S.read()
 
 
 def _digest(path: str | os.PathLike[str] | None) -> str | None:

@@ -1,8 +1,9 @@
 """Running commands on nodes: Fabric over SSH with pinned host keys, or locally.
 
 Host keys are always verified against the known_hosts the inventory names: paramiko's
-default of accepting unknown keys is switched off. A node with ``ansible_connection: local``
-runs its commands through Invoke on this machine, with the same interface.
+default of accepting unknown keys is switched off (hypertf.launch.connection opens each
+node's connection). A node with ``ansible_connection: local`` runs its commands through
+Invoke on this machine, with the same interface.
 
 Shell startup files: sshd runs every command (and the sftp-server) through the user's login
 shell, and bash sources ``~/.bashrc`` for a command that comes from sshd (``SSH_CLIENT``
@@ -25,23 +26,21 @@ import contextlib
 import io
 import os
 import shlex
-import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import paramiko
-from fabric import Config, Connection
-from invoke import Context
+from fabric import Connection
 from invoke.exceptions import UnexpectedExit
 
 from hypertf.config.inventory import Node
 from hypertf.config.settings import ClusterSettings
 from hypertf.core.errors import RemoteError
+from hypertf.launch.connection import Runner, open_connection
 
 T = TypeVar("T")
 
@@ -107,20 +106,6 @@ class Result:
         return self.exited == 0
 
 
-class Runner(Protocol):
-    def run(self, command: str, **kwargs: Any) -> Any: ...
-
-
-def nodelay_socket(address: str, port: int, timeout: float) -> socket.socket:
-    """A TCP connection for SSH with Nagle's algorithm off, as OpenSSH does. paramiko
-    leaves it on, and then every small message that follows another unanswered one waits
-    for the peer's delayed ACK (40 ms on Linux): the handshake took 70-110 ms instead of
-    ~25, and every command two such waits (~85 ms for ``true``, 3 ms without)."""
-    sock = socket.create_connection((address, port), timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
 class Session:
     """One node's command channel; reused for every command to that node."""
 
@@ -182,69 +167,8 @@ class Session:
                 raise
 
     def _connect(self) -> Runner:
-        if self.node.local:
-            self._runner = Context()
-            return self._runner
-        known_hosts = Path(self.cluster.known_hosts)
-        if not known_hosts.is_file():
-            raise RemoteError(
-                f"{self.node.name}: known_hosts file {known_hosts} does not exist; "
-                f"pin the nodes' host keys first (invoke cluster.setup does it)"
-            )
-        connect_kwargs: dict[str, Any] = {"look_for_keys": False, "allow_agent": False}
-        if self.node.key_file:
-            connect_kwargs["key_filename"] = self.node.key_file
-        conn = Connection(
-            host=self.node.address,
-            user=self.node.user,
-            port=self.node.port,
-            connect_timeout=self.cluster.ssh_timeout,
-            connect_kwargs=connect_kwargs,
-            config=Config(overrides={"load_ssh_configs": False}),
-            inline_ssh_env=False,  # SHLVL as an SSH env request, read before bash starts
-        )
-        conn.client.load_host_keys(str(known_hosts))
-        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        try:
-            connect_kwargs["sock"] = nodelay_socket(self.node.address, self.node.port,
-                                                    self.cluster.ssh_timeout)
-            conn.open()
-        except paramiko.BadHostKeyException:
-            raise RemoteError(
-                f"{self.node.name} ({self.node.address}): its SSH host key CHANGED since it "
-                f"was pinned in {known_hosts}; check the node, then re-pin it"
-            ) from None
-        except paramiko.AuthenticationException:
-            raise RemoteError(
-                f"{self.node.name} ({self.node.address}): SSH refused the key "
-                f"{self.node.key_file or '(none given)'} for {self.node.user}: it is not in "
-                f"that user's authorized_keys, or sshd's StrictModes ignores that file because "
-                f"it, ~/.ssh or a directory above is writable by group or others or owned by "
-                f"another user (the node's sshd log names the path: 'Authentication refused: "
-                f"bad ownership or modes'); invoke cluster.setup authorizes the key"
-            ) from None
-        except paramiko.SSHException as err:
-            if "not found in known_hosts" in str(err):
-                raise RemoteError(
-                    f"{self.node.name} ({self.node.address}): host key unknown: it is not "
-                    f"in {known_hosts}; verify the node and pin its key (invoke cluster.setup)"
-                ) from None
-            raise RemoteError(
-                f"{self.node.name} ({self.node.address}): SSH failed: {err}"
-            ) from None
-        except TimeoutError:
-            raise RemoteError(
-                f"{self.node.name} ({self.node.address}:{self.node.port}): no answer within "
-                f"{self.cluster.ssh_timeout:.0f} s; is the node up and reachable?"
-            ) from None
-        except OSError as err:
-            raise RemoteError(
-                f"{self.node.name} ({self.node.address}:{self.node.port}): cannot connect: "
-                f"{err.strerror or err}"
-            ) from None
-        runner: Runner = conn  # a fabric Connection (untyped): what this class uses of it
-        self._runner = runner
-        return runner
+        self._runner = open_connection(self.node, self.cluster)
+        return self._runner
 
     def run(self, command: str, timeout: float | None = None, **kwargs: Any) -> Result:
         """Run a shell command; a non-zero exit is returned, never raised."""

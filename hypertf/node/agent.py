@@ -14,7 +14,7 @@ granted (``trespasses``, stopped under ``hypertf_gpu_enforce: stop``). On the ke
 lease (``keeper/lease``) is the *matrix keeper*: it brings the stored matrix in line with
 the records, reports and leases, so a dead agent's row turns unavailable and a dead
 launcher's GPUs return to the pool without anyone running a command, and it admits waiting
-jobs from the queue (hypertf.store.waitqueue) whenever GPUs or the queue change.
+jobs from the queue whenever GPUs or the queue change (hypertf.keeper: ``KeeperTerm``).
 """
 
 from __future__ import annotations
@@ -35,13 +35,10 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf import store
 from hypertf.config.inventory import Inventory, Node
-from hypertf.config.settings import GpuEnforce, GpuSourceKind
+from hypertf.config.settings import GpuSourceKind
 from hypertf.core.errors import HyperTFError, StoreError
-from hypertf.core.matrix import Cell, job_of
-from hypertf.core.records import Trespass
-from hypertf.core.requestcheck import PortBounds
-from hypertf.core.rundir import RunDir
-from hypertf.node import dcgmmap, tasknode, trespass
+from hypertf.keeper.role import KeeperTerm
+from hypertf.node.hostreport import HostReport
 from hypertf.node.metrics import AgentCollector, MetricsServer
 from hypertf.node.probes import (
     GpuSource,
@@ -53,15 +50,11 @@ from hypertf.node.probes import (
     judge,
     select_address,
 )
-from hypertf.store import AgentRecord, Layout, LeaseState, RecordWrite, Store
-from hypertf.store.allocation import read_matrix, watch_shard_of
-from hypertf.store.keeper import KeeperRole
-from hypertf.store.prune import Pruner
+from hypertf.store import AgentRecord, Layout, RecordWrite, Store
+from hypertf.store.allocation import watch_shard_of
 
 KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at most)
 KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
-MAX_DRAINED = 1000  # ended jobs one report names at most (the rest: next report)
-STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
 CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
 QUIET_SWEEP_S = 30.0  # a pass nothing woke reads ZooKeeper (keep, reap, drain) this seldom
 ADDRESSES_EVERY_S = 10.0  # the NIC addresses are read again this often (and when reconnected)
@@ -174,29 +167,24 @@ class NodeAgent:
         self.node = inventory.node(host)
         self.layout = Layout(inventory.cluster.zk_root)
         self.prober = prober or Prober(self.node, gpu_source(self.node))
-        # Only the hosts the admin names hold the keeper's credential: elsewhere a stolen
-        # agent credential reports about its own host and decides nothing.
-        self.keeper_capable = host in inventory.keeper_hosts and (
-            store.credentials_dir(inventory.cluster) / "keeper.yml").exists()
-        also = ("keeper",) if self.keeper_capable else ()
-        self._client_factory = client_factory or (lambda: store.connect(
-            inventory.cluster, 30, identity=f"agent.{host}", long_lived=True,
-            on_pause=log.warning, also=also))
-        self._drained: set[str] = set()  # ended jobs seen dead here, reported to the keeper
-        self._row: list[Cell] = []  # this host's cells as last read
-        self.trespasses: list[Trespass] = []
-        self._suspects: set[tuple[int, int, str, str]] = set()  # seen once, not yet twice
         self._wake = threading.Event()
         self._records_changed = threading.Event()  # the keeper: some host's record changed
         self._stop = threading.Event()
+        # the keeper lease's terms (only on a keeper host with the keeper's credential)
+        self.keeper = KeeperTerm(inventory, host, self._wake_up, self._records_changed.set,
+                                 running=lambda: not self._stop.is_set())
+        also = ("keeper",) if self.keeper.capable else ()
+        self._client_factory = client_factory or (lambda: store.connect(
+            inventory.cluster, 30, identity=f"agent.{host}", long_lived=True,
+            on_pause=log.warning, also=also))
         self._disconnected_since: float | None = None
         self._waiting_for = ""  # why ZooKeeper cannot take this agent now, said once
         self._republish = True
         self._writes = WritePolicy(self.node.settings.agent_interval)
         self._content: tuple[AgentRecord | None, bytes] = (None, b"")  # a record, serialised
-        self._pruner: tuple[KeeperRole, Pruner] | None = None  # the keeper's prune thread
         self.metrics = AgentCollector(host)
         self.metrics_server = MetricsServer(self.metrics)
+        self.report = HostReport(self.node, self.layout, self.metrics, self._wake_up)
 
     def _on_state(self, state: str) -> None:
         """Listeners must not block: note what happened and wake the loop."""
@@ -242,136 +230,20 @@ class NodeAgent:
         """Probe the node, publish the record, and serve it as metrics; True when the
         record's content changed."""
         force, self._republish = self._republish, False
-        record = self.reports(zk, self.prober.probe(fresh=force))
+        record = self.report.apply(zk, self.prober.probe(fresh=force))
         changed = self.publish(zk, record, force)
         self.metrics.update(record=record)
         self.metrics_server.start(record.mgmt_addr, self.node.settings.metrics_port)
         return record, changed
 
-    def reports(self, zk: Store, record: AgentRecord) -> AgentRecord:
-        """The record with this agent's reports: the ended jobs it saw dead here, and the
-        processes on its GPUs that their job was not granted (stopped under
-        ``hypertf_gpu_enforce: stop``).
-
-        A trespass counts only when two probes in a row see it, the second against this
-        host's row read afresh from ZooKeeper: a task that starts on a GPU the keeper has
-        just granted its job must not be taken for a trespasser because this agent's row
-        was read before the grant, or because its wrapper has not written its PID yet."""
-        enforce = self.node.settings.gpu_enforce
-        found: list[Trespass] = []
-        # An idle node (no job holds or drains a GPU here, NVML sees no process) is not
-        # scanned: the scan reads every process's environment (agent_footprint's budget).
-        busy = any(isinstance(cell, str) for cell in self._row) or any(
-            gpu.processes for gpu in record.gpus)
-        if enforce != GpuEnforce.OFF and self._row and busy:
-            seen = trespass.scan(record.gpus, self.node.settings.workdir)
-            found = trespass.judge(seen, self._row, record.gpus)
-            if found:
-                zk.client.sync(self.layout.matrix)  # the keeper's latest grants
-                fresh, _ = read_matrix(zk, hosts=[self.node.name])
-                self._row = list(fresh.gpus.get(self.node.name, []))
-                found = trespass.judge(seen, self._row, record.gpus)
-            suspects = {(t.pid, t.gpu, t.claims, t.holder) for t in found}
-            found = [t for t in found
-                     if (t.pid, t.gpu, t.claims, t.holder) in self._suspects]
-            self._suspects = suspects
-            if found and enforce == GpuEnforce.STOP:
-                found = trespass.stop(found, seen)
-            elif found and found != self.trespasses:
-                for t in found:
-                    log.warning("trespass: pid %d (%s) on GPU %d granted to %s", t.pid,
-                                t.claims or "no job", t.gpu, t.holder or "no job")
-        else:
-            self._suspects = set()
-        self.trespasses = found
-        if not found and not self._drained:
-            return record
-        return replace(record, drained=sorted(self._drained), trespasses=found)
-
-    def reap_orphans(self, zk: Store) -> None:
-        """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
-        runs = tasknode.unstopped_runs(self.node.settings.workdir)
-        if not runs:
-            return
-        # Read after listing: see reap(). Only this node's runs, by ``exists`` (a data watch
-        # on each wakes the loop when its lease goes): no agent lists users' folders.
-        leases = zk.leases_of((run.task_key for run in runs), watch=self._wake_up)
-        for task_key, result in tasknode.reap(runs, leases).items():
-            log.warning("job %s has no lease any more: stopped its tasks %s", task_key, result)
-
     def confirm_drained(self, zk: Store) -> None:
-        """Report this host's draining cells (and cells of jobs whose lease is gone) dead
-        once no process of the job is left here: stop what is left first (TERM, KILL after
-        the grace). The keeper frees them when it reads the report; nothing is reported
-        while a process lives: a GPU is free only when this node says so."""
-        host = self.node.name
-        matrix, _ = read_matrix(zk, hosts=[host])  # its own row's shard only
-        # After the matrix (see allocation); only the jobs of its own row, as in reap_orphans.
-        row = [*matrix.gpus.get(host, []), *matrix.ports.get(host, {}).values()]
-        leases = zk.leases_of((key for cell in row if (key := job_of(cell))),
-                              watch=self._wake_up)
-        self._row = list(matrix.gpus.get(host, []))
-        self.metrics.update(row=matrix.gpus.get(host, []))
-        mapping = self.node.settings.dcgm_job_mapping_dir
-        if mapping:
-            try:
-                dcgmmap.write(mapping, self._row)
-            except OSError as err:
-                log.error("cannot write dcgm-exporter's job mapping in %s: %s", mapping, err)
-        ended = matrix.ended_on(host, leases)
-        reported = self._drained & ended  # freed by the keeper already: no longer said
-        dead = {key for key in ended - reported if tasknode.drain(
-            RunDir.of(self.node.settings.workdir, key, local=True), grace=STOP_GRACE_S)}
-        if reported != self._drained or dead:
-            self._drained = set(sorted(reported | dead)[:MAX_DRAINED])
-            # The report is the record: write it now (the keeper frees the cells when it
-            # reads it), probing again so the dead tasks' processes (NVML's list) no longer
-            # keep their GPUs unavailable.
+        """The host's report of ended jobs (``HostReport.confirm_drained``); a changed
+        report is the record, written now (the keeper frees the cells when it reads it),
+        probing again so the dead tasks' processes (NVML's list) no longer keep their GPUs
+        unavailable."""
+        if self.report.confirm_drained(zk):
             self._republish = True
             self._publish_probe(zk)
-        if dead:
-            log.info("saw the tasks of %s dead on %s: reported to the keeper", sorted(dead),
-                     host)
-
-    def prune(self, zk: Store, role: KeeperRole) -> None:
-        """The keeper's prune thread (hypertf.store.prune) runs while ``role``'s term
-        lasts: started here, it ends by itself when the role stops or the agent does.
-        Never in this loop: 100,000 records read and deleted here held up every admission
-        for 22-26 s each minute."""
-        if self._pruner is not None:
-            term, pruner = self._pruner
-            if term is role and pruner.alive:
-                return
-            pruner.stop()  # an earlier term's
-        cluster = self.inventory.cluster
-        self._pruner = (role, Pruner(
-            zk, cluster.job_retention_days * 86400, cluster.job_records_max,
-            cluster.keeper_prune_interval,
-            active=lambda: not role.stopped and not self._stop.is_set()).start())
-
-    def keep(self, zk: Store, role: KeeperRole) -> None:
-        """The keeper's pass: sync the matrix (and repair it), admit or refuse waiting jobs;
-        see that the prune thread runs."""
-        try:
-            for decision in role.keep():
-                if decision.admitted:
-                    log.info("admitted %s: %s", decision.task_key,
-                             ", ".join(f"{p.name}@{p.host}" for p in decision.placements))
-                elif decision.refused:
-                    log.info("refused %s (--no-wait): %s", decision.task_key, decision.reason)
-        except StoreError as err:  # e.g. the matrix outgrew its znode
-            log.error("cannot sync the matrix or admit waiting jobs: %s", err)
-        self.prune(zk, role)
-
-    def is_keeper(self, zk: Store) -> bool:
-        """Whether this agent keeps the matrix (it takes the keeper lease when it is free;
-        only an agent with the keeper's credential tries)."""
-        if not self.keeper_capable:
-            return False
-        taken = zk.take_keeper_lease(self.node.name, watch=self._wake_up)
-        if taken is LeaseState.TAKEN:
-            log.info("this agent now keeps the matrix (keeper lease taken)")
-        return taken in (LeaseState.TAKEN, LeaseState.HELD)
 
     def stop(self, *_: object) -> None:
         self._stop.set()
@@ -432,7 +304,6 @@ class NodeAgent:
         zk = Store(client, self.layout)
         record = None
         shard_watched = False
-        role: KeeperRole | None = None  # while this agent holds the keeper lease
         next_beat = 0.0
         # Work proportional to change: every interval the node is probed (and its record
         # written if that changed), but the keeper's pass, the reap and the drain check
@@ -465,10 +336,8 @@ class NodeAgent:
                     if not shard_watched:  # its own row: the keeper marked cells draining
                         watch_shard_of(zk, self.node.name, self._wake_up)
                         shard_watched = True
-                    role = self._keeper_role(zk, role)
-                    if role is not None:
-                        self.keep(zk, role)
-                    self.reap_orphans(zk)
+                    self.keeper.step(zk)  # the keeper's pass, while this agent holds the lease
+                    self.report.reap_orphans(zk)
                     self.confirm_drained(zk)
             except NoNodeError:
                 log.error("ZooKeeper has no HyperTF root %s (did it lose its data?): the admin "
@@ -496,29 +365,8 @@ class NodeAgent:
             if once:
                 break
             woken = self._wake.wait(max(0.0, next_beat - time.monotonic()))
-        if role is not None:
-            role.stop()
+        self.keeper.end()  # a new session's term starts from a fresh read
         return record
-
-    def _keeper_role(self, zk: Store, role: KeeperRole | None) -> KeeperRole | None:
-        """The keeper role, started when this agent takes the keeper lease and stopped when
-        it no longer holds it. Only the keeper wakes when GPUs are freed and when a host
-        comes or goes (10,000 agents x 10,000 host watches would be 10^8 watches in
-        ZooKeeper); it looks again, at its next interval, when a record changed."""
-        if not self.is_keeper(zk):
-            if role is not None:
-                role.stop()  # a later term starts from a fresh read
-            return None
-        if role is None:
-            cluster = self.inventory.cluster
-            role = KeeperRole(zk, self._wake_up, cluster.user_gpu_limit,
-                              cluster.user_queue_limit,
-                              records_changed=self._records_changed.set,
-                              host_gpus_max=cluster.host_gpus_max,
-                              port_bounds=PortBounds.of(
-                                  {name: node.settings.port_range
-                                   for name, node in self.inventory.nodes.items()})).start()
-        return role
 
     def _stop_requested_cleanup(self, client: KazooClient) -> None:
         """Close the session: its ephemeral record goes at once (an agent may not delete

@@ -154,7 +154,8 @@ class NvmlGpuSource:
             current, _pending = nvml.nvmlDeviceGetMigMode(handle)
         except Exception:  # NVMLError_NotSupported, or a pynvml without the call
             return False
-        return current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+        enabled: bool = current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)  # pynvml: no types
+        return enabled
 
     @staticmethod
     def _processes(nvml: ModuleType, handle: object) -> tuple[GpuProcess, ...]:

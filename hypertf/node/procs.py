@@ -15,7 +15,9 @@ def alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie waiting to be reaped counts as dead (the one
     answer every part of HyperTF uses, also for a process of another user)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        status: str = psutil.Process(pid).status()  # psutil carries no types
+        zombie: str = psutil.STATUS_ZOMBIE
+        return status != zombie
     except psutil.NoSuchProcess:
         return False
     except psutil.AccessDenied:
@@ -25,7 +27,8 @@ def alive(pid: int) -> bool:
 def cmdline_args(pid: int) -> list[str]:
     """The process's arguments ([] if gone or not ours to read)."""
     try:
-        return psutil.Process(pid).cmdline()
+        args: list[str] = psutil.Process(pid).cmdline()
+        return args
     except psutil.Error:
         return []
 
@@ -38,7 +41,8 @@ def cmdline(pid: int) -> str:
 def environ_value(pid: int, name: str) -> str | None:
     """One variable of a process's environment; None when unset, gone or not ours to read."""
     try:
-        return psutil.Process(pid).environ().get(name)
+        environ: dict[str, str] = psutil.Process(pid).environ()
+        return environ.get(name)
     except psutil.Error:
         return None
 

@@ -287,8 +287,8 @@ def _unpack(run: RunDir, archive: bytes) -> list[str]:
     import tarfile
 
     def private(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
-        member = tarfile.data_filter(member, dest)  # type: ignore[attr-defined]
-        return member if member.mode is None else member.replace(  # type: ignore[call-arg]
+        member = tarfile.data_filter(member, dest)
+        return member if member.mode is None else member.replace(
             mode=member.mode & 0o700, deep=False)
 
     safe: dict[str, Any] = {"filter": private} if hasattr(tarfile, "data_filter") else {}

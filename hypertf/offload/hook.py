@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import functools
 import json
-import os
 import sys
 import threading
 import time
@@ -35,13 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from hypertf.config import environment
 from hypertf.offload import DEFAULT_MIN_FLOPS
 from hypertf.offload.channel import ChannelError, ClientChannel
 
-ENV_CHANNEL = "HYPERTF_OFFLOAD_CHANNEL"
-ENV_MIN_FLOPS = "HYPERTF_OFFLOAD_MIN_FLOPS"
-ENV_TIMEOUT = "HYPERTF_OFFLOAD_TIMEOUT"
-ENV_STATS = "HYPERTF_OFFLOAD_STATS"
+ENV_CHANNEL = environment.OFFLOAD_CHANNEL.name  # the names the task's runner sets (world.py)
+ENV_MIN_FLOPS = environment.OFFLOAD_MIN_FLOPS.name
+ENV_TIMEOUT = environment.OFFLOAD_TIMEOUT.name
+ENV_STATS = environment.OFFLOAD_STATS.name
 TARGET = "tensorflow.python.ops.gen_math_ops"
 PATCHED = ("mat_mul", "batch_mat_mul_v2", "batch_mat_mul_v3")
 
@@ -122,7 +122,8 @@ class Offloader:
                     self.seconds += time.perf_counter() - started
                     return out
             self.fallbacks += 1
-        return np.matmul(a, b)
+        product: np.ndarray = np.matmul(a, b)
+        return product
 
 
 _offloader: Offloader | None = None
@@ -141,7 +142,8 @@ def _flops(a: Any, b: Any, ta: bool, tb: bool) -> int | None:
     m, k = (sa[-1], sa[-2]) if ta else (sa[-2], sa[-1])
     n = sb[-2] if tb else sb[-1]
     batch = int(np.prod(sa[:-2], dtype=np.int64)) if len(sa) > 2 else 1
-    return 2 * batch * m * k * n
+    flops: int = 2 * batch * m * k * n  # the dimensions of TensorFlow's (untyped) shapes
+    return flops
 
 
 def _offloaded(tf: Any, off: Offloader, a: Any, b: Any, ta: bool, tb: bool,
@@ -153,7 +155,9 @@ def _offloaded(tf: Any, off: Offloader, a: Any, b: Any, ta: bool, tb: bool,
         y = np.swapaxes(y, -1, -2) if tb else y
         return off.compute(x, y)
 
-    @tf.custom_gradient
+    differentiable: Callable[[Callable[..., Any]], Callable[..., Any]] = tf.custom_gradient
+
+    @differentiable
     def run(x: Any, y: Any) -> Any:
         out = tf.numpy_function(body, [x, y], x.dtype, stateful=True, name="HypertfOffload")
         xs, ys = x.shape, y.shape
@@ -252,15 +256,14 @@ def install(channel: str | None = None, min_flops: int | None = None,
     """Route this process's products to the agent named by the arguments or the
     environment (HYPERTF_OFFLOAD_*); nothing happens without a channel name."""
     global _offloader
-    name = channel or os.environ.get(ENV_CHANNEL)
+    name = channel or environment.OFFLOAD_CHANNEL.read()
     if not name:
         return None
     if _offloader is None:
         _offloader = Offloader(
             name,
-            int(min_flops if min_flops is not None
-                else os.environ.get(ENV_MIN_FLOPS, DEFAULT_MIN_FLOPS)),
-            float(timeout if timeout is not None else os.environ.get(ENV_TIMEOUT, 60)))
+            int(min_flops if min_flops is not None else environment.OFFLOAD_MIN_FLOPS.read()),
+            float(timeout if timeout is not None else environment.OFFLOAD_TIMEOUT.read()))
         atexit.register(_write_stats)
     if TARGET in sys.modules:
         _patch(sys.modules[TARGET])
@@ -270,7 +273,7 @@ def install(channel: str | None = None, min_flops: int | None = None,
 
 
 def _write_stats() -> None:
-    path = os.environ.get(ENV_STATS)
+    path = environment.OFFLOAD_STATS.read()
     if path and _offloader is not None:
         try:
             with open(path, "w") as handle:

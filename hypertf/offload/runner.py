@@ -54,7 +54,8 @@ def ssh_config(spec: Spec) -> str:
 
 def iface_of(address: str) -> str | None:
     """The network interface that holds ``address`` on this node."""
-    for name, addrs in psutil.net_if_addrs().items():
+    interfaces: dict[str, list[Any]] = psutil.net_if_addrs()  # psutil carries no types
+    for name, addrs in interfaces.items():
         if any(a.address == address for a in addrs):
             return name
     return None

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hypertf.core.jobrecord import OffloadSummary
 from hypertf.offload import DEFAULT_MIN_FLOPS
 
 DEFAULT_PORT_RANGE = (21000, 21999)  # hypertf_offload_port_range's default
@@ -55,18 +56,20 @@ def command(spec: Spec, private: str, out: str, argv: Sequence[str]) -> list[str
             "--private", private, "--out", out, "--", *argv]
 
 
-def summarize(per_task: Mapping[str, Mapping[str, Any]], hosts: Sequence[str]) -> dict[str, Any]:
+def summarize(per_task: Mapping[str, dict[str, Any]], hosts: Sequence[str]) -> OffloadSummary:
     """The job's offload over its ``hosts``, summed over its tasks (summary.json, the
     launcher's last line)."""
-    total = {key: sum(t.get(key, 0) for t in per_task.values())
-             for key in ("ops", "bytes", "fallbacks", "local", "restarts")}
+    def total(key: str) -> int:
+        return sum(t.get(key, 0) for t in per_task.values())
+
     seconds = round(sum(float(t.get("seconds", 0.0)) for t in per_task.values()), 3)
     failed = {name: t["failed"] for name, t in per_task.items() if t.get("failed")}
-    return {**total, "seconds": seconds, "hosts": list(hosts), "failed": failed,
-            "tasks": dict(per_task)}
+    return OffloadSummary(ops=total("ops"), bytes=total("bytes"), fallbacks=total("fallbacks"),
+                          local=total("local"), restarts=total("restarts"), seconds=seconds,
+                          hosts=list(hosts), failed=failed, tasks=dict(per_task))
 
 
-def line(summary: Mapping[str, Any]) -> str:
+def line(summary: OffloadSummary) -> str:
     """``offloaded N matmuls (X GB, Y s) over K hosts``, and the fallbacks if any."""
     text = (f"hypertf: offloaded {summary['ops']} matmuls ({summary['bytes'] / 1e9:.3g} GB, "
             f"{summary['seconds']:.1f} s) over {len(summary['hosts'])} hosts")

@@ -34,7 +34,8 @@ SERVER_FLAGS = ("-Dzookeeper.enforceQuota=true", f"-Djute.maxbuffer={JUTE_MAXBUF
 def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((address, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]  # an (address, port) pair, typed Any
+        return port
 
 
 @dataclass(frozen=True)

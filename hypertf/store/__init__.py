@@ -42,14 +42,12 @@ from hypertf.store.connection import (
     outage_patience,
     secure_cluster,
 )
-from hypertf.store.hostwatch import HostWatch
-from hypertf.store.recordcache import RecordCache
 from hypertf.store.retry import until_committed
 from hypertf.store.zkstore import LeaseState, RecordWrite, Store, opened
 
 __all__ = [
-    "FORMAT", "MAX_ZNODE_BYTES", "AgentRecord", "GpuInfo", "GpuProcess", "HostWatch",
-    "Layout", "LeaseState", "RecordCache", "RecordWrite", "Store", "acls", "auth", "close",
+    "FORMAT", "MAX_ZNODE_BYTES", "AgentRecord", "GpuInfo", "GpuProcess",
+    "Layout", "LeaseState", "RecordWrite", "Store", "acls", "auth", "close",
     "connect", "credential_of", "credentials_dir", "decode", "encode", "fourletter",
     "opened", "outage_patience", "owner_of", "secure_cluster", "until_committed",
 ]

@@ -27,15 +27,16 @@ import os
 import re
 import secrets
 import stat
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.retry import ForceRetryError
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl_credential
 
+from hypertf.config import environment
 from hypertf.config.paths import state_home
 from hypertf.core.errors import StoreError, UsageError
 from hypertf.core.grants import grant_to_json
@@ -52,8 +53,9 @@ from hypertf.core.matrix import (
     split,
 )
 from hypertf.core.records import decode
+from hypertf.store.retry import until_committed
 
-IDENTITY_ENV = "HYPERTF_ZK_IDENTITY"
+IDENTITY_ENV = environment.ZK_IDENTITY.name
 # A user or host name inside an identity, a ZooKeeper path element and a task key.
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 WORLD_WRITES = Permissions.WRITE | Permissions.CREATE | Permissions.DELETE | Permissions.ADMIN
@@ -73,7 +75,7 @@ def login_user() -> str:
 
 def default_identity() -> str:
     """``$HYPERTF_ZK_IDENTITY`` (``admin``, ``user.bob``...) or the login user's."""
-    return os.environ.get(IDENTITY_ENV) or f"user.{login_user()}"
+    return environment.ZK_IDENTITY.read() or f"user.{login_user()}"
 
 
 def job_owner() -> str:
@@ -160,82 +162,98 @@ def _acl(digest_id: str, perms: int) -> ACL:
     return ACL(perms, Id("digest", digest_id))
 
 
-class Acls:
-    """The ACL of every kind of znode, from one credential's point of view."""
+R, W, C, D = Permissions.READ, Permissions.WRITE, Permissions.CREATE, Permissions.DELETE
 
-    R, W, C, D = Permissions.READ, Permissions.WRITE, Permissions.CREATE, Permissions.DELETE
+
+@dataclass(frozen=True)
+class Rule:
+    """Who may do what on one kind of znode besides the admin (everything) and every member
+    (read): its owner (the identity it belongs to: its host's agent, its user) and the
+    keeper identity, each with ZooKeeper's permission bits (0: no entry)."""
+
+    owner: int = 0
+    keeper: int = 0
+    why: str = ""
+
+
+# Who may touch each znode, by the name of its path in ``Layout`` (hypertf.core.layout):
+# the one table of it. docs/zookeeper-layout.md ("Access control") shows it, and
+# tests/unit/test_acl_table.py checks that every Layout path has its rule here and that
+# the doc says what the rules say. ZooKeeper checks CREATE and DELETE on the parent: a
+# folder's rule is what keeps one identity out of another's names.
+RULES: dict[str, Rule] = {
+    "root": Rule(why="the admin's; nothing is created at the root but by it"),
+    "matrix": Rule(keeper=R | W, why="users and agents read it; only the keeper (its sync "
+                                      "and admissions, freeing cells an agent reported "
+                                      "drained) and the admin write it"),
+    "matrix_shard": Rule(keeper=R | W, why="as the matrix's index"),
+    "limits": Rule(why="users' ceilings: the admin's alone to write"),
+    "hosts": Rule(why="the admin registers hosts; nobody else creates or deletes one"),
+    "host": Rule(owner=R | W | C, why="only the host's own agent may create its record "
+                                      "here; W only so that it can prove its credential "
+                                      "and registration (check_access)"),
+    "resource": Rule(owner=R | W, why="the agent's record, made by the agent itself"),
+    "keeper": Rule(keeper=R | C, why="only the keeper identity may take the keeper's lease"),
+    "keeper_lease": Rule(keeper=R | W, why="the keeper's"),
+    "queue_view": Rule(keeper=R | W, why="the keeper's"),
+    "grants": Rule(keeper=R | C | D, why="the keeper creates a job's grant when it admits "
+                                         "it and deletes it once the job is over"),
+    "grant": Rule(keeper=R | W, why="the one thing a launcher starts tasks on"),
+    "leases": Rule(why="the admin registers users"),
+    "user_leases": Rule(owner=R | W | C | D, why="the user's own leases; W: as for host"),
+    "lease": Rule(owner=R | W, why="made by its launcher"),
+    "jobs": Rule(why="the admin registers users"),
+    "user_jobs": Rule(owner=R | C | D, keeper=D, why="the user creates and deletes its "
+                                                     "records; the keeper prunes ended ones"),
+    "job": Rule(owner=R | W, keeper=W, why="the keeper writes admissions, refusals and lost "
+                                           "in it (never what a launcher starts on: the "
+                                           "grant)"),
+}
+
+
+class Acls:
+    """The ACL of every znode, from one credential's point of view: ``of(name)`` by RULES."""
 
     def __init__(self, credential: Credential) -> None:
         self.credential = credential
-        self._base = [_acl(credential.admin_id, Permissions.ALL),
-                      _acl(credential.member_id, self.R)]
 
-    def _with(self, *extra: ACL) -> list[ACL]:
-        return [*self._base, *extra]
+    def of(self, path: str, owner_id: str | None = None) -> list[ACL]:
+        """The ACL of the znode that ``Layout`` names ``path`` (``"grant"``,
+        ``"user_jobs"``...): the admin's everything, every member's read and the rule's
+        entries; its owner is ``owner_id`` (the digest id of the agent or user it belongs
+        to), by default this credential's own identity (a record made by its owner)."""
+        rule = RULES[path]
+        acl = [_acl(self.credential.admin_id, Permissions.ALL),
+               _acl(self.credential.member_id, R)]
+        if rule.owner:
+            acl.append(_acl(owner_id or self.credential.digest_id, rule.owner))
+        if rule.keeper:
+            acl.append(_acl(self.credential.keeper_id, rule.keeper))
+        return acl
+
+    # The shorthands the writers of these znodes use.
 
     def root(self) -> list[ACL]:
-        return self._with()
-
-    def _keeper(self, perms: int) -> ACL:
-        return _acl(self.credential.keeper_id, perms)
+        return self.of("root")
 
     def matrix(self) -> list[ACL]:
-        """Users and agents read it; only the keeper (its sync and admissions, freeing the
-        cells an agent reported drained) and the admin write it."""
-        return self._with(self._keeper(self.R | self.W))
-
-    def limits(self) -> list[ACL]:
-        """Users' ceilings: the admin's alone to write."""
-        return self._with()
-
-    def hosts(self) -> list[ACL]:
-        """The admin registers hosts; nobody else creates or deletes a host here."""
-        return self._with()
-
-    def host(self, agent_id: str) -> list[ACL]:
-        """A host's parent: only its own agent may create its record there. W only so that
-        the agent can prove its credential and its registration (check_access); the
-        parent's data is never read."""
-        return self._with(_acl(agent_id, self.R | self.W | self.C))
+        return self.of("matrix")
 
     def agent_record(self) -> list[ACL]:
-        """Made by the agent itself: only it (and the admin) may change it."""
-        return self._with(_acl(self.credential.digest_id, self.R | self.W))
-
-    def keeper(self) -> list[ACL]:
-        """Only the keeper identity may take the keeper's lease (create it)."""
-        return self._with(self._keeper(self.R | self.C))
+        return self.of("resource")
 
     def keeper_lease(self) -> list[ACL]:
-        """The lease and the queue's view: the keeper's."""
-        return self._with(self._keeper(self.R | self.W))
-
-    def grants(self) -> list[ACL]:
-        """Grants' parent: the keeper creates a job's grant when it admits it and deletes
-        it when the job is over; nobody else creates or deletes here."""
-        return self._with(self._keeper(self.R | self.C | self.D))
+        """The keeper's lease and the queue's view (one rule)."""
+        return self.of("keeper_lease")
 
     def grant(self) -> list[ACL]:
-        return self._with(self._keeper(self.R | self.W))
-
-    def user_leases(self, user_id: str) -> list[ACL]:
-        # W: see host()
-        return self._with(_acl(user_id, self.R | self.W | self.C | self.D))
-
-    def user_jobs(self, user_id: str) -> list[ACL]:
-        """The user creates and deletes its records; the keeper prunes finished ones."""
-        return self._with(_acl(user_id, self.R | self.C | self.D), self._keeper(self.D))
+        return self.of("grant")
 
     def lease(self) -> list[ACL]:
-        return self._with(_acl(self.credential.digest_id, self.R | self.W))
+        return self.of("lease")
 
     def job(self) -> list[ACL]:
-        """The owner's record: the keeper writes admissions, refusals and ``lost`` in it
-        (never what the launcher starts on: that is the grant)."""
-        return self.job_of(self.credential.digest_id)
-
-    def job_of(self, owner_id: str) -> list[ACL]:
-        return self._with(_acl(owner_id, self.R | self.W), self._keeper(self.W))
+        return self.of("job")
 
 
 def load(directory: Path, identity: str, current: bool = True) -> Credential:
@@ -496,14 +514,13 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
     agents = known(directory, "agent")
     users = known(directory, "user")
     had_grants = client.exists(layout.grants) is not None
-    nodes = [(root, acls.root()), (layout.hosts, acls.hosts()),
-             (layout.leases, acls.root()), (layout.jobs, acls.root()),
-             (layout.keeper, acls.keeper()), (layout.grants, acls.grants())]
+    nodes = [(getattr(layout, name), acls.of(name))
+             for name in ("root", "hosts", "leases", "jobs", "keeper", "grants")]
     for host, agent in agents.items():
-        nodes.append((layout.host(host), acls.host(agent.digest_id)))
+        nodes.append((layout.host(host), acls.of("host", agent.digest_id)))
     for name, user in users.items():
-        nodes.append((layout.user_leases(name), acls.user_leases(user.digest_id)))
-        nodes.append((layout.user_jobs(name), acls.user_jobs(user.digest_id)))
+        nodes.append((layout.user_leases(name), acls.of("user_leases", user.digest_id)))
+        nodes.append((layout.user_jobs(name), acls.of("user_jobs", user.digest_id)))
     for path, acl in nodes:
         try:
             client.create(path, b"", acl=acl)
@@ -511,9 +528,9 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
             client.set_acls(path, acl)
     set_quotas(client, layout, admin, list(users), quotas or UserQuotas.of())
     try:
-        client.create(layout.limits, UserLimits().to_json(), acl=acls.limits())
+        client.create(layout.limits, UserLimits().to_json(), acl=acls.of("limits"))
     except NodeExistsError:
-        client.set_acls(layout.limits, acls.limits())
+        client.set_acls(layout.limits, acls.of("limits"))
     ensure_matrix(client, layout, acls.matrix(), shard_count(max(len(agents), hosts)))
     _migrate_jobs(client, layout, acls, users, grants=not had_grants)
 
@@ -531,7 +548,7 @@ def _migrate_jobs(client: KazooClient, layout: Layout, acls: Acls,
                     if is_task_key(key, owner=name)]
         except NoNodeError:
             continue
-        acl = acls.job_of(user.digest_id)
+        acl = acls.of("job", user.digest_id)
         pending = [client.set_acls_async(f"{layout.user_jobs(name)}/{key}", acl) for key in keys]
         for result in pending:
             with contextlib.suppress(NoNodeError):
@@ -588,8 +605,7 @@ def ensure_matrix(client: KazooClient, layout: Layout, acl: list[ACL], wanted: i
     Every writer checks the parent's version, so none writes a shard of the old count.
     Another writer meanwhile means reading again, until ``deadline_s``. ``fallback`` (the
     keeper's last good read) fills a damaged shard's rows instead of nothing."""
-    give_up = time.monotonic() + deadline_s
-    while True:
+    def attempt(_lost: int) -> None:
         try:
             data, stat = client.get(layout.matrix)
         except NoNodeError:
@@ -636,11 +652,13 @@ def ensure_matrix(client: KazooClient, layout: Layout, acl: list[ACL], wanted: i
         errors = [r for r in tx.commit() if isinstance(r, Exception)]
         if not errors:
             return
-        if not any(isinstance(e, (BadVersionError, NodeExistsError)) for e in errors) \
-                or time.monotonic() > give_up:
-            raise StoreError(f"ZooKeeper refused to lay out the GPU matrix under "
-                             f"{layout.root}: {errors}")
-        # the keeper wrote meanwhile: read again
+        refused = (f"ZooKeeper refused to lay out the GPU matrix under {layout.root}: "
+                   f"{errors}")
+        if not any(isinstance(e, (BadVersionError, NodeExistsError)) for e in errors):
+            raise StoreError(refused)
+        raise ForceRetryError(refused)  # the keeper wrote meanwhile: read again
+
+    until_committed(attempt, "laying out the GPU matrix", deadline_s=deadline_s, max_tries=-1)
 
 
 def _shard_children(client: KazooClient, layout: Layout) -> list[int]:
@@ -724,8 +742,8 @@ def set_user_limits(client: KazooClient, root: str, user: str, max_priority: int
     admin's; the znode refuses anyone else). Returns the limits as stored."""
     path = Layout(root).limits
     check_name("user", user)
-    give_up = time.monotonic() + 30.0
-    while True:
+
+    def attempt(_lost: int) -> UserLimits:
         try:
             data, stat_ = client.get(path)
         except NoNodeError:
@@ -734,12 +752,12 @@ def set_user_limits(client: KazooClient, root: str, user: str, max_priority: int
         limits = UserLimits.from_json(data).with_user(user, max_priority, gpu_limit)
         try:
             client.set(path, limits.to_json(), version=stat_.version)
-        except BadVersionError:
-            if time.monotonic() > give_up:
-                raise StoreError("gave up setting user limits: other admin commands kept "
-                                 "changing them; try again") from None
-            continue  # another admin command meanwhile: read again
+        except BadVersionError:  # another admin command meanwhile: read again
+            raise ForceRetryError("gave up setting user limits: other admin commands kept "
+                                  "changing them; try again") from None
         except NoAuthError:
             raise StoreError("only the cluster admin may set user limits "
                              "(HYPERTF_ZK_IDENTITY=admin)") from None
         return limits
+
+    return until_committed(attempt, "setting user limits", deadline_s=30.0, max_tries=-1)

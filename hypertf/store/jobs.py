@@ -3,7 +3,7 @@
 A record is written by its launcher and, when its launcher died, by whoever syncs the matrix
 first (``lost``) or by ``hypertf kill`` (``killed``); a state recorded by someone else is
 never overwritten by the launcher's own release. The keeper prunes finished records
-(hypertf.store.prune).
+(hypertf.keeper.prune).
 
 Every record is its owner's writing, so hostile input: a reader checks its name (a task key
 of the folder's user), its JSON (size, depth, ``format``) and the types of the fields it
@@ -270,4 +270,4 @@ def job_state(job: JobRecord) -> str:
     state = job.get("state", "?")
     if job.get("alive"):
         return JobState.QUEUED if state == JobState.QUEUED else JobState.RUNNING
-    return "lost" if state in LIVE_STATES else state
+    return JobState.LOST if state in LIVE_STATES else state

@@ -14,6 +14,9 @@ that lost its data refuses the session forever without expiring it.
 A retried write may already have been applied when its answer was lost; every write of
 HyperTF is version-checked or idempotent (a create that finds its node, a delete that finds
 none), so the retry reports the conflict instead of doing it twice.
+
+What kazoo lacks (batching, multi-reads, persistent watches) reaches inside kazoo only
+through ``hypertf.store.kazooprivate.KazooPrivate``, whose pins name every member it touches.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from kazoo.protocol.serialization import (
     GetChildren,
     GetData,
     MultiHeader,
-    Watch,
     int_struct,
     multiheader_struct,
     read_buffer,
@@ -46,6 +48,8 @@ from kazoo.protocol.serialization import (
     write_string,
 )
 from kazoo.protocol.states import KeeperState, ZnodeStat
+
+from hypertf.store.kazooprivate import KazooPrivate
 
 RIDDEN_OUT = (ConnectionLoss, OperationTimeoutError)
 
@@ -61,6 +65,8 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
         self._connected = threading.Event()
         self._paused = False
         self._batch = threading.local()
+        self._kazoo = KazooPrivate(self)
+        self._kazoo.divert_calls(self._batched)
         self.add_listener(self._note_state)
 
     @contextlib.contextmanager
@@ -78,19 +84,19 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
             yield
         finally:
             queued, self._batch.queued = self._batch.queued, None
-            write_sock = self._connection._write_sock
-            if queued and write_sock is not None:
-                with contextlib.suppress(OSError):  # closed meanwhile: the gets time out
-                    write_sock.sendall(b"\0" * queued)
+            self._kazoo.wake(queued)  # closed meanwhile: nothing, the gets time out
 
-    def _call(self, request: Any, async_object: Any) -> Any:
+    def _batched(self, request: Any, async_object: Any) -> bool:
+        """Every request of this client comes here first: inside ``pipelined`` it is queued
+        for the block's one wake-up. Outside one, or for a client that cannot send, False:
+        kazoo's own call sends it (or answers it at once with kazoo's error)."""
         queued = getattr(self._batch, "queued", None)
-        if queued is None or self._state in (KeeperState.AUTH_FAILED, KeeperState.CLOSED,
-                                             KeeperState.EXPIRED_SESSION):
-            return super()._call(request, async_object)
-        self._queue.append((request, async_object))
+        if queued is None or self.client_state in (
+                KeeperState.AUTH_FAILED, KeeperState.CLOSED, KeeperState.EXPIRED_SESSION):
+            return False
+        self._kazoo.enqueue(request, async_object)
         self._batch.queued = queued + 1
-        return None
+        return True
 
     def _note_state(self, state: str) -> None:
         """Listeners must not block: note the state, say an outage once and its end."""
@@ -101,7 +107,7 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
             self._paused = False
             return
         self._connected.clear()
-        if state == KazooState.SUSPENDED and not self._paused and not self._stopped.is_set():
+        if state == KazooState.SUSPENDED and not self._paused and not self._kazoo.stopped:
             self._paused = True
             if self.on_pause:
                 self.on_pause("ZooKeeper is unreachable: waiting for it (nothing is lost "
@@ -113,7 +119,7 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
         waits in kazoo's queue, and kazoo's own ``get()`` would wait for it forever: here
         every wait ends with ``patience_s`` (``ConnectionLoss``). An expired session
         raises ``SessionExpiredError``."""
-        session = self._session_id
+        session = self._kazoo.session_id
         deadline = None if self.patience_s is None else time.monotonic() + self.patience_s
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -123,10 +129,10 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
                 raise ConnectionLoss(f"ZooKeeper did not answer within {self.patience_s:.0f} s"
                                      ) from None
             except RIDDEN_OUT:
-                if self._stopped.is_set() or left == 0.0:
+                if self._kazoo.stopped or left == 0.0:
                     raise
                 self._connected.wait(0.5 if left is None else min(0.5, left))
-                if self.connected and self._session_id != session:
+                if self.connected and self._kazoo.session_id != session:
                     raise SessionExpiredError() from None
 
     def get(self, path: str, watch: Callable[..., Any] | None = None) -> Any:
@@ -243,21 +249,22 @@ def get_many(client: KazooClient, paths: list[str], timeout: float = 60.0,
     ZooKeeper 3.6) gets pipelined plain gets instead. With ``children``: each path's
     children's names instead (a host's folder: whether its agent's record exists, in a few
     bytes instead of the record's 1.5 KB)."""
-    if getattr(client, "_no_multi_read", False):
+    kazoo = KazooPrivate(client)
+    if kazoo.no_multi_read:
         return _get_each(client, paths, timeout, children)
     chunks = [paths[i:i + READS_PER_REQUEST] for i in range(0, len(paths), READS_PER_REQUEST)]
     with pipelined(client):
         pending = []
         for chunk in chunks:
             result = client.handler.async_result()
-            client._call(MultiRead(chunk, children), result)
+            kazoo.call(MultiRead(chunk, children), result)
             pending.append(result)
     results: list[Any] = []
     try:
         for result in pending:
             results.extend(result.get(timeout=timeout))
     except UnimplementedError:
-        client._no_multi_read = True
+        kazoo.no_multi_read = True
         return _get_each(client, paths, timeout, children)
     return results
 
@@ -321,37 +328,23 @@ def watch_tree(client: KazooClient, path: str, callback: TreeCallback,
     only note the event), until ``unwatch_tree``. The watch lives on the connection: after
     a reconnect it must be set again (events in between are lost). False when the server
     is older than ZooKeeper 3.6 (or refused it): the caller reads instead."""
-    connection = client._connection
-    routes: dict[str, TreeCallback] | None = getattr(connection, "_hypertf_trees", None)
-    if routes is None:
-        routes = connection._hypertf_trees = {}
-        plain = connection._read_watch_event
-
-        def read_watch_event(buffer: bytes, offset: int) -> Any:
-            watch, _ = Watch.deserialize(buffer, offset)
-            for prefix, route in list(routes.items()):
-                if watch.path and watch.path.startswith(prefix):  # None: a session event
-                    route(watch.type, watch.path)
-            return plain(buffer, offset)
-
-        connection._read_watch_event = read_watch_event
-    routes[f"{path}/"] = callback
+    kazoo = KazooPrivate(client)
+    kazoo.tap_watch_events(f"{path}/", callback)
     result = client.handler.async_result()
-    client._call(AddWatch(path, AddWatch.PERSISTENT_RECURSIVE), result)
+    kazoo.call(AddWatch(path, AddWatch.PERSISTENT_RECURSIVE), result)
     try:
         result.get(timeout=timeout)
     except (UnimplementedError, KazooException, client.handler.timeout_exception):
-        routes.pop(f"{path}/", None)
+        kazoo.untap_watch_events(f"{path}/")
         return False
     return True
 
 
 def unwatch_tree(client: KazooClient, path: str) -> None:
     """End ``watch_tree``'s watch (its events are ignored from now on)."""
-    routes = getattr(client._connection, "_hypertf_trees", None)
-    if routes is not None:
-        routes.pop(f"{path}/", None)
+    kazoo = KazooPrivate(client)
+    kazoo.untap_watch_events(f"{path}/")
     if client.connected:
         with contextlib.suppress(Exception):
-            client._call(RemoveWatches(path, RemoveWatches.PERSISTENT_RECURSIVE),
-                         client.handler.async_result())
+            kazoo.call(RemoveWatches(path, RemoveWatches.PERSISTENT_RECURSIVE),
+                       client.handler.async_result())

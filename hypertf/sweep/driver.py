@@ -36,9 +36,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hypertf.core.errors import Cancelled, UsageError
+from hypertf.core.jobrecord import JobState, JobSummary
 from hypertf.core.placement import new_task_key
 from hypertf.core.rundir import RunDir, make_private, write_private
 from hypertf.launch.detach import ENV_ON_STDIN, hand_env
@@ -47,7 +48,11 @@ from hypertf.node import procs
 from hypertf.store import auth
 from hypertf.sweep import board as sweepboard
 from hypertf.sweep.spec import (
+    FAILED_TRIALS,
+    LIVE_TRIALS,
+    RERUN_TRIALS,
     TrialResult,
+    TrialState,
     metric_fields,
     read_metrics,
     render_table,
@@ -56,9 +61,6 @@ from hypertf.sweep.spec import (
 )
 
 SWEEPS = Path("runs") / "sweeps"
-ENDED = ("succeeded", "failed", "lost", "cancelled")
-RERUN = ("failed", "lost", "cancelled")
-LIVE = ("queued", "running")
 POLL_S = 0.5
 
 
@@ -159,7 +161,7 @@ def create(inventory: str, request: TrainRequest, trials: Sequence[Any],
     sweep = Sweep(f"sweep-{stamp}-{secrets.token_hex(3)}", str(inventory),
                   request.without_env_values().to_json(),
                   [{"index": t.index, "params": dict(t.params), "args": t.args(),
-                    "label": t.label(), "state": "pending", "tries": 0} for t in trials],
+                    "label": t.label(), "state": TrialState.PENDING, "tries": 0} for t in trials],
                   metric, mode, max_concurrent, max_failed)
     sweep.save()
     return sweep
@@ -190,7 +192,7 @@ class Driver:
 
     def start(self, trial: dict[str, Any]) -> None:
         key = new_task_key(auth.job_owner())
-        trial.update(state="queued", task_key=key, tries=trial.get("tries", 0) + 1,
+        trial.update(state=TrialState.QUEUED, task_key=key, tries=trial.get("tries", 0) + 1,
                      started=time.time(), metric=None, unranked_metric=None, wall_s=None,
                      message="")
         self.sweep.save()  # the key is recorded before the job can exist: never two jobs
@@ -201,7 +203,7 @@ class Driver:
                                         stdout=log, stderr=subprocess.STDOUT)
         hand_env(launcher, self.env)
         trial["launcher_pid"] = launcher.pid
-        trial["state"] = "running"
+        trial["state"] = TrialState.RUNNING
         self.running[trial["index"]] = launcher
         self.sweep.save()
         self.say(f"hypertf: sweep {self.sweep.sweep_id}: trial {trial['index']} "
@@ -212,18 +214,18 @@ class Driver:
         log = (self.sweep.dir / f"trial-{trial['index']}.log").read_text(errors="replace")
         summary = find_summary(trial["task_key"])
         if code == 0:
-            state = "succeeded"
+            state = TrialState.SUCCEEDED
         elif code in (Cancelled.exit_code, 130):  # cancel/kill, or Ctrl-C
-            state = "cancelled"
-        elif code < 0 or (summary or {}).get("result") == "lost":
-            state = "lost"  # the launcher was killed outright
+            state = TrialState.CANCELLED
+        elif code < 0 or (summary is not None and summary.get("result") == JobState.LOST):
+            state = TrialState.LOST  # the launcher was killed outright
         else:
-            state = "failed"
+            state = TrialState.FAILED
         lines = [line for line in log.splitlines() if line.startswith("hypertf: error")]
         metrics = find_metrics(summary) if summary else None
         reported = read_metrics(metrics, self.sweep.metric) if metrics is not None else None
-        trial.update(state=state, message=lines[-1][16:200] if lines and state != "succeeded"
-                     else "", **metric_fields(reported), ended=time.time())
+        failure = lines[-1][16:200] if lines and state != TrialState.SUCCEEDED else ""
+        trial.update(state=state, message=failure, **metric_fields(reported), ended=time.time())
         trial["wall_s"] = round(trial["ended"] - trial.get("started", trial["ended"]), 2)
         self.sweep.save()
         self.sweep.write_results()
@@ -246,7 +248,7 @@ class Driver:
         """Why no new trial may start (cancelled, too many failures), if so."""
         if self.sweep.cancel_marker.exists():
             return "the sweep was cancelled"
-        failed = sum(t["state"] in ("failed", "lost") for t in self.sweep.trials)
+        failed = sum(t["state"] in FAILED_TRIALS for t in self.sweep.trials)
         limit = self.sweep.max_failed
         if limit is not None and failed > limit:
             return f"{failed} trials failed, more than max_failed={limit}"
@@ -258,11 +260,11 @@ class Driver:
         try:
             while True:
                 self.reap()
-                pending = [t for t in self.sweep.trials if t["state"] == "pending"]
+                pending = [t for t in self.sweep.trials if t["state"] == TrialState.PENDING]
                 why = self.stop_starting()
                 if why and pending:
                     for trial in pending:
-                        trial.update(state="cancelled", message=f"not started: {why}")
+                        trial.update(state=TrialState.CANCELLED, message=f"not started: {why}")
                     self.sweep.save()
                     self.say(f"hypertf: sweep {self.sweep.sweep_id}: {why}: "
                              f"{len(pending)} trials not started")
@@ -284,11 +286,12 @@ class Driver:
             self.sweep.write_results()
         print(self.sweep.table(), flush=True)
         counts = self.sweep.counts()
-        return 0 if counts.get("succeeded", 0) == len(self.sweep.trials) else 1
+        return 0 if counts.get(TrialState.SUCCEEDED, 0) == len(self.sweep.trials) else 1
 
 
-def find_summary(task_key: str) -> dict[str, Any] | None:
-    """The summary of the trial's last attempt (restarts and port retries get new keys)."""
+def find_summary(task_key: str) -> JobSummary | None:
+    """The summary of the trial's last attempt (restarts and port retries get new keys):
+    summary.json as the trial's launcher wrote it."""
     direct = Path(RunDir.of(".", task_key, local=True).summary)
     candidates = [direct] if direct.is_file() else sorted(Path("runs").glob("*/summary.json"))
     for path in candidates:
@@ -296,11 +299,11 @@ def find_summary(task_key: str) -> dict[str, Any] | None:
             summary = json.loads(path.read_text())
             attempts = summary.get("attempts") or [{"task_key": summary.get("task_key")}]
             if attempts[0].get("task_key") == task_key:
-                return summary
+                return cast(JobSummary, summary)
     return None
 
 
-def find_metrics(summary: dict[str, Any]) -> str | None:
+def find_metrics(summary: JobSummary) -> str | None:
     path = Path(RunDir.of(".", summary["task_key"], local=True).metrics)
     return path.read_text(errors="replace") if path.is_file() else None
 
@@ -310,20 +313,21 @@ def settle_orphans(sweep: Sweep) -> None:
     """Trials left queued/running by a driver that died: finished ones take their result,
     the others (no launcher any more) are lost."""
     for trial in sweep.trials:
-        if trial["state"] not in LIVE:
+        if trial["state"] not in LIVE_TRIALS:
             continue
         if alive(trial.get("launcher_pid")):
             raise UsageError(f"trial {trial['index']} of {sweep.sweep_id} still runs (launcher "
                              f"PID {trial['launcher_pid']}): wait for it, or 'hypertf sweep "
                              f"cancel {sweep.sweep_id}'")
         summary = find_summary(trial["task_key"]) if trial.get("task_key") else None
-        if summary and summary.get("result") == "succeeded":
+        if summary and summary.get("result") == JobState.SUCCEEDED:
             metrics = find_metrics(summary)
-            trial.update(state="succeeded", wall_s=summary.get("wall_s"),
+            trial.update(state=TrialState.SUCCEEDED, wall_s=summary.get("wall_s"),
                          **metric_fields(read_metrics(metrics, sweep.metric)
                                          if metrics else None))
         else:
-            trial.update(state="lost", message="its launcher went away with the sweep's driver")
+            trial.update(state=TrialState.LOST,
+                         message="its launcher went away with the sweep's driver")
     sweep.save()
 
 
@@ -334,9 +338,9 @@ def resume(sweep_id: str) -> Sweep:
         raise UsageError(f"sweep {sweep_id} is still running (driver PID {sweep.driver_pid})")
     settle_orphans(sweep)
     sweep.cancel_marker.unlink(missing_ok=True)
-    rerun = [t for t in sweep.trials if t["state"] in RERUN]
+    rerun = [t for t in sweep.trials if t["state"] in RERUN_TRIALS]
     for trial in rerun:
-        trial.update(state="pending", message="")
+        trial.update(state=TrialState.PENDING, message="")
     sweep.save()
     return sweep
 
@@ -347,12 +351,12 @@ def cancel(sweep_id: str, kill_job: Any) -> list[str]:
     sweep.cancel_marker.touch()
     ended = []
     for trial in sweep.trials:
-        if trial["state"] in LIVE and trial.get("task_key") and kill_job(trial["task_key"]):
+        if trial["state"] in LIVE_TRIALS and trial.get("task_key") and kill_job(trial["task_key"]):
             ended.append(trial["task_key"])
     if not alive(sweep.driver_pid):  # no driver to record it: do it here
         for trial in sweep.trials:
-            if trial["state"] in (*LIVE, "pending"):
-                trial.update(state="cancelled", message="the sweep was cancelled")
+            if trial["state"] in (*LIVE_TRIALS, TrialState.PENDING):
+                trial.update(state=TrialState.CANCELLED, message="the sweep was cancelled")
         sweep.save()
         sweep.write_results()
     return ended

@@ -21,6 +21,7 @@ import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -261,12 +262,34 @@ def expand(spec: SweepSpec) -> list[Trial]:
     return [Trial(i, params) for i, params in enumerate(combined)]
 
 
-# -- results --------------------------------------------------------------------------------
+# -- trial states and results ---------------------------------------------------------------
+class TrialState(StrEnum):
+    """A trial's state in ``sweep.json``; each equals its text, so the file stays plain JSON
+    and a trial read back from it compares equal to the members. A trial goes pending ->
+    queued (its task key saved, its launcher starting) -> running (its launcher lives; its
+    job may still wait in the queue) -> succeeded, failed, lost or cancelled; ``resume``
+    takes the RERUN_TRIALS back to pending."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LOST = "lost"  # its launcher was killed outright, or went away with the sweep's driver
+    CANCELLED = "cancelled"  # the sweep was cancelled (or its launcher was, or Ctrl-C)
+
+
+LIVE_TRIALS = (TrialState.QUEUED, TrialState.RUNNING)  # a launcher of the driver's
+ENDED_TRIALS = (TrialState.SUCCEEDED, TrialState.FAILED, TrialState.LOST, TrialState.CANCELLED)
+RERUN_TRIALS = (TrialState.FAILED, TrialState.LOST, TrialState.CANCELLED)  # what resume reruns
+FAILED_TRIALS = (TrialState.FAILED, TrialState.LOST)  # counted against max_failed
+
+
 @dataclass
 class TrialResult:
     index: int
     params: dict[str, Any]
-    state: str
+    state: TrialState
     task_key: str | None = None
     metric: float | None = None
     wall_s: float | None = None

@@ -20,13 +20,13 @@ from hypertf.core.errors import InsufficientResources
 from hypertf.core.matrix import DRAINING, FREE, Matrix
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
+from hypertf.keeper.sync import sync_matrix
 from hypertf.store import Store
 from hypertf.store.allocation import (
     overwrite_matrix,
     read_matrix,
     release,
     report_drained,
-    sync_matrix,
     write_matrix,
 )
 from hypertf.store.waitqueue import submit

@@ -5,6 +5,7 @@ mistake is one line naming the file (exit 3)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import stat
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NotEmptyError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NotEmptyError
 from kazoo.security import OPEN_ACL_UNSAFE, make_acl
 
 from hypertf import store
@@ -26,9 +27,9 @@ from hypertf.core.errors import InsufficientResources
 from hypertf.core.matrix import FREE, MatrixIndex
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
+from hypertf.keeper.thread import KeeperThread
 from hypertf.store import AgentRecord, Layout, Store, auth
 from hypertf.store.allocation import overwrite_matrix, read_matrix, release
-from hypertf.store.keeper import KeeperThread
 from hypertf.store.waitqueue import read_view, submit
 from tests.conftest import wait_for
 
@@ -94,12 +95,32 @@ def job(launcher) -> str:
     return key
 
 
-def every_path(layout: Layout, key: str) -> list[str]:
-    user = store.owner_of(key)
-    return [layout.root, layout.matrix, layout.matrix_shard(0), layout.hosts, layout.host("n1"),
-            layout.resource("n1"),
-            layout.leases, layout.user_leases(user), layout.lease(key),
-            layout.jobs, layout.user_jobs(user), layout.job(key)]
+def every_path(layout: Layout, key: str) -> dict[str, str]:
+    """One path of each rule of auth.RULES (so of every path Layout names:
+    tests/unit/test_acl_table.py), by its name: the job ``key``'s, host n1's, shard 0."""
+    arguments = {"host": "n1", "index": 0, "user": store.owner_of(key), "task_key": key}
+    paths = {}
+    for name in auth.RULES:
+        member = getattr(layout, name)
+        if callable(member):
+            member = member(*(arguments[p] for p in inspect.signature(member).parameters))
+        paths[name] = member
+    return paths
+
+
+def made(inventory: Inventory, layout: Layout, key: str) -> dict[str, str]:
+    """``every_path``, each there: the admin makes, with its rule's ACL, what no fixture
+    made (the keeper's lease: no keeper-host agent runs here; the queue's view, unless the
+    keeper thread published it first)."""
+    admin = store.connect(inventory.cluster, identity="admin")
+    try:
+        paths = every_path(layout, key)
+        for name, path in paths.items():
+            with contextlib.suppress(NodeExistsError):
+                admin.create(path, b"", acl=store.acls(admin).of(name))
+        return paths
+    finally:
+        store.close(admin)
 
 
 @pytest.mark.parametrize("who", ["anonymous", "wrong secret"])
@@ -108,10 +129,11 @@ def test_a_client_without_the_credentials_can_read_change_create_and_delete_noth
     _, inventory, layout = cluster
     auth_data = [] if who == "anonymous" else [("digest", f"user.{auth.login_user()}:guess"),
                                                 ("digest", "member:guess")]
+    paths = made(inventory, layout, job).values()
     stranger = KazooClient(hosts=zk_server.hosts, auth_data=auth_data)
     stranger.start(timeout=10)
     try:
-        for path in every_path(layout, job):
+        for path in paths:
             for attempt in (lambda p: stranger.get(p), lambda p: stranger.set(p, b"{}"),
                             lambda p: stranger.create(f"{p}/x", b"", acl=OPEN_ACL_UNSAFE),
                             lambda p: stranger.delete(p),
@@ -354,13 +376,12 @@ def test_a_registered_user_writes_nothing_outside_his_own_folders_and_waits_his_
     is admitted once the job released them."""
     _, inventory, layout = cluster
     owner = auth.login_user()
+    paths = made(inventory, layout, job)
     bob = store.connect(inventory.cluster, identity="user.bob")
     shards = read_matrix(Store(bob, layout))[1].shards
-    outside = [layout.root, layout.matrix, *(layout.matrix_shard(i) for i in range(shards)),
-               layout.limits, layout.hosts, layout.host("n1"),
-               layout.resource("n1"), layout.leases, layout.user_leases(owner),
-               layout.lease(job), layout.jobs,
-               layout.user_jobs(owner), layout.job(job), layout.keeper]
+    # every path Layout names, of the job's owner (not bob) and host n1; every shard
+    outside = dict.fromkeys([*paths.values(), *(layout.matrix_shard(i) for i in range(shards))])
+    assert owner != "bob" and paths["user_leases"] == layout.user_leases(owner)
     try:
         for path in outside:
             assert bob.get(path) is not None  # reading is every member's right

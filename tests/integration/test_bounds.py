@@ -27,11 +27,11 @@ from hypertf.config.settings import ClusterSettings
 from hypertf.core.layout import is_task_key
 from hypertf.core.placement import PortRanges, Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
+from hypertf.keeper.queueview import collect
 from hypertf.ops.zkserver import ZooKeeperServer
 from hypertf.store import Layout, Store, encode, status
 from hypertf.store.allocation import release
 from hypertf.store.auth import QUOTA_ROOT, UserQuotas
-from hypertf.store.queueview import collect
 from hypertf.store.waitqueue import request_to_json, submit
 from tests.conftest import wait_for
 

@@ -27,7 +27,7 @@ JOBS, SUBMITTERS = 100, 10
 
 
 def keeper_process(cluster) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "hypertf.store.keeper", cluster.zookeeper_hosts,
+    proc = subprocess.Popen([sys.executable, "-m", "hypertf.keeper.thread", cluster.zookeeper_hosts,
                              cluster.zk_root, "10"], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "keeping"
     return proc

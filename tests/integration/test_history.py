@@ -145,7 +145,7 @@ def test_future_dated_records_of_one_user_prune_only_their_own(lab):
 def test_prune_goes_by_when_zookeeper_wrote_a_record_never_running_ones(zk, layout):
     """Retention and the per-user bound by the znode's mtime/mzxid, whatever the dates
     inside (moved from test_allocation, where the dates decided)."""
-    from hypertf.store.prune import prune_jobs
+    from hypertf.keeper.prune import prune_jobs
 
     day = 86400.0
     records = {"a-dated-long-ago.root": finished("a-dated-long-ago.root", time.time() - 40 * day),
@@ -171,7 +171,7 @@ def test_prune_goes_by_when_zookeeper_wrote_a_record_never_running_ones(zk, layo
 
 def test_a_prune_run_is_bounded_per_user(zk, layout):
     """At most ``max_deletes`` per user per run, and it says a backlog is left."""
-    from hypertf.store.prune import prune_jobs
+    from hypertf.keeper.prune import prune_jobs
 
     create_many(zk, layout, {f"k-{i:03d}.bob": b"junk" for i in range(50)})
     first = prune_jobs(Store(zk, layout), 1.0, 10, max_deletes=30)

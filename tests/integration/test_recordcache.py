@@ -1,4 +1,4 @@
-"""The keeper's record cache, kept by watches on a real ZooKeeper (hypertf.store.recordcache).
+"""The keeper's record cache, kept by watches on a real ZooKeeper (hypertf.keeper.recordcache).
 
 A keeper's pass at 25,000 hosts must not read 37 MB of records again: once the cache
 follows the hosts, a pass reads nothing, a keep-alive (a new heartbeat alone) is not a
@@ -15,10 +15,11 @@ from dataclasses import replace
 from hypertf import store
 from hypertf.core.placement import PortRanges, Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
-from hypertf.store import AgentRecord, RecordCache, Store, allocation
+from hypertf.keeper import sync
+from hypertf.keeper.recordcache import RecordCache, content_of
+from hypertf.keeper.role import KeeperRole
+from hypertf.store import AgentRecord, Store
 from hypertf.store.allocation import read_matrix
-from hypertf.store.keeper import KeeperRole
-from hypertf.store.recordcache import content_of
 from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
 
@@ -140,8 +141,8 @@ def test_a_pass_with_nothing_moved_does_not_sync_again(secured, layout, fake_age
         role.keep()
         role.keep()  # in line now (the first may have written the rows)
         calls: list[int] = []
-        real = allocation.synced
-        monkeypatch.setattr(allocation, "synced",
+        real = sync.synced
+        monkeypatch.setattr(sync, "synced",
                             lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
         role.keep()
         role.keep()

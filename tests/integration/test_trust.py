@@ -25,10 +25,10 @@ from hypertf.core.grants import grant_from_json
 from hypertf.core.matrix import DRAINING, holder
 from hypertf.core.placement import PortRanges, Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
+from hypertf.keeper.queueview import collect
 from hypertf.store import Layout, Store, encode
 from hypertf.store.allocation import MatrixDamaged, read_matrix, release
 from hypertf.store.jobs import read_job
-from hypertf.store.queueview import collect
 from hypertf.store.waitqueue import enqueue, request_to_json, submit, wait_for_admission
 from tests.conftest import wait_for
 

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hypertf.config import environment
 from hypertf.config.inventory import load_inventory
-from hypertf.core.protocol import STRICT_ENV
 from hypertf.launch.remote import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ EXAMPLES = REPO / "examples"
 def strict_env() -> dict[str, str]:
     """The environment of a launcher under test: it refuses a node message it cannot read
     (hypertf.core.protocol) instead of passing it on as noise."""
-    return {**os.environ, STRICT_ENV: "1"}
+    return {**os.environ, environment.PROTOCOL_STRICT.name: "1"}
 
 
 def hypertf(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:

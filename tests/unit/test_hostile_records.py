@@ -133,7 +133,7 @@ def test_the_keeper_refuses_ports_outside_the_inventorys_ranges():
     from hypertf.core.placement import PortRanges, Request
     from hypertf.core.requestcheck import PortBounds
     from hypertf.core.scheduler import TaskSlot
-    from hypertf.store.waitqueue import Screen
+    from hypertf.keeper.screen import Screen
 
     hosts = ("h1", "h2", "h3")
     bounds = PortBounds.of({"h1": (20000, 20999), "h2": (20000, 20999), "h3": (30000, 30099)})

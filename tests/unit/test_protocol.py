@@ -61,16 +61,31 @@ def test_each_event_has_the_wire_form_nodes_always_sent_and_reads_back(
     {"e": "done", "ended": {"stopped": {"worker0": "vanished"}, "logs": {}}},
     "a banner line", ["e", "log"],
 ])
-def test_an_unreadable_event_raises_when_strict_and_is_noise_otherwise(
-        payload: object, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreadable_event_raises_when_strict_and_is_noise_otherwise(payload: object) -> None:
     with pytest.raises(ProtocolError, match="node protocol 2"):
         protocol.parse_event(payload, strict=True)
     assert protocol.parse_event(payload, strict=False) is None
-    monkeypatch.delenv(protocol.STRICT_ENV, raising=False)
     assert Event.from_node("h1", payload).kind is EventKind.NOISE
-    monkeypatch.setenv(protocol.STRICT_ENV, "1")  # what the lab tests' launchers run with
     with pytest.raises(ProtocolError):
-        Event.from_node("h1", payload)
+        Event.from_node("h1", payload, strict=True)
+
+
+def test_the_launchers_sink_is_strict_with_protocol_strict_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's watch (nodeclient) reads HYPERTF_PROTOCOL_STRICT: the lab tests' one
+    refuses a line it cannot read, anyone else's passes it on as noise."""
+    import queue
+
+    from hypertf.config import environment
+    from hypertf.launch.nodeclient import _LineSink
+
+    monkeypatch.delenv(environment.PROTOCOL_STRICT.name, raising=False)
+    events: queue.Queue[Event] = queue.Queue()
+    _LineSink("h1", events).write('{"e": "telemetry"}\n')
+    assert events.get_nowait().kind is EventKind.NOISE
+    monkeypatch.setenv(environment.PROTOCOL_STRICT.name, "1")  # the lab tests' launchers
+    with pytest.raises(ProtocolError):
+        _LineSink("h1", events).write('{"e": "telemetry"}\n')
 
 
 def test_the_launchers_event_carries_the_nodes_and_refuses_an_unknown_kind() -> None:

@@ -63,7 +63,8 @@ def test_gpus_per_chief_without_a_chief_is_refused() -> None:
 
 
 # -- item 10: one reserved environment -----------------------------------------------------
-# What the launcher sets for every task (launch/attempt.py's task_requests, spec.gpu_env).
+# What the launcher sets for every task (launch/taskstart.py's StartPlan.task_requests,
+# spec.gpu_env).
 SET_BY_HYPERTF = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HYPERTF_GPUS",
                   "HYPERTF_TASK_KEY", "HYPERTF_TASK", "HYPERTF_ATTEMPT",
                   "HYPERTF_CHECKPOINT_DIR", "HYPERTF_TENSORBOARD_DIR", "HYPERTF_METRICS_FILE",

@@ -1,4 +1,4 @@
-"""The keeper's screen before a pass (hypertf.store.waitqueue.Screen): whether a waiting
+"""The keeper's screen before a pass (hypertf.keeper.screen.Screen): whether a waiting
 request could ever fit the cluster is decided once per shape, so a queue of 1,000 jobs
 that ask the same of a large cluster costs one scan of its hosts."""
 
@@ -11,7 +11,7 @@ from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import FREE, Matrix
 from hypertf.core.placement import Request
 from hypertf.core.scheduler import TaskSlot
-from hypertf.store import waitqueue
+from hypertf.keeper import screen as screening
 
 HOSTS = tuple(f"h{i}" for i in range(600))  # more than the exact check's 512
 
@@ -25,22 +25,22 @@ def test_same_shaped_requests_are_judged_once_and_those_that_never_fit_are_refus
         monkeypatch: pytest.MonkeyPatch) -> None:
     matrix = Matrix(gpus={h: [FREE] * 2 for h in HOSTS}, ports={})
     judged: list[Request] = []
-    real = waitqueue._could_ever_fit
+    real = screening._could_ever_fit
 
     def counting(request: Request, matrix: Matrix) -> bool:
         judged.append(request)
         return real(request, matrix)
 
-    monkeypatch.setattr(waitqueue, "_could_ever_fit", counting)
+    monkeypatch.setattr(screening, "_could_ever_fit", counting)
     jobs = [waiting(i, workers=8) for i in range(50)] + [waiting(50, workers=1, gpus=3)]
-    kept, refused = waitqueue.Screen()(jobs, {}, matrix, UserLimits())
+    kept, refused = screening.Screen()(jobs, {}, matrix, UserLimits())
     assert len(kept) == 50 and list(refused) == [jobs[-1].task_key]
     assert "more than the cluster's hosts can ever hold" in refused[jobs[-1].task_key]
     assert len(judged) == 2, "one scan per shape, not one per job"
 
 
 def test_a_host_that_gains_gpus_lets_a_refused_shape_fit() -> None:
-    screen = waitqueue.Screen()
+    screen = screening.Screen()
     small = Matrix(gpus={h: [FREE] * 2 for h in HOSTS}, ports={})
     _, refused = screen([waiting(1, workers=1, gpus=3)], {}, small, UserLimits())
     assert refused, "3 GPUs on one host: no host has 3"

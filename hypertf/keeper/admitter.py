@@ -1,0 +1,325 @@
+"""The keeper's pass: sync the matrix, decide every waiting job, and commit all of a pass's
+admissions (each with its grant) and refusals in ONE transaction: the matrix
+(version-checked), and per job a check that its lease still lives and its record written
+``allocated`` with placements and ports (version-checked against a cancel). A keeper that
+dies mid-admission commits everything or nothing; the next keeper starts the pass again.
+The view it publishes (``keeper/queue``: position and reason) is what waiters read after
+a while (hypertf.store.waitqueue.wait_for_admission).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.retry import ForceRetryError
+
+from hypertf.core import jobtransitions as transitions
+from hypertf.core.admission import (
+    PRIORITY,
+    USER_LIMIT,
+    Decision,
+    Waiting,
+    admission_pass,
+    clamped,
+)
+from hypertf.core.grants import grant_to_json
+from hypertf.core.limits import UserLimits
+from hypertf.core.matrix import Held, Matrix
+from hypertf.core.placement import cannot_place
+from hypertf.core.requestcheck import (
+    PortBounds,
+    waiting_from_record,
+)
+from hypertf.keeper.leasecache import LeaseCache
+from hypertf.keeper.reader import QueueReader, read_limits
+from hypertf.keeper.recordcache import RecordCache
+from hypertf.keeper.screen import INVALID, Screen
+from hypertf.keeper.sync import Synced, SyncMemo, sync
+from hypertf.store import Store, encode, until_committed
+from hypertf.store.allocation import (
+    TRANSACTION_BYTES,
+    MatrixDamaged,
+    MatrixVersion,
+    matrix_writes,
+    read_matrix,
+)
+from hypertf.store.waitqueue import REASONS
+
+log = logging.getLogger(__name__)
+REPAIR_AFTER_S = 2.0  # a matrix that reads damaged this long is rewritten by the keeper
+LIMITS_READ_S = 5.0  # the admin's limits read again at least this often
+
+
+# -- admitting ---------------------------------------------------------------------------
+class Commit(Enum):
+    """What committing a pass's decisions did."""
+
+    COMMITTED = "committed"
+    CONFLICT = "conflict"  # another writer won: read and decide again
+    PART = "part"  # too large for one transaction: a first part committed, the rest next
+
+
+@dataclass
+class Admitter:
+    """The keeper's pass: sync the matrix, decide every waiting job, commit admissions
+    (each with its grant) and refusals in one transaction, publish the view."""
+
+    store: Store
+    user_gpu_limit: int = 0
+    user_queue_limit: int = 0
+    host_gpus_max: int = 0  # a host's record claiming more GPUs counts it down (0: none)
+    port_bounds: PortBounds | None = None  # the inventory's port ranges (None: unchecked)
+    reader: QueueReader = field(init=False)
+    cache: RecordCache = field(init=False)
+    leases: LeaseCache = field(init=False)
+    screen: Screen = field(init=False)
+    published: bytes | None = None
+    unwritable: set[str] = field(default_factory=set)  # records whose ACL shuts the keeper out
+    _synced_live: list[str] | None = None
+    _read_waiting: list[Waiting] | None = None
+    _read_matrix: tuple[Matrix, MatrixVersion] | None = None
+    _last_good: Matrix | None = None  # the last matrix read whole: fills a damaged shard
+    _damaged_at: float | None = None  # when the matrix first read damaged (monotonic)
+    _limits: UserLimits | None = None  # the admin's, until the watch on them fires
+    _limits_read: float = 0.0
+    _memo: SyncMemo = field(default_factory=SyncMemo)  # what the last in-line sync went by
+    # The registered hosts as the keeper role's watch keeps them (None: listed each pass).
+    hosts: Callable[[], list[str]] | None = None
+
+    def __post_init__(self) -> None:
+        self.reader = QueueReader(self.store)
+        self.cache = RecordCache(self.store, gpus_max=self.host_gpus_max)
+        self.leases = LeaseCache(self.store)
+        self.screen = Screen(self.user_gpu_limit, self.user_queue_limit, self.port_bounds)
+
+    def keep(self) -> list[Decision]:
+        """Sync (free ended jobs, repair running ones), then admit. Once the reader knows
+        the running jobs' grants, the sync goes first and the queue is read with the
+        leases it read (one listing of every user's leases per pass, not two)."""
+        if not self.reader.read_once:  # fresh grants before the repair (a new keeper)
+            waiting = self.reader.waiting(self.leases.leases())
+            done = self._sync()
+        else:
+            done = self._sync()
+            waiting = self.reader.waiting(done.leases)
+        self._last_good = done.matrix
+        self.drop_ended_grants(done.leases)
+        # The admission's first try reads none of these again (its commit checks the
+        # matrix's versions, so a stale read only costs a second try).
+        self._synced_live, self._read_waiting = sorted(done.records), waiting
+        self._read_matrix = (done.matrix, done.version)
+        return self.admit()
+
+    def _sync(self) -> Synced:
+        """The sync; a damaged matrix is rewritten only once it has read damaged for
+        REPAIR_AFTER_S (an admin's migration or reshard passes through states that read
+        damaged for a moment: the keeper must not race it)."""
+        due = self._damaged_at is not None and \
+            time.monotonic() - self._damaged_at >= REPAIR_AFTER_S
+        try:
+            done = sync(self.store, self.reader.grants, self.cache, self._last_good,
+                        repair=due, memo=self._memo,
+                        registered_hosts=self.hosts, live_leases=self.leases.leases)
+        except MatrixDamaged:
+            if self._damaged_at is None:
+                self._damaged_at = time.monotonic()
+            raise
+        self._damaged_at = None
+        return done
+
+    def drop_ended_grants(self, leases: set[str]) -> None:
+        """A grant lives while its job's lease does: the sync has drained or freed the
+        cells of a job whose lease is gone, so its grant goes too."""
+        ended = [key for key in self.reader.grants if key not in leases]
+        if len(ended) > 1:  # one transaction for all (one request, one log entry)
+            tx = self.store.client.transaction()
+            for key in ended:
+                tx.delete(self.store.layout.grant(key))
+            if not any(isinstance(r, Exception) for r in tx.commit()):
+                for key in ended:
+                    self.reader.grants.pop(key, None)
+                return
+        pending = [(key, self.store.client.delete_async(self.store.layout.grant(key)))
+                   for key in ended]  # one of them gone already: each on its own
+        for key, result in pending:
+            with contextlib.suppress(NoNodeError):
+                result.get(timeout=30)
+            self.reader.grants.pop(key, None)
+
+    def live_hosts(self) -> list[str]:
+        """Registered hosts with an agent record: those the sync just read (once), else
+        from the keeper's records."""
+        live, self._synced_live = self._synced_live, None
+        return live if live is not None else sorted(self.cache.records(self.store.hosts()))
+
+    def admit(self) -> list[Decision]:
+        """One pass; returns the decisions (admitted and refused ones committed)."""
+        def attempt(_retries: int) -> list[Decision]:
+            seen, self._read_matrix = self._read_matrix, None
+            matrix, version = seen or read_matrix(self.store)
+            waiting, self._read_waiting = self._read_waiting, None
+            if waiting is None:
+                waiting = self.reader.waiting()
+            waiting = [w for w in waiting if w.task_key not in self.unwritable]
+            live = self.live_hosts()
+            limits = self.limits()
+            versions = {key: v for key, (_, v) in self.reader.records.items()}
+            waiting, screened = self.screen(waiting, versions, matrix, limits)
+            refusals = {**{key: why for key, (_, _, why) in self.reader.rejected.items()
+                           if key not in self.unwritable}, **screened}
+            decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
+            settled = [d for d in decisions if d.admitted or d.refused]
+            settled += [Decision(key, 0, INVALID, refused=True) for key in sorted(refusals)]
+            if settled:
+                outcome = self._commit(matrix, version, settled, live, limits, refusals)
+                if outcome is not Commit.COMMITTED:  # a conflict, or a first part of a large pass
+                    raise ForceRetryError()  # committed: read and decide again
+            self.publish(decisions, {w.task_key: w for w in clamped(waiting, limits)})
+            return decisions
+
+        return until_committed(attempt, "admitting waiting jobs")
+
+    def limits(self) -> UserLimits:
+        """The admin's limits, read again after they changed (a watch) and at least every
+        LIMITS_READ_S (a watch set in an expired session never fires)."""
+        limits = self._limits
+        if limits is None or time.monotonic() - self._limits_read > LIMITS_READ_S:
+            self._limits_read = time.monotonic()
+            limits = self._limits = read_limits(self.store, watch=self._limits_changed)
+        return limits
+
+    def _limits_changed(self, _event: object) -> None:
+        self._limits = None
+
+    def _record_of(self, key: str) -> tuple[dict[str, Any] | None, int]:
+        if key in self.reader.records:
+            return self.reader.records[key]
+        record, version, _ = self.reader.rejected[key]
+        return record, version
+
+    def _commit(self, matrix: Matrix, version: MatrixVersion, settled: list[Decision],
+                live: list[str], limits: UserLimits, refusals: Mapping[str, str]) -> Commit:
+        """COMMITTED, CONFLICT, or PART (the pass's decisions would make a request
+        past TRANSACTION_BYTES: the first half, or less, was committed; the rest is
+        decided again by the next try). A record the keeper may not write (its owner
+        shut the keeper out with its ACL) is left out of later passes, not retried."""
+        taken = matrix
+        tx = self.store.client.transaction()
+        ops: list[str | None] = []  # the job each operation is for (None: the matrix)
+        now = time.time()
+        size = 0
+        # Admissions first: a refusal names what is free once this pass's admissions took
+        # their GPUs (two --no-wait jobs for the last GPU: the loser hears it is taken).
+        for decision in sorted(settled, key=lambda d: d.refused):
+            key = decision.task_key
+            record, record_version = self._record_of(key)
+            if decision.refused:
+                why = refusals.get(key) or self.refusal(decision, record or {}, taken, live,
+                                                        limits)
+                invalid = key in self.reader.rejected  # its record failed the check
+                data = encode(transitions.refused(None if invalid else record, key, why,
+                                                  invalid=invalid, now=now))
+                tx.set_data(self.store.layout.job(key), data, version=record_version)
+                ops.append(key)
+                size += len(data)
+                continue
+            held = Held.of(decision.placements, decision.ports)
+            taken = taken.take(key, held.gpus, held.ports)
+            tx.check(self.store.layout.lease(key), -1)
+            data = encode(transitions.admitted(record, decision.placements, decision.ports,
+                                               now))
+            tx.set_data(self.store.layout.job(key), data, version=record_version)
+            tx.create(self.store.layout.grant(key),
+                      grant_to_json(key, decision.placements, decision.ports, now),
+                      acl=self.store.acls.grant())
+            ops += [key, key, key]
+            size += 2 * len(data)
+        # The shards the admissions changed, each version-checked; a refusal names what is
+        # free everywhere, so then every shard is checked too.
+        shards, written = matrix_writes(tx, self.store.layout, matrix, taken, version,
+                                        check_rest=any(d.refused for d in settled))
+        size += shards
+        if size > TRANSACTION_BYTES and len(settled) > 1:
+            first = self._commit(matrix, version, settled[:len(settled) // 2], live, limits,
+                                 refusals)
+            return Commit.PART if first is not Commit.CONFLICT else first
+        results = tx.commit()
+        culprit = next(((i, r) for i, r in enumerate(results) if isinstance(r, Exception)
+                        and type(r).__name__ not in ("RolledBackError",
+                                                     "RuntimeInconsistency")), None)
+        if culprit is not None:
+            i, error = culprit
+            culprit_key = ops[i] if i < len(ops) else None
+            if culprit_key is not None and isinstance(error, NoAuthError):
+                log.warning("the record of %s does not let the keeper write it (its ACL): "
+                            "it is never admitted", culprit_key)
+                self.unwritable.add(culprit_key)
+            elif culprit_key is not None and isinstance(error, NodeExistsError):
+                log.error("%s already has a grant: it is not admitted again", culprit_key)
+                self.reader.settled.add(culprit_key)
+            return Commit.CONFLICT  # a cancel, a lost waiter or another writer: decide again
+        if any(isinstance(r, Exception) for r in results):
+            return Commit.CONFLICT
+        self._memo.admitted(version, written, [d.task_key for d in settled if d.admitted])
+        for decision in settled:
+            self.reader.settled.add(decision.task_key)
+            self.reader.records.pop(decision.task_key, None)  # no longer waiting
+            self.reader.rejected.pop(decision.task_key, None)
+            self.reader.forget(decision.task_key)
+            if decision.admitted:
+                self.reader.grants[decision.task_key] = Held.of(decision.placements,
+                                                                decision.ports)
+        return Commit.COMMITTED
+
+    def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
+                live: list[str], limits: UserLimits) -> str:
+        """Why a --no-wait job cannot start now, naming what is free or the limit."""
+        job = waiting_from_record(record, 0, decision.task_key)
+        if decision.reason == USER_LIMIT:
+            held = matrix.held_per_user().get(job.user, 0)
+            cap = limits.gpu_limit(job.user, self.user_gpu_limit)
+            return (f"{job.user} holds {held} GPUs; this job's {job.request.gpus} more would "
+                    f"pass the limit of {cap} (hypertf_user_gpu_limit, or the admin's "
+                    f"'hypertf auth limits')")
+        why = cannot_place(job.request, matrix, live)
+        return why or (f"the GPUs it needs are promised to jobs ahead of it in the queue "
+                       f"({REASONS[PRIORITY]}); run it without --no-wait to wait in line")
+
+    def publish(self, decisions: list[Decision], waiting: Mapping[str, Waiting]) -> None:
+        """``keeper/queue``: an ephemeral of the keeper's session, rewritten on change."""
+        data = encode(view_of(decisions, waiting))
+        if data == self.published:
+            return
+        path = self.store.layout.queue_view
+        try:
+            self.store.client.set(path, data)
+        except NoNodeError:
+            try:
+                self.store.client.create(path, data, acl=self.store.acls.keeper_lease(),
+                                         ephemeral=True)
+            except NodeExistsError:
+                return  # an older keeper's session still holds it: next pass
+            except (NoNodeError, NoAuthError):
+                pass  # a root secured before the keeper existed: waiters poll, no view
+        self.published = data
+
+
+def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting]) -> dict[str, Any]:
+    """What waiters and ``hypertf queue`` show: every job still waiting, in order."""
+    entries: list[dict[str, Any]] = []
+    for d in decisions:
+        if d.admitted or d.refused:
+            continue
+        job = waiting[d.task_key]
+        entries.append({"task_key": d.task_key, "position": len(entries) + 1,
+                        "reason": d.reason, "priority": job.priority,
+                        "gpus": job.request.gpus})
+    return {"waiting": entries}
+

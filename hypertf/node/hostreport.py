@@ -1,0 +1,127 @@
+"""What an agent reports about its own host, beside its probe: the ended jobs whose tasks it
+has seen dead here (``drained``: the keeper frees their cells on this host only), and the
+processes on its GPUs that their job was not granted (``trespasses``, stopped under
+``hypertf_gpu_enforce: stop``). It also stops what a dead launcher left running here. An
+agent reports and decides nothing: its credential writes only its own record.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from hypertf.config.inventory import Node
+from hypertf.config.settings import GpuEnforce
+from hypertf.core.layout import Layout
+from hypertf.core.matrix import Cell, job_of
+from hypertf.core.records import AgentRecord, Trespass
+from hypertf.core.rundir import RunDir
+from hypertf.node import dcgmmap, tasknode, trespass
+from hypertf.node.metrics import AgentCollector
+from hypertf.store import Store
+from hypertf.store.allocation import read_matrix
+
+MAX_DRAINED = 1000  # ended jobs one report names at most (the rest: next report)
+STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
+
+log = logging.getLogger(__name__)
+
+
+class HostReport:
+    """The host's reports, kept between probes; ``wake`` is the agent's watch callback (a
+    lease of a job running here went: look again)."""
+
+    def __init__(self, node: Node, layout: Layout, metrics: AgentCollector,
+                 wake: Callable[..., object]) -> None:
+        self.node = node
+        self.layout = layout
+        self.metrics = metrics
+        self._wake = wake
+        self.drained: set[str] = set()  # ended jobs seen dead here, reported to the keeper
+        self.row: list[Cell] = []  # this host's cells as last read
+        self.trespasses: list[Trespass] = []
+        self._suspects: set[tuple[int, int, str, str]] = set()  # seen once, not yet twice
+
+    def apply(self, zk: Store, record: AgentRecord) -> AgentRecord:
+        """The record with this agent's reports: the ended jobs it saw dead here, and the
+        processes on its GPUs that their job was not granted (stopped under
+        ``hypertf_gpu_enforce: stop``).
+
+        A trespass counts only when two probes in a row see it, the second against this
+        host's row read afresh from ZooKeeper: a task that starts on a GPU the keeper has
+        just granted its job must not be taken for a trespasser because this agent's row
+        was read before the grant, or because its wrapper has not written its PID yet."""
+        enforce = self.node.settings.gpu_enforce
+        found: list[Trespass] = []
+        # An idle node (no job holds or drains a GPU here, NVML sees no process) is not
+        # scanned: the scan reads every process's environment (agent_footprint's budget).
+        busy = any(isinstance(cell, str) for cell in self.row) or any(
+            gpu.processes for gpu in record.gpus)
+        if enforce != GpuEnforce.OFF and self.row and busy:
+            seen = trespass.scan(record.gpus, self.node.settings.workdir)
+            found = trespass.judge(seen, self.row, record.gpus)
+            if found:
+                zk.client.sync(self.layout.matrix)  # the keeper's latest grants
+                fresh, _ = read_matrix(zk, hosts=[self.node.name])
+                self.row = list(fresh.gpus.get(self.node.name, []))
+                found = trespass.judge(seen, self.row, record.gpus)
+            suspects = {(t.pid, t.gpu, t.claims, t.holder) for t in found}
+            found = [t for t in found
+                     if (t.pid, t.gpu, t.claims, t.holder) in self._suspects]
+            self._suspects = suspects
+            if found and enforce == GpuEnforce.STOP:
+                found = trespass.stop(found, seen)
+            elif found and found != self.trespasses:
+                for t in found:
+                    log.warning("trespass: pid %d (%s) on GPU %d granted to %s", t.pid,
+                                t.claims or "no job", t.gpu, t.holder or "no job")
+        else:
+            self._suspects = set()
+        self.trespasses = found
+        if not found and not self.drained:
+            return record
+        return replace(record, drained=sorted(self.drained), trespasses=found)
+
+    def reap_orphans(self, zk: Store) -> None:
+        """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
+        runs = tasknode.unstopped_runs(self.node.settings.workdir)
+        if not runs:
+            return
+        # Read after listing: see reap(). Only this node's runs, by ``exists`` (a data watch
+        # on each wakes the loop when its lease goes): no agent lists users' folders.
+        leases = zk.leases_of((run.task_key for run in runs), watch=self._wake)
+        for task_key, result in tasknode.reap(runs, leases).items():
+            log.warning("job %s has no lease any more: stopped its tasks %s", task_key, result)
+
+    def confirm_drained(self, zk: Store) -> bool:
+        """Report this host's draining cells (and cells of jobs whose lease is gone) dead
+        once no process of the job is left here: stop what is left first (TERM, KILL after
+        the grace). The keeper frees them when it reads the report; nothing is reported
+        while a process lives: a GPU is free only when this node says so. True when the
+        report changed (the agent writes its record then)."""
+        host = self.node.name
+        matrix, _ = read_matrix(zk, hosts=[host])  # its own row's shard only
+        # After the matrix (see allocation); only the jobs of its own row, as in reap_orphans.
+        row = [*matrix.gpus.get(host, []), *matrix.ports.get(host, {}).values()]
+        leases = zk.leases_of((key for cell in row if (key := job_of(cell))),
+                              watch=self._wake)
+        self.row = list(matrix.gpus.get(host, []))
+        self.metrics.update(row=matrix.gpus.get(host, []))
+        mapping = self.node.settings.dcgm_job_mapping_dir
+        if mapping:
+            try:
+                dcgmmap.write(mapping, self.row)
+            except OSError as err:
+                log.error("cannot write dcgm-exporter's job mapping in %s: %s", mapping, err)
+        ended = matrix.ended_on(host, leases)
+        reported = self.drained & ended  # freed by the keeper already: no longer said
+        dead = {key for key in ended - reported if tasknode.drain(
+            RunDir.of(self.node.settings.workdir, key, local=True), grace=STOP_GRACE_S)}
+        changed = reported != self.drained or bool(dead)
+        if changed:
+            self.drained = set(sorted(reported | dead)[:MAX_DRAINED])
+        if dead:
+            log.info("saw the tasks of %s dead on %s: reported to the keeper", sorted(dead),
+                     host)
+        return changed
