@@ -1,4 +1,5 @@
-"""The TensorFlow cluster spec for every task: TF_CONFIG and the legacy flags.
+"""The TensorFlow cluster spec for every task: TF_CONFIG and the legacy flags (and, from the
+same order, the other frameworks' rendezvous: hypertf.core.rendezvous).
 
 Which tasks *finish* and which *serve* depends on the mode (see docs/tensorflow.md):
 mirrored jobs (no ps) finish on every task; parameter-server jobs with a chief finish when the
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from hypertf.core import rendezvous
 from hypertf.core.records import GpuInfo
 from hypertf.core.scheduler import OFFLOAD, Placement, TaskSlot
 
@@ -90,15 +92,19 @@ class TaskSpec:
     placement: Placement
     tf_config: str
     flags: tuple[str, ...]
+    rendezvous: dict[str, str] = field(default_factory=dict)  # Keras 3, JAX, torchrun
 
 
 def build(placements: Sequence[Placement], addresses: Mapping[str, str]) -> list[TaskSpec]:
     """``addresses`` maps task name ('worker:0') to 'host:port' on the data network."""
     cluster: dict[str, list[str]] = {}
+    ordered: list[Placement] = []  # TF_CONFIG's order: the ranks of the other frameworks
     for role in ROLE_ORDER:
         members = sorted((p for p in placements if p.role == role), key=lambda p: p.index)
         if members:
             cluster[role] = [addresses[p.name] for p in members]
+            ordered += members
+    others = rendezvous.contract(ordered, addresses)
     specs = []
     for p in placements:
         tf_config = json.dumps({"cluster": cluster, "task": {"type": p.role, "index": p.index}},
@@ -109,7 +115,7 @@ def build(placements: Sequence[Placement], addresses: Mapping[str, str]) -> list
             f"--job_name={p.role}",
             f"--task_index={p.index}",
         )
-        specs.append(TaskSpec(p, tf_config, flags))
+        specs.append(TaskSpec(p, tf_config, flags, others.get(p.name, {})))
     return specs
 
 

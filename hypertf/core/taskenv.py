@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from hypertf.core.rendezvous import RENDEZVOUS_ENV
+
 GPU_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HYPERTF_GPUS")  # spec.gpu_env
 TASK_ENV = (
     "TF_CONFIG",
@@ -20,7 +22,7 @@ TASK_ENV = (
     "HYPERTF_METRICS_FILE",  # the reporting task only
     "HYPERTF_START_AFTER",  # host:port task.sh waits for (TF1: the workers after worker 0)
 )
-RESERVED_ENV = frozenset(GPU_ENV + TASK_ENV)
+RESERVED_ENV = frozenset(GPU_ENV + TASK_ENV + RENDEZVOUS_ENV)  # + Keras 3, JAX, torchrun
 
 
 def ours(values: Mapping[str, str]) -> dict[str, str]:

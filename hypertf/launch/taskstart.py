@@ -105,7 +105,7 @@ class StartPlan:
             if task.name in self.start_after:
                 extra["HYPERTF_START_AFTER"] = self.start_after[task.name]
             env = {**QUIET_ENV, **job.request.task_env(node), **taskenv.ours({
-                "TF_CONFIG": task_spec.tf_config,
+                "TF_CONFIG": task_spec.tf_config, **task_spec.rendezvous,
                 **specs.gpu_env(task_spec.placement.gpus, job.records[node.name].gpus),
                 "HYPERTF_TASK_KEY": self.task_key, "HYPERTF_TASK": task.name,
                 "HYPERTF_ATTEMPT": str(self.number),

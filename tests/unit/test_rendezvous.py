@@ -1,0 +1,65 @@
+"""Every framework's rendezvous (hypertf.core.rendezvous): ranks in TF_CONFIG's order,
+the coordinator on rank 0's granted port, torchrun's local and node ranks by host."""
+
+from __future__ import annotations
+
+import json
+
+from hypertf.core import spec
+from hypertf.core.rendezvous import RENDEZVOUS_ENV, split_address
+from hypertf.core.scheduler import Placement
+from hypertf.core.taskenv import RESERVED_ENV
+
+
+def _build(placements: list[Placement]) -> dict[str, spec.TaskSpec]:
+    ports = iter(range(20001, 20100))
+    hosts = {"h1": "10.0.0.1", "h2": "10.0.0.2"}
+    addresses = {p.name: f"{hosts[p.host]}:{next(ports)}" for p in placements}
+    return {s.placement.name: s for s in spec.build(placements, addresses)}
+
+
+def test_ranks_follow_tf_configs_order_and_torchrun_counts_by_host() -> None:
+    # two tasks on h2, one on h1, listed out of order: the ranks follow TF_CONFIG
+    built = _build([Placement("worker", 2, "h1", ()), Placement("worker", 0, "h2", ()),
+                    Placement("worker", 1, "h2", ())])
+    env = {name: s.rendezvous for name, s in built.items()}
+    assert [env[f"worker:{i}"]["RANK"] for i in range(3)] == ["0", "1", "2"]
+    assert {e["WORLD_SIZE"] for e in env.values()} == {"3"}
+    # h2 holds rank 0: it is node 0 with local ranks 0 and 1; h1 is node 1
+    assert [(env[f"worker:{i}"]["NODE_RANK"], env[f"worker:{i}"]["LOCAL_RANK"],
+             env[f"worker:{i}"]["LOCAL_WORLD_SIZE"]) for i in range(3)] == [
+        ("0", "0", "2"), ("0", "1", "2"), ("1", "0", "1")]
+    # the coordinator is rank 0's address and granted port, the same in every task
+    cluster = json.loads(built["worker:0"].tf_config)["cluster"]["worker"]
+    assert {e["JAX_COORDINATOR_ADDRESS"] for e in env.values()} == {cluster[0]}
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in env.values()} == {
+        split_address(cluster[0])}
+    assert env["worker:1"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == ",".join(cluster)
+    assert env["worker:2"]["KERAS_DISTRIBUTION_PROCESS_ID"] == env["worker:2"]["RANK"]
+    assert env["worker:2"]["JAX_PROCESS_ID"] == "2"
+
+
+def test_a_chief_is_rank_zero_and_every_variable_is_reserved() -> None:
+    built = _build([Placement("ps", 0, "h1", ()), Placement("worker", 0, "h1", ()),
+                    Placement("chief", 0, "h2", ())])
+    assert built["chief:0"].rendezvous["RANK"] == "0"
+    assert built["worker:0"].rendezvous["RANK"] == "1"
+    assert built["ps:0"].rendezvous["RANK"] == "2"
+    for task_spec in built.values():
+        assert tuple(task_spec.rendezvous) == RENDEZVOUS_ENV
+    # a user's --env of one of them would be lost without a word: they are refused by name
+    assert set(RENDEZVOUS_ENV) <= RESERVED_ENV
+
+
+def test_an_ipv6_address_is_split_without_its_brackets() -> None:
+    assert split_address("[fd00::1]:20001") == ("fd00::1", "20001")
+    assert split_address("10.0.0.1:20001") == ("10.0.0.1", "20001")
+
+
+def test_a_users_env_of_one_of_them_is_refused_by_name() -> None:
+    import pytest
+
+    from hypertf.config.settings import check_env
+
+    with pytest.raises(ValueError, match="MASTER_PORT is set by HyperTF for every task"):
+        check_env("MASTER_PORT", "1234", "--env")
