@@ -4,8 +4,9 @@
 #                   TensorFlow, the examples' packages), start a local ZooKeeper and agent, show
 #                   the cluster, and train an example through `invoke train` (CPU without a GPU)
 #   ./dev.sh test   install everything the suite needs too (the lab's sshd and namespaces,
-#                   MPICH and mpi4py for the offload, Chromium for the dashboard, the dev
-#                   extra), then run the whole test suite (lint included)
+#                   MPICH and mpi4py for the offload, Chromium for the dashboard, JAX for
+#                   the Keras 3 and JAX examples, the dev extra), then run the whole test
+#                   suite (lint included)
 # Needs: Debian/Ubuntu, root (apt; network namespaces for the lab), Python >= 3.10.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -18,7 +19,7 @@ UP_EXTRAS=controller,tf
 # the headers mpi4py is built against).
 TEST_SYSTEM_PACKAGES=("${UP_SYSTEM_PACKAGES[@]}" openssh-server openssh-client iproute2 pdsh
                       openssl chromium chromium-driver mpich libmpich-dev)
-TEST_EXTRAS=$UP_EXTRAS,offload,dev
+TEST_EXTRAS=$UP_EXTRAS,offload,jax,dev
 
 install_system() {  # the Debian packages named as arguments, those not installed yet
     local missing=()
