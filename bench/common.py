@@ -242,7 +242,7 @@ def job_tasks(task_key: str) -> dict[str, int]:
     return tasks
 
 
-STARTED = re.compile(r"hypertf: job (\S+): started \d+ tasks: (.*)$")
+STARTED = re.compile(r"hypertf: job (\S+): started \d+ tasks?: (.*)$")
 ENDPOINT = re.compile(r"(\w+:\d+)@(\S+?):(\d+)")
 
 

@@ -69,21 +69,47 @@ def _span(seconds: Any) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _job_line(job: JobRecord) -> str:
+JOB_COLUMNS = ("TASK KEY", "STATE", "OWNER", "SUBMITTED", "WAITED", "RAN", "SCRIPT", "TASKS",
+               "NOTE")
+REASON_WIDTH = 100  # a failure's reason in the NOTE column: its first line, cut here
+
+
+def _reason(job: JobRecord, state: str) -> str:
+    """Why a job that did not succeed ended: its summary's first line (or the keeper's
+    refusal), short; the whole text is in ``hypertf jobs --json`` and summary.json."""
+    from hypertf.core.jobrecord import JobState
+
+    if state not in (JobState.FAILED, JobState.INTERRUPTED, JobState.LOST, JobState.REFUSED,
+                     JobState.RETRIED):
+        return ""
+    summary = job.get("summary")
+    text = str((summary.get("message") if isinstance(summary, dict) else None)
+               or job.get("refused_reason") or
+               ("its launcher went away without releasing it" if state == JobState.LOST else ""))
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= REASON_WIDTH else line[:REASON_WIDTH - 3] + "..."
+
+
+def _job_row(job: JobRecord) -> tuple[str, ...]:
+    """A job as JOB_COLUMNS' cells: when it was submitted, how long it waited and ran, and
+    a note (who ended it, its attempt, why it failed)."""
     from hypertf.core.jobrecord import JobState, task_hosts
     from hypertf.store.jobs import job_state
 
     owner = job.get("owner", {})
     tasks = ", ".join(f"{name}@{host}" for name, host in task_hosts(job))
     state = job_state(job)
-    ended = ""
+    notes = []
     for how, by, when in ((JobState.KILLED, job.get("killed_by"), job.get("killed")),
                           (JobState.CANCELLED, job.get("cancelled_by"), job.get("cancelled"))):
         if state == how and by:
             who = by.get("identity") or by.get("user", "?")
-            ended = f"  ({how} by {who} from {by.get('host', '?')} at {_clock(when)})"
-    attempt = (f"  attempt {job['attempt']} of {job['job_id']}"
-               if job.get("attempt", 1) > 1 else "")
+            notes.append(f"{how} by {who} from {by.get('host', '?')} at {_clock(when)}")
+    if job.get("attempt", 1) > 1:
+        notes.append(f"attempt {job['attempt']} of {job['job_id']}")
+    reason = _reason(job, state)
+    if reason:
+        notes.append(reason)
     created = job.get("created")
     started = job.get("admitted", created) if state != JobState.QUEUED else None
     ends = [job.get(k) for k in ("released", "killed", "cancelled", "lost", "refused")]
@@ -94,9 +120,18 @@ def _job_line(job: JobRecord) -> str:
         waited = None  # admitted at once (every job passes the keeper): it did not wait
     ran = (end or time.time()) - started if isinstance(started, (int, float)) and \
         state not in (JobState.QUEUED, JobState.CANCELLED, JobState.REFUSED) else None
-    return (f"{job['task_key']}  {state:<11} {owner.get('user', '?')}@{owner.get('host', '?')}"
-            f"  submitted {_clock(created)}  waited {_span(waited)}  ran {_span(ran)}"
-            f"  {job.get('script', '')}  {tasks}{ended}{attempt}")
+    return (str(job["task_key"]), state, f"{owner.get('user', '?')}@{owner.get('host', '?')}",
+            _clock(created), _span(waited), _span(ran), str(job.get("script", "")),
+            tasks or "-", "; ".join(notes))
+
+
+def job_table(found: list[JobRecord]) -> list[str]:
+    """``hypertf jobs``' lines: a header, then a row per job, columns as wide as their
+    widest cell (the last, the note, is not padded)."""
+    rows = [JOB_COLUMNS, *(_job_row(job) for job in found)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS) - 1)]
+    return ["  ".join([*(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)),
+                       row[-1]]).rstrip() for row in rows]
 
 
 def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
@@ -113,10 +148,10 @@ def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
     if as_json:
         print(json.dumps([{**job, "status": job_state(job)} for job in found], indent=2))
         return 0
-    for job in found:
-        print(_job_line(job))
     if not found:
         print("no jobs")
+        return 0
+    print("\n".join(job_table(found)))
     return 0
 
 

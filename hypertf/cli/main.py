@@ -53,7 +53,7 @@ def parse_export(argv: Sequence[str]) -> argparse.Namespace:
     """``export`` takes every train option (parse_train's rules for the script's arguments)
     and its own (export.EXPORT_OPTIONS)."""
     from hypertf.export import EXPORT_OPTIONS
-    from hypertf.export.targets import TRAIN_ONLY
+    from hypertf.export.targets import TRAIN_ONLY, target_names
 
     argv = list(argv)
     extra: list[str] = []
@@ -61,9 +61,8 @@ def parse_export(argv: Sequence[str]) -> argparse.Namespace:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(prog="hypertf export", allow_abbrev=False,
-                                     description="write a train command as a JobSet, Volcano, "
-                                                 "Kubernetes, TFJob, Marathon or Docker files "
-                                                 "(docs/kubernetes.md)")
+                                     description=f"write a train command as {target_names()} "
+                                                 "files (docs/kubernetes.md)")
     add_train_options(parser)
     train_only = {option.name for option in TRAIN_ONLY}  # parsed to be refused, not listed
     for action in parser._actions:
@@ -146,13 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
                    add_help=False)
+    from hypertf.export.targets import RECOMMENDED, target_names
+
     sub.add_parser("export", add_help=False,
-                   help="a train command as k8s, tfjob, marathon or docker files "
-                        "(hypertf export --to k8s --image IMAGE --script S ...)")
+                   help=f"a train command as {target_names()} files (hypertf export --to "
+                        f"{RECOMMENDED} --image IMAGE --script S ...)")
     sub.add_parser("sweep", add_help=False,
                    help="trials of one script over a grid or random search, through the queue "
                         "(hypertf sweep --script S --grid lr=0.1,0.01; sweep status|resume|"
-                        "cancel|list)")
+                        "cancel|list; see hypertf sweep -h)")
 
     cluster = sub.add_parser("cluster", help="provision or tear down the inventory's nodes")
     verbs = cluster.add_subparsers(dest="action", required=True)

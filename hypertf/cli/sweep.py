@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypertf.cli.trainargs import parse_train, train_request
+from hypertf.cli.trainargs import INVENTORY_HELP, parse_train, train_request
 from hypertf.core.errors import UsageError
 from hypertf.launch.request import TRAIN_OPTIONS
 from hypertf.sweep import driver as sweeps
@@ -19,9 +19,25 @@ from hypertf.sweep.spec import SweepSpec, TrialState, expand, load_spec, parse_g
 
 VERBS = ("status", "resume", "cancel", "list")
 
+USAGE = """hypertf sweep [-i INVENTORY] --script PATH [train options] --grid NAME=V1,V2 ...
+                     [sweep options] [-- script arguments]
+       hypertf sweep [-i INVENTORY] [sweep options] SPEC.yml
+       hypertf sweep {status,resume,cancel} SWEEP_ID | hypertf sweep list"""
+
+DESCRIPTION = """Trials of one script over a grid (--grid, repeatable: every combination) or,
+from a spec file, a grid or a random search. Each trial is a queued 'hypertf train' job
+with the train options below; its own '--NAME value' arguments follow the script's.
+
+  hypertf sweep --script train.py --worker 2 --grid lr=0.1,0.01 --grid batch_size=32,64 \\
+      --metric accuracy -- --epochs 3
+  hypertf sweep sweep.yml                   (script, train, grid or random, metric: README, sweeps)
+
+then: hypertf sweep status SWEEP_ID (the trials' table), hypertf sweep resume SWEEP_ID (re-run
+the failed, lost and cancelled trials), hypertf sweep cancel SWEEP_ID, hypertf sweep list."""
+
 
 def _sweep_options(parser: argparse.ArgumentParser, default_inventory: str) -> None:
-    parser.add_argument("-i", "--inventory", default=default_inventory)
+    parser.add_argument("-i", "--inventory", default=default_inventory, help=INVENTORY_HELP)
     parser.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
                         help="a hyperparameter and its values (repeatable: the product)")
     parser.add_argument("--max-concurrent", type=int, default=None,
@@ -33,6 +49,22 @@ def _sweep_options(parser: argparse.ArgumentParser, default_inventory: str) -> N
                         help="higher (max, default) or lower (min) is better")
     parser.add_argument("--detach", action="store_true",
                         help="print the sweep id and return; the sweep goes on in background")
+
+
+def help_parser(default_inventory: str) -> argparse.ArgumentParser:
+    """The parser ``hypertf sweep -h`` prints: how to run a sweep, its own options and every
+    train option a trial takes (the run itself parses those with ``parse_train``)."""
+    parser = argparse.ArgumentParser(prog="hypertf sweep", usage=USAGE, description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    _sweep_options(parser, default_inventory)
+    trial = parser.add_argument_group("train options (passed to every trial)")
+    for option in TRIAL_OPTIONS:
+        if option.kind is bool:
+            trial.add_argument(option.flag, action="store_true", help=option.help)
+        else:
+            trial.add_argument(option.flag, metavar=option.metavar, help=option.help)
+    return parser
 
 
 TRIAL_OPTIONS = tuple(option for option in TRAIN_OPTIONS if option.name != "detach")
@@ -63,6 +95,9 @@ def run(argv: Sequence[str], default_inventory: str) -> int:
         return _verb(argv, default_inventory)
     cut = argv.index("--") if "--" in argv else len(argv)
     before, after = argv[:cut], argv[cut + 1:]
+    if "-h" in before or "--help" in before:
+        help_parser(default_inventory).print_help()
+        return 0
     parser = argparse.ArgumentParser(prog="hypertf sweep", allow_abbrev=False)
     _sweep_options(parser, default_inventory)
     known, rest = parser.parse_known_args(before)
@@ -94,18 +129,36 @@ def run(argv: Sequence[str], default_inventory: str) -> int:
     return sweeps.Driver(sweep, env, say=lambda line: print(line, flush=True)).run()
 
 
+VERB_HELP = {
+    "status": "the sweep's trials: state, parameters, metric (and where its results are)",
+    "resume": "re-run the sweep's failed, lost and cancelled trials",
+    "cancel": "end the sweep: its waiting and running trials are cancelled or killed",
+    "list": "the sweeps started from this directory (runs/sweeps/), of one inventory or all",
+}
+
+
 def _verb(argv: list[str], default_inventory: str) -> int:
-    parser = argparse.ArgumentParser(prog=f"hypertf sweep {argv[0]}", allow_abbrev=False)
-    parser.add_argument("-i", "--inventory", default=default_inventory)
+    parser = argparse.ArgumentParser(prog=f"hypertf sweep {argv[0]}", allow_abbrev=False,
+                                     description=VERB_HELP[argv[0]])
+    if argv[0] == "list":  # local files: without -i, every inventory's, each named
+        parser.add_argument("-i", "--inventory", default=None,
+                            help="only the sweeps of this inventory (default: every one's)")
+    else:
+        parser.add_argument("-i", "--inventory", default=default_inventory,
+                            help=INVENTORY_HELP)
     if argv[0] != "list":
-        parser.add_argument("sweep_id")
-    parser.add_argument("--detach", action="store_true", help="resume: in background")
+        parser.add_argument("sweep_id", metavar="SWEEP_ID",
+                            help="the sweep's id (hypertf sweep list)")
+    if argv[0] == "resume":
+        parser.add_argument("--detach", action="store_true",
+                            help="print the sweep id and return; the sweep goes on in "
+                                 "background")
     args = parser.parse_args(argv[1:])
     actions: dict[str, Callable[[], int]] = {
         "status": lambda: _status(args.sweep_id),
-        "list": _list,
-        "cancel": lambda: _cancel(args.inventory, args.sweep_id),
-        "resume": lambda: _resume(args.sweep_id, args.detach),
+        "list": lambda: _list(args.inventory),
+        "cancel": lambda: _cancel(args.sweep_id),
+        "resume": lambda: _resume(args.sweep_id, bool(getattr(args, "detach", False))),
     }
     return actions[argv[0]]()
 
@@ -118,22 +171,32 @@ def _status(sweep_id: str) -> int:
     return 0
 
 
-def _list() -> int:
-    found = sweeps.list_sweeps()
+def _list(inventory: str | None) -> int:
+    """The sweeps of ``inventory`` (those of others are counted, not listed); without one,
+    every sweep with its inventory named."""
+    found = sweeps.list_sweeps(inventory)
+    others = len(sweeps.list_sweeps()) - len(found)
     if not found:
-        print(f"no sweeps under {sweeps.SWEEPS}/")
+        print(f"no sweeps{f' of {inventory}' if inventory else ''} under {sweeps.SWEEPS}/")
     for sweep in found:
         counts = ", ".join(f"{n} {state}" for state, n in sorted(sweep.counts().items()))
         running = "running" if sweeps.alive(sweep.driver_pid) else "idle"
-        print(f"{sweep.sweep_id}  {running:<7}  {len(sweep.trials)} trials: {counts}")
+        print(f"{sweep.sweep_id}  {running:<7}  {len(sweep.trials)} trials: {counts}"
+              + ("" if inventory else f"  (on {sweep.inventory})"))
+    if others:
+        print(f"({others} sweeps of other inventories not shown: hypertf sweep list -i "
+              f"INVENTORY)")
     return 0
 
 
-def _cancel(inventory: str, sweep_id: str) -> int:
+def _cancel(sweep_id: str) -> int:
+    """End the sweep's trials on the cluster they run on: its own inventory's, whatever -i
+    says (another cluster has none of its jobs)."""
     from hypertf import store
     from hypertf.config.inventory import load_inventory
     from hypertf.store.allocation import kill
 
+    inventory = sweeps.Sweep.load(sweep_id).inventory
     with store.opened(load_inventory(inventory).cluster) as zk:
         ended = sweeps.cancel(sweep_id, lambda key: kill(zk, key))
     print(f"sweep {sweep_id}: cancelled; {len(ended)} waiting or running trials ended"

@@ -3,10 +3,13 @@ a task died, in words a user can act on (see docs/tensorflow.md)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from hypertf.core import rendezvous
 
 LEGACY_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index")
 # A script reads a legacy flag when it defines or parses it: argparse's
@@ -46,6 +49,158 @@ def files_read_legacy_flags(paths: Iterable[Path]) -> bool:
         if reads_legacy_flags(text):
             return True
     return False
+
+
+ROLELESS = "the tasks seem to have run without their roles (no cluster formed)"
+
+
+def roleless_ps_hint(facts: JobFacts) -> str:
+    """The fix when a parameter server exited 0 by itself: a ps only serves, so it ran
+    the script as a lone trainer, without its role (legacy flags read from a module the
+    scan missed, or not passed)."""
+    flags = "--ps_hosts/--worker_hosts/--job_name/--task_index"
+    if facts.legacy_flags:
+        return (f"a ps never exits by itself; it was given {flags} (--job_name=ps), so the "
+                f"script's ps must start a server (tf.compat.v1.train.Server) and join() it")
+    if facts.legacy_flags is False:
+        return (f"a ps never exits by itself; HyperTF passed no legacy flags: if the script "
+                f"(or a module it imports) reads {flags}, run it with --legacy-flags")
+    return (f"a ps never exits by itself; if the script (or a module it imports) reads "
+            f"{flags} and HyperTF did not pass them, run it with --legacy-flags")
+
+
+# -- the script and its own modules: read, never run ----------------------------------------
+# A script's flags may live in a module beside it (tf_cnn_benchmarks.py imports them from
+# benchmark_cnn.py): the scan follows its imports of modules in the script's own directory
+# (name.py or name/__init__.py, and their submodules), transitively, at most this much.
+MAX_SCAN_FILES = 50
+MAX_SCAN_BYTES = 8 * 1024 * 1024
+# What only a TF2 ParameterServerStrategy script names (its coordinator is the chief).
+TF2_PS_NAMES = frozenset({"ParameterServerStrategy", "ClusterCoordinator"})
+_TF2_PS_WORDS = re.compile(rf"\b(?:{'|'.join(sorted(TF2_PS_NAMES))})\b")
+
+
+@dataclass(frozen=True)
+class ScriptScan:
+    """What a script and the local modules it imports say: whether they read the legacy
+    flags, and whether they name ParameterServerStrategy or ClusterCoordinator (a TF2
+    parameter-server script, which needs a chief); ``files``: what was read."""
+
+    legacy_flags: bool = False
+    ps_strategy: bool = False
+    files: tuple[Path, ...] = ()
+    coordinator: str = ""  # why it rendezvouses on a coordinator ("": it does not say so)
+
+
+def scan_script(script: Path) -> ScriptScan:
+    """Read ``script`` and the modules of its own directory that it imports (found by
+    parsing, following their imports too), at most MAX_SCAN_FILES files and MAX_SCAN_BYTES
+    in all; nothing is executed. A file that cannot be read counts for nothing; one that
+    does not parse is still searched, but its imports are not followed."""
+    root = script.parent
+    todo, seen = [script], {script}
+    legacy = tf2_ps = False
+    budget = MAX_SCAN_BYTES
+    read: list[Path] = []
+    texts: list[str] = []
+    while todo and len(read) < MAX_SCAN_FILES and budget > 0:
+        path = todo.pop(0)
+        data = _read_source(path, min(MAX_SOURCE_BYTES, budget))
+        if data is None:
+            continue
+        read.append(path)
+        budget -= len(data)
+        text = data.decode(errors="replace")
+        texts.append(text)
+        legacy = legacy or reads_legacy_flags(text)
+        try:
+            tree = ast.parse(text, str(path))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            tf2_ps = tf2_ps or bool(_TF2_PS_WORDS.search(text))
+            continue
+        tf2_ps = tf2_ps or _names_tf2_ps(tree)
+        for found in _local_imports(tree, path, root):
+            if found not in seen:
+                seen.add(found)
+                todo.append(found)
+    return ScriptScan(legacy, tf2_ps, tuple(read), rendezvous.detect(texts, {})[1])
+
+
+def _read_source(path: Path, limit: int) -> bytes | None:
+    """A regular file's first ``limit`` bytes (never a FIFO's or a device's: opening one
+    could block, reading it never end); None when it cannot be read."""
+    try:
+        if not path.is_file():
+            return None
+        with open(path, "rb") as source:
+            return source.read(limit)
+    except OSError:
+        return None
+
+
+def _names_tf2_ps(tree: ast.AST) -> bool:
+    """The code (not a comment or a string) names ParameterServerStrategy or
+    ClusterCoordinator: tf.distribute.experimental.ParameterServerStrategy(...), an import
+    of it, or a bare name."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.alias):
+            name = node.name.rsplit(".", 1)[-1]
+        else:
+            continue
+        if name in TF2_PS_NAMES:
+            return True
+    return False
+
+
+def _local_imports(tree: ast.AST, path: Path, root: Path) -> list[Path]:
+    """The files of ``root`` (the script's directory) that the module at ``path`` imports:
+    ``import a.b`` (a and a.b), ``from a import b`` (a, and a/b.py when a is a package),
+    ``from . import b`` within a package below ``root``."""
+    found: list[Path] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found += _module_files(root, alias.name.split("."))
+        elif isinstance(node, ast.ImportFrom):
+            base = root
+            if node.level:  # relative: from the module's package, never above the script's
+                base = path.parent
+                for _ in range(node.level - 1):
+                    base = base.parent
+                if base != root and root not in base.parents:
+                    continue
+            parts = node.module.split(".") if node.module else []
+            found += _module_files(base, parts)
+            for alias in node.names:
+                if alias.name != "*" and (base / Path(*parts) if parts else base).is_dir():
+                    found += _module_files(base, [*parts, alias.name])
+    return found
+
+
+def _module_files(base: Path, parts: Sequence[str]) -> list[Path]:
+    """The files Python would run to import module ``parts`` from ``base``: each prefix's
+    ``name.py`` or ``name/__init__.py``, as far as they exist."""
+    files: list[Path] = []
+    at = base
+    for part in parts:
+        if not part.isidentifier():
+            break
+        module, package = at / f"{part}.py", at / part
+        if (package / "__init__.py").is_file():
+            files.append(package / "__init__.py")
+        elif module.is_file():
+            files.append(module)
+            break  # a module has no submodules
+        elif not package.is_dir():  # neither a module nor a (namespace) package here
+            break
+        at = package
+    if not parts and (base / "__init__.py").is_file():
+        files.append(base / "__init__.py")
+    return files
 
 
 def unknown_legacy_flag(lines: Sequence[str]) -> str | None:
@@ -178,11 +333,13 @@ TF1_WORKER_LEFT_WAITING = (
 @dataclass(frozen=True)
 class JobFacts:
     """What the launcher knows that changes a hint: whether the tasks ran with
-    TF_USE_LEGACY_KERAS=1, and whether tf-keras is in the nodes' virtualenv (their
-    preflight looked; None: not known, e.g. a node without the check)."""
+    TF_USE_LEGACY_KERAS=1, whether tf-keras is in the nodes' virtualenv (their
+    preflight looked; None: not known, e.g. a node without the check), and whether the
+    legacy flags were passed (None: not known)."""
 
     legacy_keras: bool = False
     tf_keras: bool | None = None
+    legacy_flags: bool | None = None
 
 
 # Its Keras hint is left out when TF_USE_LEGACY_KERAS=1 is set: tf.compat.v1 is then the fix.

@@ -310,7 +310,11 @@ class StartAnswer(NamedTuple):
 # -- preflight ------------------------------------------------------------------------------
 class PreflightAnswer(NamedTuple):
     """Can this node run the job: its problems (sentences for the user), whether the
-    script reads the legacy flags, tf-keras in the tasks' venv, and the node's protocol."""
+    script (or a local module it imports) reads the legacy flags, tf-keras in the tasks'
+    venv, the node's protocol, and whether the script names ParameterServerStrategy or
+    ClusterCoordinator (``ps_strategy``; None: not known, a node from before the field or
+    no script to read), and why it rendezvouses on a coordinator (``coordinator``: it
+    imports JAX, PyTorch...; "" it does not say so; None: not known)."""
 
     python: str
     problems: tuple[str, ...]
@@ -318,11 +322,14 @@ class PreflightAnswer(NamedTuple):
     legacy_flags: bool = False
     tf_keras: bool = False
     protocol: int = PROTOCOL_VERSION
+    ps_strategy: bool | None = None
+    coordinator: str | None = None
 
     def wire(self) -> dict[str, Any]:
         return {"python": self.python, "problems": list(self.problems),
                 "hostname": self.hostname, "legacy_flags": self.legacy_flags,
-                "tf_keras": self.tf_keras, "protocol": self.protocol}
+                "tf_keras": self.tf_keras, "ps_strategy": self.ps_strategy,
+                "coordinator": self.coordinator, "protocol": self.protocol}
 
     @classmethod
     def parse(cls, payload: object) -> PreflightAnswer:
@@ -330,9 +337,13 @@ class PreflightAnswer(NamedTuple):
         whose other fields are read as far as they go."""
         found = _object(payload, "a preflight answer")
         protocol = found.get("protocol", UNVERSIONED)
+        ps_strategy = found.get("ps_strategy")  # added within version 2: missing is unknown
+        coordinator = found.get("coordinator")  # likewise
         return cls(str(found.get("python", "")),
                    _strings(found.get("problems", []), "a preflight's problems"),
                    str(found.get("hostname", "")), bool(found.get("legacy_flags", False)),
                    bool(found.get("tf_keras", False)),
                    protocol if isinstance(protocol, int) and not isinstance(protocol, bool)
-                   else UNVERSIONED)
+                   else UNVERSIONED,
+                   ps_strategy if isinstance(ps_strategy, bool) else None,
+                   coordinator[:200] if isinstance(coordinator, str) else None)

@@ -16,9 +16,20 @@ Pure: the launcher builds it with TF_CONFIG (hypertf.core.spec.build).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import ast
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
 
 from hypertf.core.scheduler import Placement
+
+ROLE_ORDER = ("chief", "worker", "ps")  # TF_CONFIG's order of roles: the ranks' order
+
+
+def rank_order(placements: Iterable[Placement]) -> list[Placement]:
+    """The tasks in TF_CONFIG's order (chief, workers, ps; each by index): rank 0 first."""
+    return sorted((p for p in placements if p.role in ROLE_ORDER),
+                  key=lambda p: (ROLE_ORDER.index(p.role), p.index))
+
 
 # The variables, in the order docs/frameworks.md lists them (taskenv reserves them).
 RENDEZVOUS_ENV = (
@@ -77,3 +88,78 @@ def contract(ordered: Sequence[Placement], addresses: Mapping[str, str]
             "NODE_RANK": str(node_rank[p.host]),
         }
     return found
+
+
+class Readiness(StrEnum):
+    """What "started" means for a job, so its start-up deadline waits for the right ports:
+    every task's TensorFlow server (TF_CONFIG's peers connect to each), the coordinator
+    alone (JAX, Keras 3 on JAX, PyTorch: the others connect to rank 0 only), or no port at
+    all (a script that is not distributed)."""
+
+    TF = "tf"
+    COORDINATOR = "coordinator"
+    NONE = "none"
+
+
+READINESS_SAID = {  # what each means for the start-up deadline, as said at start
+    Readiness.TF: "every task's port must open before the start-up deadline",
+    Readiness.COORDINATOR: "only rank 0's port must open before the start-up deadline",
+    Readiness.NONE: "no port must open: the tasks are judged by their exits alone",
+}
+
+# Imports that say a script rendezvouses on a coordinator, and why, in the words said at start.
+COORDINATOR_IMPORTS = {
+    "jax": "it imports jax",
+    "torch.distributed": "it imports torch.distributed",
+    "torch": "it imports torch",
+}
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _keras_backend(tree: ast.AST) -> str | None:
+    """The KERAS_BACKEND a script sets itself (``os.environ["KERAS_BACKEND"] = "jax"`` or
+    ``os.environ.setdefault("KERAS_BACKEND", "jax")``), if it does."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if (isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant)
+                        and target.slice.value == "KERAS_BACKEND"):
+                    return str(node.value.value)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "setdefault" and len(node.args) == 2
+                and all(isinstance(a, ast.Constant) for a in node.args)
+                and node.args[0].value == "KERAS_BACKEND"):  # type: ignore[attr-defined]
+            return str(node.args[1].value)  # type: ignore[attr-defined]
+    return None
+
+
+def detect(sources: Iterable[str], env: Mapping[str, str]) -> tuple[Readiness | None, str]:
+    """The readiness a script's own code asks for, and why: a coordinator when it (or a
+    local module it imports: ``sources``) imports JAX or PyTorch, or Keras with the JAX
+    backend (set in the script or in the job's ``env``); None when nothing says (the
+    TensorFlow way, as before). Unparsable code says nothing."""
+    imports: set[str] = set()
+    backend = env.get("KERAS_BACKEND")
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        imports |= _imports(tree)
+        backend = _keras_backend(tree) or backend
+    for module, why in COORDINATOR_IMPORTS.items():
+        if any(name == module or name.startswith(module + ".") for name in imports):
+            return Readiness.COORDINATOR, why
+    if backend == "jax" and any(n == "keras" or n.startswith("keras.") for n in imports):
+        return Readiness.COORDINATOR, "it imports keras with KERAS_BACKEND=jax"
+    return None, ""

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 from hypertf.core import rendezvous
 from hypertf.core.records import GpuInfo
+from hypertf.core.rendezvous import rank_order
 from hypertf.core.scheduler import OFFLOAD, Placement, TaskSlot
-
-ROLE_ORDER = ("chief", "worker", "ps")
 
 
 def slots_for(ps: int, workers: int, chief: bool, worker_gpus: int, ps_gpus: int,
@@ -84,6 +83,8 @@ def fatal_servers(placements: Sequence[Placement]) -> set[str]:
     """Servers whose exit fails the job (a ps always; a PS-mode worker is tolerated)."""
     return {p.name for p in placements if p.role == "ps"}
 
+ROLE_ORDER = rendezvous.ROLE_ORDER  # TF_CONFIG's order of roles
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -97,13 +98,10 @@ class TaskSpec:
 
 def build(placements: Sequence[Placement], addresses: Mapping[str, str]) -> list[TaskSpec]:
     """``addresses`` maps task name ('worker:0') to 'host:port' on the data network."""
+    ordered = rank_order(placements)  # TF_CONFIG's order: the other frameworks' ranks
     cluster: dict[str, list[str]] = {}
-    ordered: list[Placement] = []  # TF_CONFIG's order: the ranks of the other frameworks
-    for role in ROLE_ORDER:
-        members = sorted((p for p in placements if p.role == role), key=lambda p: p.index)
-        if members:
-            cluster[role] = [addresses[p.name] for p in members]
-            ordered += members
+    for p in ordered:
+        cluster.setdefault(p.role, []).append(addresses[p.name])
     others = rendezvous.contract(ordered, addresses)
     specs = []
     for p in placements:

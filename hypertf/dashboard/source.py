@@ -34,13 +34,15 @@ class DataSource(Protocol):
     def logs(self, task_key: str) -> str: ...
 
 
-def sweep_rows() -> list[dict[str, Any]]:
-    """Every sweep under runs/sweeps (of the directory the dashboard runs in), its trials."""
+def sweep_rows(inventory: str | Path | None = None) -> list[dict[str, Any]]:
+    """The sweeps under runs/sweeps (of the directory the dashboard runs in) whose trials
+    run on ``inventory`` (None: every one), with their trials."""
     from hypertf.sweep import driver as sweeps
 
     found = []
-    for each in sweeps.list_sweeps():
-        found.append({"sweep": each.sweep_id, "metric": each.metric, "mode": each.mode,
+    for each in sweeps.list_sweeps(inventory):
+        found.append({"sweep": each.sweep_id, "inventory": each.inventory,
+                      "metric": each.metric, "mode": each.mode,
                       "created": each.created, "counts": each.counts(),
                       "running": sweeps.alive(each.driver_pid),
                       "trials": [asdict(result) for result in each.results()]})
@@ -78,7 +80,8 @@ class ClusterSource:
                                                       listed.notes(), strict=True)]
 
     def sweeps(self) -> list[dict[str, Any]]:
-        return sweep_rows()
+        """This cluster's sweeps: those of other inventories are not its."""
+        return sweep_rows(self.inventory.path)
 
     def logs(self, task_key: str) -> str:
         """The job's task logs as they are now, read on the nodes over SSH (the page polls)."""

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypertf.config.inventory import Inventory
+from hypertf.core import diagnose
+from hypertf.core.diagnose import ScriptScan
 from hypertf.core.errors import UsageError
 from hypertf.core.scheduler import Placement
 from hypertf.core.spec import build as build_spec
@@ -183,12 +185,11 @@ def service_address(name: str, namespace: str) -> Callable[[str, int], str]:
     return lambda role, index: f"{name}-{role}-{index}.{namespace}.svc:{PORT}"
 
 
-def script_reads_flags(request: TrainRequest) -> bool:
-    """Does the script read the legacy flags? Only what is on this machine can be read."""
-    from hypertf.core import diagnose
-
+def script_scan(request: TrainRequest) -> ScriptScan | None:
+    """What the script and the modules beside it that it imports say (legacy flags,
+    ParameterServerStrategy); only what is on this machine can be read (None: not here)."""
     path = Path(request.sync_dir or ".") / request.script
-    return diagnose.files_read_legacy_flags([path])
+    return diagnose.scan_script(path) if path.is_file() else None
 
 
 def script_in_image(request: TrainRequest) -> str:
@@ -238,7 +239,8 @@ def plan(request: TrainRequest, options: ExportOptions, setup: NodeSetup,
     placements = [Placement(s.role, s.index, address(s.role, s.index), ()) for s in slots]
     addresses = {p.name: p.host for p in placements}
     specs = build_spec(placements, addresses)
-    legacy = request.passes_legacy_flags(script_reads_flags(request))
+    scan = script_scan(request)
+    legacy = request.passes_legacy_flags(scan is not None and scan.legacy_flags)
     env_common = {**QUIET_ENV, **dict(setup.task_env), **request.env_vars()}
     if request.checkpoint_dir:
         env_common["HYPERTF_CHECKPOINT_DIR"] = request.checkpoint_dir
@@ -248,11 +250,12 @@ def plan(request: TrainRequest, options: ExportOptions, setup: NodeSetup,
         env = {**env_common, "HYPERTF_TASK_KEY": name, "HYPERTF_TASK": slot.name}
         if tf_config:
             env["TF_CONFIG"] = spec.tf_config
+        env.update(spec.rendezvous)  # Keras 3, JAX, torchrun: from the same names
         argv = ("python", script, *(spec.flags if legacy else ()), *request.args)
         tasks.append(ExportTask(slot.role, slot.index, slot.gpus,
                                 addresses[slot.name], env, argv))
     notes = [f"hypertf: {request.legacy_flags_note(legacy)}"]
-    notice = request.topology_notice()
+    notice = request.topology_notice(scan.ps_strategy if scan else None)
     if notice:
         notes.append(f"hypertf: {notice}")
     if not options.name:

@@ -26,6 +26,21 @@ def tf_config(job: ExportJob, role: str) -> str:
     return k8s.literal(text).replace(f'"{_MARKER}"', f"$({INDEX_ENV})")
 
 
+# The rendezvous variables that differ between a role's tasks (docs/frameworks.md): a pod
+# template has one value for all, so each is the pod's index where that is right.
+PER_TASK = ("RANK", "KERAS_DISTRIBUTION_PROCESS_ID", "JAX_PROCESS_ID", "NODE_RANK")
+
+
+def per_task_value(job: ExportJob, role: str, value: str, index: str | None) -> str | None:
+    """A rank variable in a role's template: its one task's value when it has one task; the
+    pod's ``index`` (an expression of the target) when the role's ranks start at 0 (the
+    workers of a job without a chief: rank = index, one task per pod, so NODE_RANK too);
+    else None, left out: a template cannot add an offset to an index."""
+    if len(job.roles()[role]) == 1:
+        return value
+    return index if index is not None and value == "0" else None
+
+
 def field(path: str) -> dict[str, Any]:
     return {"fieldRef": {"fieldPath": path}}
 
@@ -43,6 +58,10 @@ def environment(job: ExportJob, first: ExportTask, index_field: str,
             env.append({"name": name, "value": f"{first.role}:$({INDEX_ENV})"})
         elif name == "TF_CONFIG":
             env.append({"name": name, "value": tf_config(job, first.role)})
+        elif name in PER_TASK:
+            templated = per_task_value(job, first.role, value, f"$({INDEX_ENV})")
+            if templated is not None:
+                env.append({"name": name, "value": templated})
         else:
             env.append({"name": name, "value": k8s.literal(value)})
     return env

@@ -82,6 +82,16 @@ TARGETS: dict[str, Target] = {
 }
 
 
+RECOMMENDED = "jobset"  # the Kubernetes target: TFJob and Marathon are legacy
+
+
+def target_names() -> str:
+    """The targets as help text names them, from TARGETS: 'jobset (recommended), volcano,
+    ... or docker'; the CLI's help says this instead of a copy that misses a new one."""
+    names = [f"{name} (recommended)" if name == RECOMMENDED else name for name in TARGETS]
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def job_for(request: TrainRequest, options: ExportOptions,
             setup: NodeSetup | None = None) -> ExportJob:
     """The planned job for ``options.target`` (a UsageError for bad input)."""
@@ -175,8 +185,8 @@ def command(inventory: str | None, request: TrainRequest, options: ExportOptions
 
 
 EXPORT_OPTIONS: tuple[Option, ...] = (
-    Option("to", str, None, f"what to write: {', '.join(TARGETS)} (jobset: the Kubernetes "
-           "target; tfjob and marathon are legacy)", "TARGET", required=True),
+    Option("to", str, None, f"what to write: {', '.join(TARGETS)} ({RECOMMENDED}: the "
+           "Kubernetes target; tfjob and marathon are legacy)", "TARGET", required=True),
     Option("image", str, None, "the container image (every target but docker; the tag to "
            "build for docker)", "IMAGE"),
     Option("output", str, None, "write here instead of stdout (a directory: one file per kind "
@@ -213,7 +223,7 @@ def refuse_train_only(values: Mapping[str, Any]) -> None:
     given = [o.flag for o in TRAIN_ONLY if values.get(o.name, o.default) not in
              (o.default, None, False)]
     if given:
-        raise UsageError(f"export: {', '.join(given)} only mean something to 'hypertf train' "
+        raise UsageError(f"export: {', '.join(given)} apply only to 'hypertf train' "
                          f"(the target's scheduler does that part): leave "
                          f"{'them' if len(given) > 1 else 'it'} out (docs/kubernetes.md)")
 

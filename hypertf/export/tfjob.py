@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from hypertf.export import roletemplate
 from hypertf.export.job import ExportJob
 from hypertf.export.k8s import container, literal, priority_class
 from hypertf.export.kueue import QUEUE as KUEUE_QUEUE
@@ -29,8 +30,10 @@ NOTE = ("hypertf: the TFJob carries no TF_CONFIG: the training operator injects 
 def replica_spec(job: ExportJob, role: str) -> dict[str, Any]:
     tasks = job.roles()[role]
     first = tasks[0]
+    # no index variable here: a rank variable only for a role of one task
     env = [{"name": k, "value": literal(v)} for k, v in first.env.items()
-           if k != "HYPERTF_TASK"]
+           if k != "HYPERTF_TASK" and (k not in roletemplate.PER_TASK
+                                       or roletemplate.per_task_value(job, role, v, None))]
     main = container(job, first, CONTAINER, PORT_NAME, with_env=False)
     main["env"] = env
     # the per-task flags differ: the job name and index come from the pod's TF_CONFIG.

@@ -29,9 +29,10 @@ from hypertf.core import diagnose
 from hypertf.core import spec as specs
 from hypertf.core.errors import Cancelled, HyperTFError
 from hypertf.core.jobrecord import AttemptSummary, JobState, JobSummary
-from hypertf.core.monitor import Event, EventKind, Limits, Monitor, TaskState, Verdict
+from hypertf.core.monitor import Event, EventKind, Limits, Monitor, TaskState, Verdict, plural
 from hypertf.core.placement import Grant
 from hypertf.core.protocol import RunEnd, StopResult
+from hypertf.core.rendezvous import Readiness
 from hypertf.core.rundir import RunDir, make_private, write_private
 from hypertf.launch.fleet import Fleet
 from hypertf.launch.inbox import Inbox
@@ -53,6 +54,8 @@ class Job(StartingJob, Protocol):
     cpu_only: bool
     started_at: float
     max_port_retries: int
+    ps_strategy: bool | None  # the script names ParameterServerStrategy (None: not known)
+    readiness: Readiness  # which ports "started" waits for (decided by announce_flags)
 
     @property
     def tf_keras(self) -> Mapping[str, bool]:
@@ -147,8 +150,17 @@ def uninterruptible() -> Iterator[None]:
 
 
 def ended_by(err: HyperTFError) -> tuple[JobState, str]:
-    """The result and message a job or an attempt records when ``err`` ends it."""
-    return (JobState.INTERRUPTED if isinstance(err, Interrupted) else JobState.FAILED), str(err)
+    """The result and message a job or an attempt records when ``err`` ends it. An end
+    someone else made is named as the job record names it (``killed`` while it ran,
+    ``cancelled`` while it waited), never ``failed``."""
+    if isinstance(err, Interrupted):
+        return JobState.INTERRUPTED, str(err)
+    if isinstance(err, JobKilled):
+        return JobState.KILLED, str(err)
+    if isinstance(err, Cancelled):  # said once: the job re-reads its attempt's error
+        said = "hypertf cancel took it out of the queue; nothing ran"
+        return JobState.CANCELLED, str(err) if said in str(err) else f"{err}: {said}"
+    return JobState.FAILED, str(err)
 
 
 @dataclass(frozen=True)
@@ -232,6 +244,9 @@ class Attempt:
                     for host in self._hosts()})
             self.result, self.message = JobState.SUCCEEDED, "all finishers exited 0"
             return Outcome(verdict, self.message)
+        except Cancelled as err:  # it left the queue: say so as the record does
+            self.result, self.message = ended_by(err)
+            raise Cancelled(self.message) from None
         except HyperTFError as err:
             self.result, self.message = ended_by(err)
             raise
@@ -258,12 +273,14 @@ class Attempt:
                             "; ".join(f"{h}: {v}" for h, v in failed.items()))
         if busy:
             return busy
-        self.say(f"hypertf: job {self.task_key}: started {len(self.tasks)} tasks: " + ", ".join(
+        listed = ", ".join(
             f"{t.name}@{t.placement.host}:{t.port}"
             + (f" GPU {','.join(map(str, t.placement.gpus))}" if t.placement.gpus else "")
             for t in self.tasks.values())
-            + (f"; their matrix products offloaded to {', '.join(self.offload_hosts)}"
-               if self.offload_hosts else ""))
+        offloaded = (f"; their matrix products offloaded to {', '.join(self.offload_hosts)}"
+                     if self.offload_hosts else "")
+        self.say(f"hypertf: job {self.task_key}: started {plural(len(self.tasks), 'task')}: "
+                 f"{listed}{offloaded}")
         return busy
 
     # -- watch ----------------------------------------------------------------------------
@@ -274,9 +291,11 @@ class Attempt:
         request = job.request
         limits = Limits(start_timeout=request.start_timeout, timeout=request.timeout,
                         idle_timeout=request.idle_timeout, idle_fail=request.idle_fail,
-                        host_silence=max(2 * job.inventory.cluster.ssh_timeout, 10.0))
+                        host_silence=max(2 * job.inventory.cluster.ssh_timeout, 10.0),
+                        readiness=job.readiness)
         monitor = Monitor(self.tasks, limits, time.monotonic(), logs_hint=f"{self.local_dir}/",
-                          idle_causes=job.request.idle_causes(self.legacy_flags),
+                          idle_causes=job.request.idle_causes(self.legacy_flags,
+                                                              job.ps_strategy),
                           facts=self.facts())
         while True:
             event = inbox.next(timeout=0.2) or Event(EventKind.TICK)
@@ -305,7 +324,8 @@ class Attempt:
 
     def facts(self) -> diagnose.JobFacts:
         """What a failure's hint may rely on: TF_USE_LEGACY_KERAS=1 on every task's host,
-        and tf-keras in every host's venv (preflight's answer; None if a host did not say)."""
+        tf-keras in every host's venv (preflight's answer; None if a host did not say), and
+        whether the legacy flags were passed."""
         job = self.job
         hosts = sorted(self._hosts())
         legacy = bool(hosts) and all(
@@ -316,7 +336,8 @@ class Attempt:
                     if hosts and all(host in known for host in hosts) else None)
         if any(known.get(host) is False for host in hosts):
             tf_keras = False
-        return diagnose.JobFacts(legacy_keras=legacy, tf_keras=tf_keras)
+        return diagnose.JobFacts(legacy_keras=legacy, tf_keras=tf_keras,
+                                 legacy_flags=self.legacy_flags)
 
     # -- stop, release, report ------------------------------------------------------------
     def stop(self) -> GroupResult[dict[str, StopResult]]:

@@ -15,7 +15,7 @@ from types import TracebackType
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from hypertf.core.errors import HyperTFError
+from hypertf.core.errors import Cancelled, HyperTFError
 
 
 def quiet_kazoo() -> None:
@@ -30,7 +30,9 @@ def run(func: Callable[[], int]) -> int:
     try:
         return func()
     except HyperTFError as err:
-        print(f"hypertf: error: {err}", file=sys.stderr)
+        # a job someone ended (hypertf cancel or kill) is no error of the job: no "error:"
+        ended = err.exit_code == Cancelled.exit_code
+        print(f"hypertf: {'' if ended else 'error: '}{err}", file=sys.stderr)
         return err.exit_code
     except (KazooException, KazooTimeoutError) as err:  # an outage, not a bug
         print(f"hypertf: error: ZooKeeper failed ({type(err).__name__}: {err or 'no detail'}); "

@@ -23,11 +23,13 @@ from kazoo.client import KazooState
 
 from hypertf import store
 from hypertf.config.inventory import Inventory
+from hypertf.core import diagnose
 from hypertf.core.errors import HyperTFError
 from hypertf.core.jobrecord import AttemptSummary, JobState, JobSummary
 from hypertf.core.monitor import Verdict
 from hypertf.core.placement import new_task_key
 from hypertf.core.records import AgentRecord
+from hypertf.core.rendezvous import READINESS_SAID, Readiness
 from hypertf.core.rundir import checkpoint_dir
 from hypertf.core.scheduler import Policy
 from hypertf.core.timeline import Timeline
@@ -46,7 +48,7 @@ from hypertf.launch.attempt import (
 from hypertf.launch.fleet import SshFleet
 from hypertf.launch.lease import StoreLease
 from hypertf.launch.placer import KeeperPlacer, StoreWaitQueue
-from hypertf.launch.preflight import EARLY_PREFLIGHT_HOSTS, Preflight, script_path
+from hypertf.launch.preflight import EARLY_PREFLIGHT_HOSTS, Preflight, local_script, script_path
 from hypertf.launch.reporter import Reporter
 from hypertf.launch.request import LegacyFlags, TrainRequest
 from hypertf.launch.roster import Roster
@@ -110,6 +112,9 @@ class Job:
         self.result = JobState.FAILED  # succeeded, failed or interrupted
         self.message = ""
         self.flags_announced = False
+        # whether the script names ParameterServerStrategy (None: not known), once announced
+        self.ps_strategy: bool | None = None
+        self.readiness = Readiness.TF  # which ports "started" waits for (decided at start)
         self.cpu_only = False
         self.attempts: list[Attempt] = []
         self.first_key = first_key  # a detached launcher's key, chosen by its parent
@@ -161,23 +166,61 @@ class Job:
         """Whether the legacy flags are passed; said once per job, with what ends it."""
         passed = self.request.passes_legacy_flags(self.preflight.script_reads_flags)
         if not self.flags_announced:
+            self.ps_strategy = self.script_ps_strategy()
             self.say(f"hypertf: {self.request.legacy_flags_note(passed)}")
-            notice = self.request.topology_notice()
+            notice = self.request.topology_notice(self.ps_strategy)
             if notice:
                 self.say(f"hypertf: {notice}")
-            warning = self.hang_warning(passed)
+            warning = self.hang_warning(passed, self.ps_strategy)
             if warning:
                 self.say(f"hypertf: warning: {warning}")
+            self.readiness, why = self.decide_readiness()
+            if self.readiness is not Readiness.TF:
+                self.say(f"hypertf: rendezvous: {self.readiness} ({READINESS_SAID[self.readiness]}"
+                         f"): {why}; --rendezvous tf|coordinator|none chooses")
             self.flags_announced = True
         return passed
 
-    def hang_warning(self, passed: bool) -> str | None:
-        """ps tasks, no chief, and no legacy flags for the script: only a TF1 script that
-        reads its cluster from the flags finishes in that shape (its workers are the
+    def decide_readiness(self) -> tuple[Readiness, str]:
+        """What "started" waits for, and why: --rendezvous, else the script's own imports
+        (read here when it is a file here, else as the nodes read it), else a
+        KERAS_BACKEND=jax in the job's --env, else TensorFlow's way (every task's port)."""
+        if self.request.rendezvous:
+            return Readiness(self.request.rendezvous), "--rendezvous"
+        local = local_script(self.request)
+        why = diagnose.scan_script(local).coordinator if local is not None \
+            else self.preflight.script_coordinator
+        if not why and self.request.env_vars().get("KERAS_BACKEND") == "jax":
+            why = "the job's --env sets KERAS_BACKEND=jax"
+        if not why:
+            return Readiness.TF, ""
+        return Readiness.COORDINATOR, f"the script {why[3:]}" if why.startswith("it ") else why
+
+    def script_ps_strategy(self) -> bool | None:
+        """Does the script, or a module beside it that it imports, name
+        ParameterServerStrategy or ClusterCoordinator? Read here when the script is a file
+        here (--sync: in DIR), else as the nodes' preflight read it; None: not known."""
+        local = local_script(self.request)
+        if local is not None:
+            return diagnose.scan_script(local).ps_strategy
+        return self.preflight.script_ps_strategy
+
+    def hang_warning(self, passed: bool, ps_strategy: bool | None = None) -> str | None:
+        """ps tasks, no chief: only a TF1 script finishes in that shape (its workers are the
         finishers). A TF2 ParameterServerStrategy script's workers and ps only serve, so
-        the job would wait for ever, silently: say so before it starts. A warning, not a
-        refusal: a TF1 script may read TF_CONFIG itself and then runs fine."""
-        if not self.request.ps or self.request.chief or passed:
+        the job would wait for ever, silently: say so before it starts, when the script
+        names ParameterServerStrategy (``ps_strategy``), or, not known, when it reads no
+        legacy flags. A script known to name neither it nor ClusterCoordinator is TF1 (one
+        that reads TF_CONFIG breaks on a chief): no word of --chief. A warning, not a
+        refusal."""
+        if not self.request.ps or self.request.chief or ps_strategy is False:
+            return None
+        if ps_strategy:
+            return ("ps tasks and no --chief, but the script names ParameterServerStrategy "
+                    "or ClusterCoordinator (TF2): its workers and ps only serve and the job "
+                    "hangs (nothing ends it but --timeout, --idle-fail or Ctrl-C); run it "
+                    "with --chief")
+        if passed:
             return None
         why = ("--no-legacy-flags" if self.request.legacy_flags == LegacyFlags.OFF
                else "the script reads no legacy flags (--ps_hosts ...)")

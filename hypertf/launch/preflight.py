@@ -2,7 +2,8 @@
 host a job will use, checked before anything is started or allocated.
 
 ``Preflight`` keeps what the job learnt (which hosts passed, as task hosts or as offload
-hosts; tf-keras in each venv; whether the script reads the legacy flags), and only the
+hosts; tf-keras in each venv; whether the script reads the legacy flags, whether it names
+ParameterServerStrategy), and only the
 launcher's main thread changes it. A round is two steps: ``ask`` (the hosts, the cache;
 writes nothing of the job) and ``take`` (records the answers). So the round a waiting job
 runs in another thread (``EarlyPreflight``) hands its answers back through a queue, and
@@ -61,6 +62,8 @@ class Preflight:
         self.offload_checked: set[str] = set()
         self.tf_keras: dict[str, bool] = {}  # tf-keras in each host's venv
         self.script_reads_flags = False
+        self.ps_strategy: dict[str, bool | None] = {}  # each host's answer (None: unknown)
+        self.coordinator: dict[str, str | None] = {}  # why it needs a coordinator, per host
 
     def run(self, hosts: list[str], offload: Set[str]) -> None:
         """Preflight ``hosts``, in parallel; hosts that passed are remembered (and their
@@ -111,9 +114,30 @@ class Preflight:
         self.script_reads_flags |= any(v.legacy_flags for v in passed.values())
         self.tf_keras.update({host: v.tf_keras for host, v in passed.items()
                               if host not in lent})
+        self.ps_strategy.update({host: v.ps_strategy for host, v in passed.items()
+                                 if host not in lent})
+        self.coordinator.update({host: v.coordinator for host, v in passed.items()
+                                 if host not in lent})
         self.preflighted.update(h for h in passed if h not in lent)
         self.offload_checked.update(h for h in passed if h in lent)
         return answers.results
+
+    @property
+    def script_ps_strategy(self) -> bool | None:
+        """Does the script (or a local module it imports) name ParameterServerStrategy or
+        ClusterCoordinator, as the nodes read it? None: no node said (nodes from before the
+        answer had the field, or the script comes with --sync)."""
+        said = list(self.ps_strategy.values())
+        if any(said):
+            return True
+        return False if said and all(v is False for v in said) else None
+
+    @property
+    def script_coordinator(self) -> str | None:
+        """Why the script rendezvouses on a coordinator as the nodes read it ("it imports
+        jax"), "" when no node found a sign of it, None when no node said."""
+        said = [v for v in self.coordinator.values() if v is not None]
+        return next((v for v in said if v), "" if said else None)
 
     def unchecked(self, hosts: Iterable[str], offload: Set[str]) -> list[str]:
         """Those of ``hosts`` not yet preflighted for their part (a task's or an offload
@@ -174,6 +198,12 @@ class EarlyPreflight:
             answers = self._answers.get(timeout=timeout)
             if answers is not None:
                 self.preflight.take(answers)
+
+
+def local_script(request: TrainRequest) -> Path | None:
+    """The script as a file on this machine (with --sync: in DIR), if it is one here."""
+    path = Path(request.sync_dir or ".") / request.script
+    return path if path.is_file() else None
 
 
 def script_path(request: TrainRequest) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 from hypertf.config import environment
 from hypertf.config.inventory import Node
 from hypertf.config.paths import state_home
+from hypertf.core import diagnose
 from hypertf.core.protocol import PROTOCOL_VERSION
 
 FILE_NAME = "preflight-cache.json"
@@ -48,6 +49,19 @@ def _digest(path: str | os.PathLike[str] | None) -> str | None:
         return None
 
 
+def _script_digest(script: str) -> str | None:
+    """The script's content and that of the local modules it imports (its flags may live
+    there: diagnose.scan_script), so an edited module beside it is a miss too."""
+    path = Path(script)
+    digest = hashlib.sha256()
+    try:
+        for source in diagnose.scan_script(path).files or (path,):
+            digest.update(str(source).encode() + b"\0" + source.read_bytes())
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
 class PreflightCache:
     """Preflight answers per (host, venv, script digest), each valid ``ttl`` seconds."""
 
@@ -58,7 +72,8 @@ class PreflightCache:
         self.clock = clock
         self._known_hosts = _digest(known_hosts)
         # a relative script is a path on the node (its work dir): no local content to key by
-        self._script = _digest(script) if not script or Path(script).is_absolute() else None
+        self._script = ("" if not script else _script_digest(script)
+                        if Path(script).is_absolute() else None)
         self.script = script
 
     @property

@@ -20,6 +20,7 @@ from hypertf.config.inventory import Node
 from hypertf.config.settings import ENV_NAME, check_env
 from hypertf.core import diagnose
 from hypertf.core.errors import UsageError
+from hypertf.core.rendezvous import Readiness
 from hypertf.core.rundir import RunDir
 from hypertf.core.scheduler import POLICIES, Policy, TaskSlot
 from hypertf.core.spec import slots_for
@@ -59,6 +60,7 @@ class TrainRequest:
     workdir: str | None = None  # the tasks' working directory (default: one per task)
     start_timeout: float = 120.0
     timeout: float | None = None
+    rendezvous: str | None = None  # a Readiness's text; None: from the script's imports
     legacy_flags: LegacyFlags = LegacyFlags.AUTO
     grace: float = 5.0
     args: tuple[str, ...] = ()
@@ -103,6 +105,7 @@ class TrainRequest:
             gpus_per_worker=values["gpus_per_worker"], gpus_per_ps=values["gpus_per_ps"],
             gpus_per_chief=values["gpus_per_chief"], sync_dir=values["sync"],
             workdir=values["workdir"], start_timeout=values["start_timeout"],
+            rendezvous=values["rendezvous"],
             timeout=values["timeout"], grace=values["grace"], legacy_flags=legacy,
             env=tuple(values["env"] or ()), idle_timeout=values["idle_timeout"] or None,
             idle_fail=values["idle_fail"], max_restarts=values["max_restarts"],
@@ -201,18 +204,23 @@ class TrainRequest:
         return (f"legacy flags (--ps_hosts, --worker_hosts, --job_name, --task_index) "
                 f"{'passed' if passed else 'not passed'}: {why}")
 
-    def topology_notice(self) -> str | None:
-        """What ends the job, said before it starts: a wrong guess here is a silent hang."""
+    def topology_notice(self, ps_strategy: bool | None = None) -> str | None:
+        """What ends the job, said before it starts: a wrong guess here is a silent hang.
+        ``ps_strategy``: whether the script names ParameterServerStrategy or
+        ClusterCoordinator (None: not known); --chief is suggested unless it does not (a
+        TF1 script that reads TF_CONFIG breaks on a 'chief' task type)."""
         if self.ps and not self.chief:
             return ("ps and no chief: the job ends when every worker has exited 0 (TF1 "
-                    "between-graph); a TF2 ParameterServerStrategy script needs --chief (its "
-                    "workers and ps only serve)")
+                    "between-graph)" + ("" if ps_strategy is False else
+                                        "; a TF2 ParameterServerStrategy script needs --chief "
+                                        "(its workers and ps only serve)"))
         return None
 
-    def idle_causes(self, legacy_flags: bool = False) -> str:
+    def idle_causes(self, legacy_flags: bool = False, ps_strategy: bool | None = None) -> str:
         """What usually keeps every task listening and silent, for this shape of job
-        (``legacy_flags``: the script reads them, so it is TF1 between-graph, not TF2)."""
-        if self.ps and not self.chief and legacy_flags:
+        (``legacy_flags``: the script reads them, so it is TF1 between-graph, not TF2;
+        ``ps_strategy`` False: it names no ParameterServerStrategy, so TF1 too)."""
+        if self.ps and not self.chief and (legacy_flags or ps_strategy is False):
             return ("a TF1 between-graph worker waiting for worker 0 to initialise the model, "
                     "or for a peer (without device_filters its session waits for every task "
                     "of the cluster spec)")
@@ -241,6 +249,9 @@ class TrainRequest:
                              f"not {self.legacy_flags!r}")
         if self.policy not in POLICIES:
             raise UsageError(f"unknown policy {self.policy!r}; choose {' or '.join(POLICIES)}")
+        if self.rendezvous is not None and self.rendezvous not in set(Readiness):
+            raise UsageError(f"--rendezvous must be one of {', '.join(Readiness)}, not "
+                             f"{self.rendezvous!r}")
         if not self.start_timeout > 0 or (self.timeout is not None and not self.timeout > 0):
             raise UsageError("--start-timeout and --timeout must be positive seconds")
         if self.idle_timeout is not None and not self.idle_timeout > 0:
@@ -337,6 +348,10 @@ TRAIN_OPTIONS: tuple[Option, ...] = (
            "<task>/ (with --sync: the synced copy)", "DIR"),
     Option("start_timeout", float, R.start_timeout,
            "seconds for every task to listen on its port (default 120)", "S"),
+    Option("rendezvous", str, R.rendezvous, "which ports 'started' waits for: tf (every "
+           "task's, TensorFlow's cluster), coordinator (rank 0's: JAX, Keras 3 on JAX, "
+           "PyTorch) or none; default: coordinator when the script imports jax or torch, else "
+           "tf (docs/frameworks.md)", "MODE"),
     Option("timeout", float, R.timeout, "seconds for the whole job (default none)", "S"),
     Option("grace", float, R.grace, "seconds from SIGTERM to SIGKILL when stopping tasks "
            "(default 5)", "S"),

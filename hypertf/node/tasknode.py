@@ -624,12 +624,16 @@ def preflight(workdir: str, script: str, venv: str | None = None) -> dict[str, A
         problems.append(f"work dir {workdir} is not writable ({err.strerror})")
     if script and not (work / script).is_file():
         problems.append(f"script {script} not found (relative paths start in {workdir})")
-    reads_flags = bool(script) and diagnose.files_read_legacy_flags([work / script])
+    # the script and the modules beside it that it imports (its flags may live there)
+    scan = diagnose.scan_script(work / script) if script else None
     # tf-keras in this venv (the tasks' venv): a Keras 3 error's hint says whether
     # TF_USE_LEGACY_KERAS=1 would work as is. find_spec imports nothing (fast).
     tf_keras = importlib.util.find_spec("tf_keras") is not None
     return wire.PreflightAnswer(sys.executable, tuple(problems), socket.gethostname(),
-                                reads_flags, tf_keras, wire.PROTOCOL_VERSION).wire()
+                                bool(scan and scan.legacy_flags), tf_keras,
+                                wire.PROTOCOL_VERSION,
+                                scan.ps_strategy if scan and scan.files else None,
+                                scan.coordinator if scan and scan.files else None).wire()
 
 
 def venv_problems(venv: str) -> list[str]:

@@ -252,17 +252,18 @@ def render_compact(status: dict[str, Any], console: Console) -> None:
              f"{free} of {total} GPUs free",
              "GPU driver: " + "; ".join(f"{name} ({count} hosts)"
                                         for name, count in sorted(drivers.items())),
-             f"{'host':<{name_w}}  {'agent':<11}  {'data address':<{addr_w}}  GPUs"]
+             f"{'host':<{name_w}}  {'agent':<16}  {'data address':<{addr_w}}  GPUs"]
     said: dict[tuple[int, str], str] = {}  # hosts that share a row (collect) share its text
     for host in hosts:
-        agent = (f"up {host['heartbeat_age_s']:.0f}s ago" if host["agent"] == AgentState.UP
-                 else "down")
+        # the age of the agent's last heartbeat, not how long it has been up
+        agent = (f"up, seen {host['heartbeat_age_s']:.0f}s ago"
+                 if host["agent"] == AgentState.UP else "down")
         address = host["data_addr"] or host["address"] or ""
         cpu = "; CPU only " + ",".join(host["cpu_jobs"]) if host.get("cpu_jobs") else ""
         gpus = said.get(shared := (id(host["gpus"]), host["agent"]))
         if gpus is None:
             gpus = said[shared] = _compact_gpus(host)
-        lines.append(f"{host['name']:<{name_w}}  {agent:<11}  {address:<{addr_w}}  {gpus}{cpu}")
+        lines.append(f"{host['name']:<{name_w}}  {agent:<16}  {address:<{addr_w}}  {gpus}{cpu}")
     console.file.write("\n".join(lines) + "\n")  # plain text: rich's wrapping of 10,000
     console.file.flush()  # lines took longer than building them
 
@@ -289,7 +290,7 @@ def render(status: dict[str, Any], console: Console | None = None) -> None:
     if cpu_jobs:
         table.add_column("CPU only (ps, offload)")
     for host in status["hosts"]:
-        agent = (f"[green]up[/] {host['heartbeat_age_s']:.0f}s ago"
+        agent = (f"[green]up[/], seen {host['heartbeat_age_s']:.0f}s ago"
                  if host["agent"] == AgentState.UP else "[red]down[/]")
         cells = [_gpu_cell(g) for g in host["gpus"]]
         if host["agent"] == AgentState.UP and not host["gpus"]:

@@ -16,12 +16,25 @@ written (a sweep does not depend on it).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 TENSORBOARD = "tensorboard"
 CONFIG_SUFFIX = ".config"
+QUIET_TENSORFLOW = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")  # of taskstart.QUIET_ENV
+
+
+def quiet_tensorflow() -> None:
+    """TensorBoard's HParams API imports TensorFlow where it is installed, and its C++
+    start-up banners (oneDNN, cpu_feature_guard) would land among the sweep's own lines:
+    the driver takes the quiet logging every task gets, before that import (a value the
+    user set stays; the trial launchers it starts inherit it, harmlessly)."""
+    from hypertf.launch.taskstart import QUIET_ENV
+
+    for name in QUIET_TENSORFLOW:
+        os.environ.setdefault(name, QUIET_ENV[name])
 
 
 def board_dir(sweep_dir: Path) -> Path:
@@ -63,6 +76,7 @@ def record_trial(sweep_dir: Path, metric: str | None, trials: Sequence[Mapping[s
                  trial: Mapping[str, Any]) -> Path | None:
     """Write ``trial`` (its params and metric) and the experiment of all ``trials``; the
     trial's run directory, or None where tensorboard is not installed."""
+    quiet_tensorflow()
     try:
         from tensorboard.plugins.hparams import api as hp
         from tensorboard.plugins.scalar.summary_v2 import scalar_pb

@@ -362,12 +362,22 @@ def cancel(sweep_id: str, kill_job: Any) -> list[str]:
     return ended
 
 
-def list_sweeps() -> list[Sweep]:
+def list_sweeps(inventory: str | Path | None = None) -> list[Sweep]:
+    """The sweeps under runs/sweeps, newest first; with ``inventory``, only those whose
+    trials run on it (the same file, however it was spelt): another cluster's sweeps are
+    not this one's."""
     found = []
     for path in sorted(SWEEPS.glob("*/sweep.json"), reverse=True):
         with contextlib.suppress(OSError, ValueError, TypeError):
             found.append(Sweep(**json.loads(path.read_text())))
-    return found
+    if inventory is None:
+        return found
+    return [sweep for sweep in found if same_file(sweep.inventory, inventory)]
+
+
+def same_file(one: str | Path, other: str | Path) -> bool:
+    """Two spellings of one path (relative ones from here, where the sweeps are)."""
+    return os.path.realpath(one) == os.path.realpath(other)
 
 
 def detach(sweep: Sweep, env: Mapping[str, str]) -> int:

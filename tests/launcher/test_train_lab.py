@@ -25,6 +25,8 @@ from tests.launcher.helpers import (
     until_line,
 )
 
+FAKE_PS_STRATEGY = str(Path(FAKE).with_name("fake_ps_strategy.py"))
+
 
 def placements(summary: dict) -> list[tuple[str, str, list[int]]]:
     return [(t["task"], t["host"], t["gpus"]) for t in summary["tasks"]]
@@ -108,7 +110,7 @@ def test_task_that_never_listens_hits_the_startup_deadline(lab, tmp_path):
                    "--start-timeout", "4", "--", "--work_s", "600", "--never_listen_on",
                    "worker:1", cwd=tmp_path)
     assert done.returncode == 1
-    assert "start-up deadline: worker:1@h2 not listening on their port after 4 s" in done.stderr
+    assert "start-up deadline: worker:1@h2 not listening on its port after 4 s" in done.stderr
     (summary,) = summaries(tmp_path)
     assert processes_of(lab.inventory, summary["task_key"]) == {}
     assert all_free(lab.inventory)
@@ -203,8 +205,9 @@ def test_kill_from_another_terminal_and_list_jobs(lab, tmp_path):
                         "--work_s", "600", cwd=tmp_path)
     key = task_key(until_line(job, "tasks listening"))
     listing = hypertf("jobs", "-i", lab.inventory, cwd=tmp_path)
-    assert re.search(rf"{key}  running +\S+@\S+  submitted [\d-]+ [\d:]+  waited -  ran "
-                     rf"[\d:]+  {re.escape(FAKE)}  worker:0@h1, worker:1@h2",
+    assert listing.stdout.startswith("TASK KEY"), listing.stdout  # then one row per job
+    assert re.search(rf"{key} +running +\S+@\S+ +[\d-]+ [\d:]+ +- +[\d:]+ +"
+                     rf"{re.escape(FAKE)} +worker:0@h1, worker:1@h2",
                      listing.stdout), listing.stdout
     killed = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
     assert killed.returncode == 0 and "lease dropped" in killed.stdout
@@ -263,12 +266,13 @@ def test_env_reaches_every_task_over_the_inventory_env(lab, tmp_path):
 
 
 def test_ps_without_chief_says_what_ends_the_job_and_an_idle_job_is_named(lab, tmp_path):
-    """ps and no chief: the start says the workers finish and TF2 PS scripts need --chief;
-    every task listening and silent past --idle-timeout ends the job with --idle-fail."""
+    """ps and no chief: the start says the workers finish and TF2 PS scripts need --chief
+    (this one names ParameterServerStrategy); every task listening and silent past
+    --idle-timeout ends the job with --idle-fail."""
     never = tmp_path / "never"
-    done = hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "1", "--ps", "1",
-                   "--idle-timeout", "3", "--idle-fail", "--", "--until_file", str(never),
-                   cwd=tmp_path)
+    done = hypertf("train", "-i", lab.inventory, "--script", FAKE_PS_STRATEGY, "--worker", "1",
+                   "--ps", "1", "--idle-timeout", "3", "--idle-fail", "--", "--until_file",
+                   str(never), cwd=tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert "a TF2 ParameterServerStrategy script needs --chief" in out
@@ -308,11 +312,11 @@ def test_tasks_that_exit_on_their_own_after_the_first_failure_keep_their_exit_co
 
 
 def test_ps_without_chief_for_a_script_without_legacy_flags_warns_of_the_hang(lab, tmp_path):
-    """ps, no --chief, a script that reads no legacy flags: a TF2 ParameterServerStrategy
-    script would hang; the start says so, and without --idle-fail the idle warning comes
-    back with the time instead of the launcher waiting silently."""
+    """ps, no --chief, a script that names ParameterServerStrategy: it would hang; the
+    start says so, and without --idle-fail the idle warning comes back with the time
+    instead of the launcher waiting silently."""
     finish = finish_file(tmp_path)
-    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE, "--worker", "1",
+    job = start_hypertf("train", "-i", lab.inventory, "--script", FAKE_PS_STRATEGY, "--worker", "1",
                         "--ps", "1", "--idle-timeout", "1", "--", "--until_file", str(finish),
                         cwd=tmp_path)
     lines = until_line(job, "still no line from any task after")
@@ -320,8 +324,8 @@ def test_ps_without_chief_for_a_script_without_legacy_flags_warns_of_the_hang(la
     out, _ = job.communicate(timeout=120)
     out = "".join(lines) + out
     assert job.returncode == 0, out
-    assert ("hypertf: warning: ps tasks, no --chief, and the script reads no legacy flags "
-            "(--ps_hosts ...): if this is a TF2 ParameterServerStrategy script, its workers "
-            "and ps only serve and the job hangs") in out
+    assert ("hypertf: warning: ps tasks and no --chief, but the script names "
+            "ParameterServerStrategy or ClusterCoordinator (TF2): its workers and ps only "
+            "serve and the job hangs") in out
     assert "none has written a line for 1 s" in out
     assert all_free(lab.inventory)

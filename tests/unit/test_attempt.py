@@ -236,7 +236,7 @@ def test_a_dropped_lease_is_a_kill_and_ctrl_c_an_interruption(
     with pytest.raises(JobKilled, match="its lease was dropped"):
         killed.run(list(HOSTS), {})
     assert fleet.stops == [["h1", "h2"]]
-    assert lease.released[-1] == (killed.task_key, JobState.FAILED, ["h1", "h2"])
+    assert lease.released[-1] == (killed.task_key, JobState.KILLED, ["h1", "h2"])
 
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))  # Ctrl-C
     fleet.on_start = timer.start

@@ -765,3 +765,39 @@ def test_cli_export_help_lists_only_its_own_options():
         assert flag not in done.stdout
     for flag in ("--to", "--queue", "--max-restarts", "--cpu", "jobset", "volcano"):
         assert flag in done.stdout
+
+
+def test_jobset_gives_every_pod_the_frameworks_rendezvous_from_stable_hostnames():
+    """docs/frameworks.md: the same variables as `hypertf train`, from the JobSet's stable
+    pod names; the ranks from each pod's completion index (one task per pod)."""
+    js = documents("jobset", request(workers=3))[-1]
+    container = replicated(js)["worker"]["template"]["spec"]["template"]["spec"][
+        "containers"][0]
+    envs = [pod_env(container, {jobset.COMPLETION_INDEX: str(i), jobset.RESTART_ATTEMPT: "0"})
+            for i in range(3) for jobset in [__import__("hypertf.export.jobset",
+                                                        fromlist=["jobset"])]]
+    cluster = json.loads(envs[0]["TF_CONFIG"])["cluster"]["worker"]
+    for index, env in enumerate(envs):
+        assert env["RANK"] == env["JAX_PROCESS_ID"] == env["NODE_RANK"] == str(index)
+        assert env["KERAS_DISTRIBUTION_PROCESS_ID"] == str(index)
+        assert env["WORLD_SIZE"] == env["JAX_NUM_PROCESSES"] == "3"
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("0", "1")  # a pod each
+        assert env["JAX_COORDINATOR_ADDRESS"] == cluster[0]  # worker 0's stable name
+        assert f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" == cluster[0]
+        assert env["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == ",".join(cluster)
+    assert cluster[0].split(":")[0].split(".")[0].endswith("worker-0-0")
+
+
+def test_a_role_whose_ranks_do_not_start_at_zero_gets_no_rank_in_its_template():
+    """With a chief, worker i is rank i + 1: a template cannot add, so the workers' pods get
+    the shared variables only; the chief (one task) gets its rank."""
+    js = documents("jobset", request(workers=2, chief=True))[-1]
+    names = {role: {e["name"]: e.get("value") for e in
+                    r["template"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+             for role, r in replicated(js).items()}
+    assert names["chief"]["RANK"] == "0" and "MASTER_ADDR" in names["worker"]
+    assert "RANK" not in names["worker"] and names["worker"]["WORLD_SIZE"] == "3"
+    k8s_envs = {d["metadata"]["name"]: {e["name"]: e["value"] for e in
+                                        d["spec"]["template"]["spec"]["containers"][0]["env"]}
+                for d in documents("k8s", request(workers=2, chief=True)) if d["kind"] == "Job"}
+    assert sorted(e["RANK"] for e in k8s_envs.values()) == ["0", "1", "2"]  # a Job each

@@ -145,7 +145,7 @@ TABLE = [
     # -- hangs: deadlines ------------------------------------------------------------------------
     ("a mirrored worker whose peer never starts waits forever -> start-up deadline",
      MIRRORED, [(1, "listening", {"task": "worker:0"})], 70, Verdict.RETRYABLE,
-     "start-up deadline: worker:1@h1 not listening on their port after 60 s"),
+     "start-up deadline: worker:1@h1 not listening on its port after 60 s"),
     ("every port listening in time: no start-up deadline",
      MIRRORED, [*listening("worker:0", "worker:1", at=59)], 70, Verdict.RUNNING,
      "all 2 tasks listening after 59.0 s"),

@@ -99,7 +99,7 @@ def sample_value(option: Option) -> list[str]:
     if option.kind is list:
         return [option.flag, "A=1", option.flag, "B=two words"]
     samples: dict[str, str] = {"script": "train.py", "policy": "pack", "sync": "code",
-                               "checkpoint_dir": "/shared/ckpt"}
+                               "checkpoint_dir": "/shared/ckpt", "rendezvous": "coordinator"}
     text = samples.get(option.name, {int: "3", float: "7.5"}.get(option.kind, "v"))
     return [option.flag, text]
 

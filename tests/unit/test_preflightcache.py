@@ -103,3 +103,16 @@ def test_a_script_only_the_nodes_have_is_never_cached(setup):
         missing = cache(inv, script, clock, path)
         missing.put([(inv.node("n1"), ANSWER)])
         assert missing.get([inv.node("n1")]) == {}
+
+
+def test_an_edited_module_the_script_imports_is_a_miss(setup):
+    """The answer's legacy flags may come from a module beside the script (round 5's
+    tf_cnn_benchmarks): editing it must ask the nodes again."""
+    inv, script, clock, path = setup
+    module = script.parent / "flags_here.py"
+    module.write_text("FLAGS = None\n")
+    script.write_text("import flags_here\n")
+    cache(inv, script, clock, path).put([(inv.node("n1"), ANSWER)])
+    assert cache(inv, script, clock, path).get([inv.node("n1")]) == {"n1": ANSWER}
+    module.write_text("import argparse\nargparse.ArgumentParser().add_argument('--ps_hosts')\n")
+    assert cache(inv, script, clock, path).get([inv.node("n1")]) == {}

@@ -63,3 +63,30 @@ def test_a_users_env_of_one_of_them_is_refused_by_name() -> None:
 
     with pytest.raises(ValueError, match="MASTER_PORT is set by HyperTF for every task"):
         check_env("MASTER_PORT", "1234", "--env")
+
+
+def test_readiness_waits_for_the_right_ports() -> None:
+    from hypertf.core.monitor import must_listen
+    from hypertf.core.rendezvous import Readiness
+
+    job = [Placement("worker", 1, "h2", ()), Placement("chief", 0, "h1", ()),
+           Placement("worker", 0, "h1", ())]
+    assert must_listen(job) == {"chief:0", "worker:0", "worker:1"}
+    assert must_listen(job, Readiness.COORDINATOR) == {"chief:0"}  # rank 0 alone
+    assert must_listen(job, Readiness.NONE) == frozenset()
+    assert must_listen(job[:1], Readiness.COORDINATOR) == frozenset()  # no peer: no port
+
+
+def test_the_script_says_when_it_rendezvouses_on_a_coordinator() -> None:
+    from hypertf.core.rendezvous import Readiness, detect
+
+    assert detect(["import jax\n"], {}) == (Readiness.COORDINATOR, "it imports jax")
+    assert detect(["from jax.experimental import multihost_utils\n"], {})[0] is \
+        Readiness.COORDINATOR
+    assert detect(["import torch.distributed as dist\n"], {})[0] is Readiness.COORDINATOR
+    keras_jax = 'import os\nos.environ["KERAS_BACKEND"] = "jax"\nimport keras\n'
+    assert detect([keras_jax], {}) == (Readiness.COORDINATOR,
+                                       "it imports keras with KERAS_BACKEND=jax")
+    assert detect(["import keras\n"], {"KERAS_BACKEND": "jax"})[0] is Readiness.COORDINATOR
+    assert detect(["import keras\n"], {}) == (None, "")  # Keras on TensorFlow: as before
+    assert detect(["import tensorflow as tf\n", "def broken(:\n"], {}) == (None, "")

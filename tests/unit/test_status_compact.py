@@ -38,8 +38,8 @@ def test_a_large_cluster_gets_one_line_per_host_with_gpus_grouped():
     lines = text.splitlines()
     assert lines[0].startswith("HyperTF cluster (inv.yml): 1000 hosts (999 agents up), 3996 of")
     assert "550.54 (999 hosts)" in lines[1]
-    assert lines[3].split() == ["node00000", "up", "1s", "ago", "10.0.0.0", "free", "0,2,4,6;",
-                                "busy", KEY, "1,3,5,7"]
+    assert lines[3].split() == ["node00000", "up,", "seen", "1s", "ago", "10.0.0.0", "free",
+                                "0,2,4,6;", "busy", KEY, "1,3,5,7"]
     assert "down" in lines[4] and "unavailable (agent down) 0" in lines[4]
     assert f"Jobs holding resources: {KEY}" in text
 
