@@ -318,7 +318,17 @@ class Monitor:
     # -- the clock ------------------------------------------------------------------------
     def _on_clock(self, now: float, said: list[str]) -> Decision | None:
         limits = self.limits
-        if not self.all_started and all(t.started for t in self.tasks.values()):
+        if self.all_started:
+            pass
+        elif limits.readiness is not Readiness.TF:
+            # the other tasks open no port of their own: say the coordinator's, once
+            if self.ready:
+                self.all_started = True
+                if self.must_listen:
+                    who = ", ".join(self.tasks[name].label for name in sorted(self.must_listen))
+                    said.append(f"hypertf: coordinator {who} listening after "
+                                f"{now - self.begun:.1f} s")
+        elif all(t.started for t in self.tasks.values()):
             self.all_started = True
             count = f" {len(self.tasks)}" if len(self.tasks) > 1 else ""  # not 'all 1 tasks'
             said.append(f"hypertf: all{count} tasks listening after {now - self.begun:.1f} s")
@@ -391,7 +401,8 @@ class Monitor:
         known cause of this state (a TF1 worker left waiting for worker 0, which ended)."""
         ended = [t for t in self.tasks.values() if not t.running]
         if not ended:
-            who = "every task listens and none" if self.all_started else "no task"
+            listens = self.all_started and self.limits.readiness is Readiness.TF
+            who = "every task listens and none" if listens else "no task"
             return f"{who} has written a line for {idle:.0f} s: {self._idle_causes}"
         running = [t for t in self.tasks.values() if t.running]
         state = "; ".join(f"{t.label} ended ({t.end(t.placement.host in self.lost_hosts)})"

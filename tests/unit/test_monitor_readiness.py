@@ -191,3 +191,22 @@ def test_the_tail_reaches_back_to_an_exception_followed_by_many_lines():
     assert len(shown) == 11
     short = shown_tail([*TRACEBACK, *noise[:12]], ["RuntimeError: vocab.txt is empty"])
     assert short[0] == "RuntimeError: vocab.txt is empty" and len(short) == 13
+
+
+def test_a_coordinator_job_says_its_coordinator_listening_not_every_task():
+    """Issue 53: in coordinator mode the other tasks open no port. The line names rank 0 as
+    soon as it listens, no deadline waits for the others, and no 'all 2 tasks listening'
+    comes when they exit 0."""
+    from hypertf.core.rendezvous import Readiness
+
+    run = Run(workers(2), Limits(start_timeout=5.0, idle_timeout=300.0, host_silence=1e9,
+                                 readiness=Readiness.COORDINATOR))
+    run.feed(1.0, "listening", "worker:0")
+    run.feed(1.2, "tick")
+    assert [line for line in run.said if "listening" in line] == [
+        "hypertf: coordinator worker:0@h0 listening after 1.0 s"]
+    run.ticks(30)  # worker:1 never opens its port: no start-up deadline for it
+    assert not run.decision.final, run.decision.message
+    run.feed(31.0, "exit", "worker:1", code=0)
+    run.feed(31.5, "tick")
+    assert not any("tasks listening" in line for line in run.said), run.said
