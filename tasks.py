@@ -177,25 +177,12 @@ VERB_TASKS = (
 TRAIN_OPTIONS and their own tasks below; test and bench are the repository's)."""
 
 
-def hypertf_parser(root: argparse.ArgumentParser, words: str,
-                   ) -> tuple[argparse.ArgumentParser, list[str]]:
-    """The parser of ``hypertf WORDS`` in hypertf's tree (``root``: cli.build_parser()), and
-    the words left after its verb (the action of ``zk start``)."""
-    parser, left = root, words.split()
-    while left:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs or left[0] not in subs[0].choices:
-            break
-        parser = subs[0].choices[left.pop(0)]
-    return parser, left
-
-
 def verb_task(spec: VerbTask, root: argparse.ArgumentParser) -> Task:
     """The task of one hypertf verb: the verb's options (VERB_OPTIONS by its words, the
     action aside), ``-i/--inventory`` when the verb has it (with its help), and a body that
     calls the function the verb runs with what ``hypertf WORDS`` would give it
     (cli.verb_call: the command word, the action word, the typed option values)."""
-    parser, action = hypertf_parser(root, spec.words)
+    parser, action = cli.verb_parser(root, spec.words)
     words = spec.words.split()
     options = VERB_OPTIONS[" ".join(words[:len(words) - len(action)])]
     inventory_help = {a.dest: a.help for a in parser._actions if a.dest == "inventory"}

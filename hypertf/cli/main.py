@@ -53,7 +53,8 @@ def parse_export(argv: Sequence[str]) -> argparse.Namespace:
     """``export`` takes every train option (parse_train's rules for the script's arguments)
     and its own (export.EXPORT_OPTIONS)."""
     from hypertf.export import EXPORT_OPTIONS
-    from hypertf.export.targets import TRAIN_ONLY, target_names
+    from hypertf.export.names import target_names
+    from hypertf.export.targets import TRAIN_ONLY
 
     argv = list(argv)
     extra: list[str] = []
@@ -145,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
                    add_help=False)
-    from hypertf.export.targets import RECOMMENDED, target_names
+    from hypertf.export.names import RECOMMENDED, target_names
 
     sub.add_parser("export", add_help=False,
                    help=f"a train command as {target_names()} files (hypertf export --to "
@@ -197,6 +198,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
+
+
+def verb_parser(root: argparse.ArgumentParser, words: str,
+                ) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The parser of ``hypertf WORDS`` in hypertf's tree (``root``: build_parser()) and the
+    words left after its verb (the action of ``zk start``): tasks.py builds its tasks by it."""
+    parser, left = root, words.split()
+    while left:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or left[0] not in subs[0].choices:
+            break
+        parser = subs[0].choices[left.pop(0)]
+    return parser, left
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,9 +23,9 @@ from hypertf.core.diagnose import ScriptScan
 from hypertf.core.errors import UsageError
 from hypertf.core.scheduler import Placement
 from hypertf.core.spec import build as build_spec
+from hypertf.export.names import TARGETS
 from hypertf.launch.request import TrainRequest
 
-TARGETS = ("jobset", "volcano", "k8s", "tfjob", "marathon", "docker")
 CONTAINER_TARGETS = ("jobset", "volcano", "k8s", "tfjob", "marathon")  # --image is required
 WORKDIR = "/app"  # the image's working directory: the code --to docker copies, every manifest
 

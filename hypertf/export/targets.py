@@ -25,6 +25,7 @@ from hypertf.export.job import (
     servers_without_timeout,
     service_address,
 )
+from hypertf.export.names import RECOMMENDED
 from hypertf.launch.request import TRAIN_OPTIONS, Option, TrainRequest
 
 Objects = Callable[[ExportJob], list[dict[str, Any]]]
@@ -82,14 +83,6 @@ TARGETS: dict[str, Target] = {
 }
 
 
-RECOMMENDED = "jobset"  # the Kubernetes target: TFJob and Marathon are legacy
-
-
-def target_names() -> str:
-    """The targets as help text names them, from TARGETS: 'jobset (recommended), volcano,
-    ... or docker'; the CLI's help says this instead of a copy that misses a new one."""
-    names = [f"{name} (recommended)" if name == RECOMMENDED else name for name in TARGETS]
-    return f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def job_for(request: TrainRequest, options: ExportOptions,

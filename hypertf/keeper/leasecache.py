@@ -17,60 +17,33 @@ before.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
-from kazoo.protocol.states import KazooState
-
 from hypertf.core.layout import is_task_key
-from hypertf.store.zkclient import unwatch_tree, watch_tree
+from hypertf.keeper.treefollow import CREATED, DELETED, TreeFollow
 from hypertf.store.zkstore import Store
 
 __all__ = ["LeaseCache"]
 
-_CREATED, _DELETED = 1, 2  # ZooKeeper's event types (kazoo's protocol codes)
 
-
-class LeaseCache:
+class LeaseCache(TreeFollow):
     """Live lease keys of every user (as ``Store.leases()``). ``changed()``, when given,
     is called from kazoo's connection thread for each lease that comes or goes; it must
     only take note."""
 
     def __init__(self, store: Store, changed: Callable[[], object] | None = None) -> None:
-        self.store = store
+        super().__init__(store, store.layout.leases)
         self.changed = changed
-        self._lock = threading.Lock()
         self._keys: set[str] = set()
         self._journal: list[tuple[int, str]] | None = None  # events during a full listing
-        self._following = False
-        self._watching = False  # the watch is set on the current connection
-        self._unsupported = False  # the server has no persistent watches
-        self._prefix = f"{store.layout.leases}/"
-
-    def follow(self) -> None:
-        """Keep the set by the watch from the next ``leases`` call on."""
-        with self._lock:
-            if self._following:
-                return
-            self._following = True
-        self.store.client.add_listener(self._on_state)
-
-    def forget(self) -> None:
-        """Stop keeping the set (the keeper's term ended)."""
-        with self._lock:
-            following, self._following, self._watching = self._following, False, False
-        if following:
-            self.store.client.remove_listener(self._on_state)
-            unwatch_tree(self.store.client, self.store.layout.leases)
 
     def leases(self) -> set[str]:
         """The live lease keys: from the watch's events, or one listing of every folder
         when the watch was just set (or the server has none)."""
         with self._lock:
-            watched = self._following and self._watching
-            if watched:
+            if self._following and self._watching:
                 return set(self._keys)
-        if not self._following or self._unsupported or not self._watch():
+        if not self._following or self._unsupported or not self._set_watch():
             return self.store.leases()
         with self._lock:
             self._journal = []
@@ -82,16 +55,9 @@ class LeaseCache:
             self._keys = listed
             return set(listed)
 
-    def _watch(self) -> bool:
-        watching = watch_tree(self.store.client, self.store.layout.leases, self._on_event)
-        with self._lock:
-            self._unsupported = not watching
-            self._watching = watching and self._following
-        return watching
-
     def _on_event(self, kind: int, path: str) -> None:
         user, _, key = path[len(self._prefix):].partition("/")
-        if not key or "/" in key or kind not in (_CREATED, _DELETED):
+        if not key or "/" in key or kind not in (CREATED, DELETED):
             return  # a user's folder, or a lease's data (a launcher's keep-alive)
         if not is_task_key(key, owner=user):
             return  # junk: never a key, whatever its owner does with it
@@ -102,15 +68,9 @@ class LeaseCache:
         if self.changed is not None:
             self.changed()
 
-    def _on_state(self, state: str) -> None:
-        """The watch went with the connection: set it again and list once more."""
-        if state != KazooState.CONNECTED:
-            with self._lock:
-                self._watching = False
-
 
 def _apply(keys: set[str], kind: int, key: str) -> None:
-    if kind == _CREATED:
+    if kind == CREATED:
         keys.add(key)
     else:
         keys.discard(key)

@@ -23,16 +23,13 @@ stop the keeper for every other host.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-
-from kazoo.protocol.states import KazooState
 
 from hypertf.core.errors import StoreError
 from hypertf.core.layout import RESOURCE_LEAF
 from hypertf.core.records import AgentRecord
-from hypertf.store.zkclient import unwatch_tree, watch_tree
+from hypertf.keeper.treefollow import CREATED, DELETED, TreeFollow
 from hypertf.store.zkstore import Store
 
 __all__ = ["RecordCache", "content_of"]
@@ -40,7 +37,6 @@ __all__ = ["RecordCache", "content_of"]
 log = logging.getLogger(__name__)
 
 _HEARTBEAT = b'"heartbeat":'
-_CREATED, _DELETED = 1, 2  # ZooKeeper's event types (kazoo's protocol codes)
 
 
 def content_of(data: bytes) -> tuple[bytes, float | None]:
@@ -60,7 +56,7 @@ def content_of(data: bytes) -> tuple[bytes, float | None]:
     return data[:start] + data[end:], beat
 
 
-class RecordCache:
+class RecordCache(TreeFollow):
     """The keeper's parsed copy of the agents' records.
 
     Unfollowed (``RecordCache(store)`` alone), every ``records`` call reads the hosts' records
@@ -72,38 +68,23 @@ class RecordCache:
 
     def __init__(self, store: Store,
                  changed: Callable[[bool], object] | None = None, gpus_max: int = 0) -> None:
-        self.store = store
+        super().__init__(store, store.layout.hosts)
         self.changed = changed
         self.gpus_max = gpus_max  # the admin's bound on a record's GPUs (0: the format's)
         self.generation = 0  # moves when a record's content comes, changes or goes
         self.seen_generation = 0  # ``generation`` as the last ``records`` call saw it
-        self._lock = threading.Lock()
         self._stale: set[str] = set()  # hosts whose record an event named since last read
         self._read: set[str] = set()  # hosts read since the watch was set
-        self._following = False
-        self._watching = False  # the watch is set on the current connection
-        self._unsupported = False  # the server has no persistent watches
         self._parsed: dict[str, tuple[bytes, AgentRecord]] = {}  # content -> record
         self._refused: dict[str, bytes] = {}  # hosts whose record did not parse (logged)
-        self._prefix = f"{store.layout.hosts}/"
 
     def follow(self, _hosts: Iterable[str] = ()) -> None:
         """Keep the records by the watch from the next ``records`` call on (every host
         below the hosts' folder: hosts registered later are followed too)."""
-        with self._lock:
-            if self._following:
-                return
-            self._following = True
-        self.store.client.add_listener(self._on_state)
+        super().follow()
 
-    def forget(self) -> None:
-        """Stop keeping records (the keeper's term ended)."""
-        with self._lock:
-            following, self._following, self._watching = self._following, False, False
-            self._read.clear()
-        if following:
-            self.store.client.remove_listener(self._on_state)
-            unwatch_tree(self.store.client, self.store.layout.hosts)
+    def _forgotten(self) -> None:
+        self._read.clear()
 
     def _on_event(self, kind: int, path: str) -> None:
         host, _, leaf = path[len(self._prefix):].partition("/")
@@ -112,22 +93,14 @@ class RecordCache:
         with self._lock:
             self._stale.add(host)
         if self.changed is not None:
-            self.changed(kind in (_CREATED, _DELETED))
-
-    def _on_state(self, state: str) -> None:
-        """The watch went with the connection: set it again, and read everything again."""
-        if state != KazooState.CONNECTED:
-            with self._lock:
-                self._watching = False
+            self.changed(kind in (CREATED, DELETED))
 
     def _watch(self) -> bool:
         """Set the watch (the pass's thread, before its read): whether it is set."""
         if self._unsupported:
             return False
-        watching = watch_tree(self.store.client, self.store.layout.hosts, self._on_event)
+        watching = self._set_watch()
         with self._lock:
-            self._unsupported = not watching
-            self._watching = watching and self._following
             self._stale.clear()  # a whole read follows
             self._read.clear()
         if not watching:

@@ -23,7 +23,6 @@ from kazoo.client import KazooState
 
 from hypertf import store
 from hypertf.config.inventory import Inventory
-from hypertf.core import diagnose
 from hypertf.core.errors import HyperTFError
 from hypertf.core.jobrecord import AttemptSummary, JobState, JobSummary
 from hypertf.core.monitor import Verdict
@@ -48,7 +47,7 @@ from hypertf.launch.attempt import (
 from hypertf.launch.fleet import SshFleet
 from hypertf.launch.lease import StoreLease
 from hypertf.launch.placer import KeeperPlacer, StoreWaitQueue
-from hypertf.launch.preflight import EARLY_PREFLIGHT_HOSTS, Preflight, local_script, script_path
+from hypertf.launch.preflight import EARLY_PREFLIGHT_HOSTS, Preflight, script_path
 from hypertf.launch.reporter import Reporter
 from hypertf.launch.request import LegacyFlags, TrainRequest
 from hypertf.launch.roster import Roster
@@ -187,9 +186,8 @@ class Job:
         KERAS_BACKEND=jax in the job's --env, else TensorFlow's way (every task's port)."""
         if self.request.rendezvous:
             return Readiness(self.request.rendezvous), "--rendezvous"
-        local = local_script(self.request)
-        why = diagnose.scan_script(local).coordinator if local is not None \
-            else self.preflight.script_coordinator
+        scan = self.preflight.local_scan
+        why = scan.coordinator if scan is not None else self.preflight.script_coordinator
         if not why and self.request.env_vars().get("KERAS_BACKEND") == "jax":
             why = "the job's --env sets KERAS_BACKEND=jax"
         if not why:
@@ -200,10 +198,8 @@ class Job:
         """Does the script, or a module beside it that it imports, name
         ParameterServerStrategy or ClusterCoordinator? Read here when the script is a file
         here (--sync: in DIR), else as the nodes' preflight read it; None: not known."""
-        local = local_script(self.request)
-        if local is not None:
-            return diagnose.scan_script(local).ps_strategy
-        return self.preflight.script_ps_strategy
+        scan = self.preflight.local_scan
+        return scan.ps_strategy if scan is not None else self.preflight.script_ps_strategy
 
     def hang_warning(self, passed: bool, ps_strategy: bool | None = None) -> str | None:
         """ps tasks, no chief: only a TF1 script finishes in that shape (its workers are the

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypertf.config.inventory import Inventory
+from hypertf.core import diagnose
+from hypertf.core.diagnose import ScriptScan
 from hypertf.core.protocol import (
     PROTOCOL_VERSION,
     PreflightAnswer,
@@ -64,6 +66,9 @@ class Preflight:
         self.script_reads_flags = False
         self.ps_strategy: dict[str, bool | None] = {}  # each host's answer (None: unknown)
         self.coordinator: dict[str, str | None] = {}  # why it needs a coordinator, per host
+        # the script and its local modules as read here, once per job (None: not a file here)
+        local = local_script(request)
+        self.local_scan: ScriptScan | None = diagnose.scan_script(local) if local else None
 
     def run(self, hosts: list[str], offload: Set[str]) -> None:
         """Preflight ``hosts``, in parallel; hosts that passed are remembered (and their
@@ -167,7 +172,8 @@ class Preflight:
         return "" if self.request.sync_dir else script_path(self.request)
 
     def cache(self) -> PreflightCache:
-        return PreflightCache(self.inventory.cluster.known_hosts, self.script())
+        scanned = self.local_scan.files if self.local_scan and not self.request.sync_dir else None
+        return PreflightCache(self.inventory.cluster.known_hosts, self.script(), files=scanned)
 
 
 class EarlyPreflight:

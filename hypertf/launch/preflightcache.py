@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +49,14 @@ def _digest(path: str | os.PathLike[str] | None) -> str | None:
         return None
 
 
-def _script_digest(script: str) -> str | None:
+def _script_digest(script: str, files: Sequence[Path] | None = None) -> str | None:
     """The script's content and that of the local modules it imports (its flags may live
-    there: diagnose.scan_script), so an edited module beside it is a miss too."""
+    there: ``files``, as diagnose.scan_script found them; scanned here when not given), so
+    an edited module beside it is a miss too."""
     path = Path(script)
     digest = hashlib.sha256()
     try:
-        for source in diagnose.scan_script(path).files or (path,):
+        for source in (diagnose.scan_script(path).files if files is None else files) or (path,):
             digest.update(str(source).encode() + b"\0" + source.read_bytes())
     except OSError:
         return None
@@ -66,13 +67,14 @@ class PreflightCache:
     """Preflight answers per (host, venv, script digest), each valid ``ttl`` seconds."""
 
     def __init__(self, known_hosts: str, script: str, ttl: float | None = None,
-                 path: Path | None = None, clock: Any = time.time) -> None:
+                 path: Path | None = None, clock: Any = time.time,
+                 files: Sequence[Path] | None = None) -> None:
         self.ttl = ttl_s() if ttl is None else ttl
         self.path = path
         self.clock = clock
         self._known_hosts = _digest(known_hosts)
         # a relative script is a path on the node (its work dir): no local content to key by
-        self._script = ("" if not script else _script_digest(script)
+        self._script = ("" if not script else _script_digest(script, files)
                         if Path(script).is_absolute() else None)
         self.script = script
 

@@ -292,13 +292,7 @@ def test_every_invoke_task_is_paired_with_its_hypertf_verb() -> None:
 
 def hypertf_verb(words: str) -> tuple[argparse.ArgumentParser, list[str]]:
     """The parser of ``hypertf WORDS`` and the words left for it (a zk or agents action)."""
-    parser, left = cli.build_parser(), words.split()
-    while left:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs or left[0] not in subs[0].choices:
-            break
-        parser = subs[0].choices[left.pop(0)]
-    return parser, left
+    return cli.verb_parser(cli.build_parser(), words)
 
 
 def hypertf_options(words: str) -> dict[str, tuple[str | None, bool]]:

@@ -134,3 +134,10 @@ def test_sweep_list_and_the_dashboard_show_the_sweeps_of_their_inventory(
     assert f"{of_a}  idle" in every.stdout and "(on a.yml)" in every.stdout, every.stdout
     assert "(on b.yml)" in every.stdout, every.stdout
     assert [row["sweep"] for row in sweep_rows(tmp_path / "a.yml")] == [of_a]
+
+
+def test_the_names_table_lists_every_target_in_order():
+    """hypertf.export.names is what every command's help reads without the renderers."""
+    from hypertf.export import names
+
+    assert tuple(TARGETS) == names.TARGETS

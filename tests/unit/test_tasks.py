@@ -25,7 +25,7 @@ BY_NAME = {spec.name: spec for spec in tasks.VERB_TASKS}
 
 def verb_words(spec: tasks.VerbTask) -> str:
     """The VERB_OPTIONS key of a task's words (``zk start``: ``zk``)."""
-    _, action = tasks.hypertf_parser(cli.build_parser(), spec.words)
+    _, action = cli.verb_parser(cli.build_parser(), spec.words)
     words = spec.words.split()
     return " ".join(words[:len(words) - len(action)])
 
@@ -42,7 +42,7 @@ def test_every_verb_of_the_table_has_a_task() -> None:
 def test_every_action_of_a_verb_has_its_task() -> None:
     """``hypertf zk {start,stop,status}``: zk.start, zk.stop, zk.status."""
     for words in VERB_OPTIONS:
-        parser, left = tasks.hypertf_parser(cli.build_parser(), words)
+        parser, left = cli.verb_parser(cli.build_parser(), words)
         assert not left, words
         for action in parser._actions:
             if action.dest == "action" and action.choices and not isinstance(
@@ -57,7 +57,7 @@ def test_each_verb_task_has_the_options_of_its_table_row() -> None:
     for spec in tasks.VERB_TASKS:
         task = TASKS[spec.name]
         options = VERB_OPTIONS[verb_words(spec)]
-        parser, _ = tasks.hypertf_parser(cli.build_parser(), spec.words)
+        parser, _ = cli.verb_parser(cli.build_parser(), spec.words)
         arguments = {a.attr_name or a.name: (a.positional, a.help) for a in task.get_arguments()}
         expected = {o.name: (o.positional, o.help) for o in options}
         if any(action.dest == "inventory" for action in parser._actions):
