@@ -125,10 +125,17 @@ def _job_row(job: JobRecord) -> tuple[str, ...]:
             tasks or "-", "; ".join(notes))
 
 
+def printable(text: str) -> str:
+    """A cell as it may reach a terminal: every record is written by its owner (or their
+    launcher), and another user's ``hypertf jobs`` prints it, so a control character (an
+    escape sequence that retitles, clears or rewrites the terminal) shows as '?'."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+
+
 def job_table(found: list[JobRecord]) -> list[str]:
     """``hypertf jobs``' lines: a header, then a row per job, columns as wide as their
     widest cell (the last, the note, is not padded)."""
-    rows = [JOB_COLUMNS, *(_job_row(job) for job in found)]
+    rows = [JOB_COLUMNS, *(tuple(map(printable, _job_row(job))) for job in found)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS) - 1)]
     return ["  ".join([*(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)),
                        row[-1]]).rstrip() for row in rows]

@@ -289,3 +289,24 @@ def test_auth_init_rewrites_a_damaged_index_and_shard(users, zk, layout, secured
         read_matrix(Store(users["alice"], layout))
     store.secure_cluster(secured, list(HOSTS))
     assert _readable(users["alice"], layout)
+
+
+def test_a_users_own_record_cannot_write_to_another_users_terminal(users, zk, layout):
+    """mallory's own job record (her folder, her credential) carries terminal escape
+    sequences in what ``hypertf jobs`` prints (the script, the failure's reason, her host):
+    alice's listing shows them as '?', never as control characters."""
+    from hypertf.cli.commands import job_table
+    from hypertf.store.jobs import collect_jobs
+
+    mallory = users["mallory"]
+    key = new_task_key("mallory")
+    clear, title = "\x1b[2J\x1b[H", "\x1b]0;pwned\x07"
+    mallory.create(layout.job(key), encode({
+        "task_key": key, "state": "failed", "created": time.time(), "released": time.time(),
+        "script": f"train.py{clear}", "owner": {"user": "mallory", "host": f"ws{title}"},
+        "summary": {"message": f"worker:0 exited 1{clear}{title}fake: all good"}}),
+        acl=store.acls(mallory).job())
+    lines = job_table(collect_jobs(Store(users["alice"], layout)).jobs)
+    mine = next(line for line in lines if key in line)
+    assert "\x1b" not in "\n".join(lines) and "\x07" not in "\n".join(lines)
+    assert "train.py?[2J?[H" in mine and "worker:0 exited 1?[2J" in mine
