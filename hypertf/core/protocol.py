@@ -346,4 +346,5 @@ class PreflightAnswer(NamedTuple):
                    protocol if isinstance(protocol, int) and not isinstance(protocol, bool)
                    else UNVERSIONED,
                    ps_strategy if isinstance(ps_strategy, bool) else None,
-                   coordinator[:200] if isinstance(coordinator, str) else None)
+                   coordinator[:200] if isinstance(coordinator, str)
+                   and coordinator.isprintable() else None)  # said on the user's terminal

@@ -90,3 +90,14 @@ def test_the_script_says_when_it_rendezvouses_on_a_coordinator() -> None:
     assert detect(["import keras\n"], {"KERAS_BACKEND": "jax"})[0] is Readiness.COORDINATOR
     assert detect(["import keras\n"], {}) == (None, "")  # Keras on TensorFlow: as before
     assert detect(["import tensorflow as tf\n", "def broken(:\n"], {}) == (None, "")
+
+
+def test_a_nodes_reason_with_control_characters_is_not_known() -> None:
+    """The reason a node's preflight gives is said on the launcher's terminal: an answer
+    whose text carries control characters counts as no answer (today's TensorFlow way)."""
+    from hypertf.core.protocol import PreflightAnswer
+
+    honest = PreflightAnswer.parse({"python": "p", "problems": [], "coordinator": "it imports jax"})
+    assert honest.coordinator == "it imports jax"
+    forged = PreflightAnswer.parse({"python": "p", "problems": [], "coordinator": "\x1b[2Jx"})
+    assert forged.coordinator is None
