@@ -58,7 +58,9 @@ def start_job(kids: common.Children, lab, cwd: Path, extra: list[str]) -> tuple:
     if not parsed:
         proc.wait(timeout=30)
         raise RuntimeError("hypertf train did not start its tasks:\n" + "".join(output[-20:]))
-    threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True).start()
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+    reader.start()
+    proc.reader = reader  # joined before the output is judged: its last lines come after exit
     key, tasks = parsed
     addresses = {h.name: h.address for h in lab.hosts}
     endpoints = {name: (addresses[host], port) for name, (host, port) in tasks.items()}
@@ -105,6 +107,7 @@ def crash(kids, lab, client, root: str, cwd: Path, ignore_term: bool, work_s: fl
                                 "the chief to crash", interval=0.002)
     seen = observe(client, root, key, set(endpoints) - {"chief:0"}, proc, 60)
     proc.wait(timeout=30)
+    proc.reader.join(timeout=30)
     if proc.returncode != 1 or not any("task chief:0@" in line for line in output):
         raise RuntimeError(f"expected exit 1 naming chief:0, got {proc.returncode}:\n"
                            + "".join(output[-15:]))
