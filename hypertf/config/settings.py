@@ -60,6 +60,16 @@ def _optional_text(key: str, value: Any) -> str | None:
     return None if value is None else _text(key, value)
 
 
+def _cgroup_root(key: str, value: Any) -> str:
+    """A relative path of plain names under each cgroup mount (the agent mkdirs it)."""
+    text = _text(key, value).strip("/")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*", text) or any(
+            part in (".", "..") for part in text.split("/")):
+        raise ValueError(f"{key} must be a relative path of plain names such as hypertf, "
+                         f"not {value!r}")
+    return text
+
+
 def _flag(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{key} must be true or false, not {value!r}")
@@ -80,6 +90,15 @@ class GpuEnforce(StrEnum):
     STOP = "stop"  # stop the trespasser's process group (and report it)
     REPORT = "report"  # report it only
     OFF = "off"  # do not look
+
+
+class GpuConfine(StrEnum):
+    """``hypertf_gpu_confine``: whether a node's tasks run in their job's cgroups
+    (hypertf.node.confine, docs/gpu.md "Confinement")."""
+
+    AUTO = "auto"  # where the node can; else the trespass detector only, with a notice
+    REQUIRED = "required"  # a node that cannot gets no tasks (the keeper places none there)
+    OFF = "off"
 
 
 E = TypeVar("E", bound=StrEnum)
@@ -246,6 +265,11 @@ SETTINGS: dict[str, Setting] = {
     # What an agent does with a process on a GPU of its host that is not granted to that
     # process's job (docs/gpu.md, "Trespasses"): stop its process group, report it, or off.
     "hypertf_gpu_enforce": Setting(_choice(GpuEnforce), GpuEnforce.STOP),
+    # Each job's tasks in cgroups the agent makes from its grant: only the granted GPUs
+    # openable, nothing a task starts outlives the job (docs/gpu.md, "Confinement").
+    "hypertf_gpu_confine": Setting(_choice(GpuConfine), GpuConfine.AUTO),
+    # The agent's subtree in each cgroup hierarchy: <mount>/<this>/<host>/<task key>.
+    "hypertf_cgroup_root": Setting(_cgroup_root, "hypertf"),
     # Packages for the training scripts in the nodes' virtualenv (python_env role,
     # cluster.setup; ./dev.sh up for this machine): the default is scikit-learn (examples).
     "hypertf_python_packages": Setting(_packages, None, agent=False),
@@ -293,6 +317,8 @@ class NodeSettings:
     offload_known_hosts: str = "~/.ssh/hypertf_offload_known_hosts"  # nodes' pinned host keys
     metrics_port: int = 0  # 0: no /metrics
     gpu_enforce: GpuEnforce = GpuEnforce.STOP  # trespasses on this node's GPUs
+    gpu_confine: GpuConfine = GpuConfine.AUTO  # the job's cgroups (hypertf.node.confine)
+    cgroup_root: str = "hypertf"  # the agent's subtree in each cgroup hierarchy
     dcgm_job_mapping_dir: str | None = None  # dcgm-exporter's HPC job mapping directory
     task_env: tuple[tuple[str, str], ...] = ()
     python_packages: tuple[str, ...] | None = None  # None: the role's default

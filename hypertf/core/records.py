@@ -38,7 +38,7 @@ class GpuProcess:
 
 
 OPTIONAL_GPU_FIELDS = ("reason", "mig", "processes")  # left out of the JSON when empty
-OPTIONAL_RECORD_FIELDS = ("drained", "trespasses")
+OPTIONAL_RECORD_FIELDS = ("drained", "trespasses", "confine")
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,9 @@ class AgentRecord:
     # this host not granted to their job (docs/gpu.md, "Trespasses").
     drained: list[str] = field(default_factory=list)
     trespasses: list[Trespass] = field(default_factory=list)
+    # What the node enforces (hypertf.node.confine): 'devices+cgroup', 'cgroup' or
+    # 'none: <why>'; '' from an agent older than confinement.
+    confine: str = ""
 
     def to_json(self) -> bytes:
         """The record; a GPU's ``reason``, ``mig`` and ``processes`` only when they say
@@ -259,6 +262,8 @@ def _check_record(record: AgentRecord) -> None:
            "'gpu_source' or 'gpu_driver' is not text")
     _check(_is_number(record.heartbeat) and _is_count(record.pid),
            "'heartbeat' or 'pid' is not a finite number")
+    _check(_is_text(record.confine, 300) and record.confine.isprintable(),
+           "'confine' is not a short printable text")
 
 
 def _unreadable(host: object, err: Exception) -> StoreError:

@@ -22,7 +22,9 @@ TASK_ENV = (
     "HYPERTF_METRICS_FILE",  # the reporting task only
     "HYPERTF_START_AFTER",  # host:port task.sh waits for (TF1: the workers after worker 0)
 )
-RESERVED_ENV = frozenset(GPU_ENV + TASK_ENV + RENDEZVOUS_ENV)  # + Keras 3, JAX, torchrun
+# Set by the node ('tasknode start', hypertf.node.confine): the job's cgroups to join.
+NODE_ENV = ("HYPERTF_CGROUP_PROCS", "HYPERTF_CGROUP_REQUIRED")
+RESERVED_ENV = frozenset(GPU_ENV + TASK_ENV + RENDEZVOUS_ENV + NODE_ENV)  # + Keras 3, JAX...
 
 
 def ours(values: Mapping[str, str]) -> dict[str, str]:

@@ -38,6 +38,7 @@ from hypertf.config.inventory import Inventory, Node
 from hypertf.config.settings import GpuSourceKind
 from hypertf.core.errors import HyperTFError, StoreError
 from hypertf.keeper.role import KeeperTerm
+from hypertf.node import confine
 from hypertf.node.hostreport import HostReport
 from hypertf.node.metrics import AgentCollector, MetricsServer
 from hypertf.node.probes import (
@@ -87,6 +88,8 @@ class Prober:
         self._addresses: dict[str, list[str]] = {}
         self._addresses_due = 0.0
         self._last: tuple[object, AgentRecord] | None = None
+        self.cgroups = confine.NodeCgroups()  # what the node enforces (the agent sets it)
+        self.minors: dict[int, int] = {}  # GPU index -> /dev/nvidia<minor>, as last read
 
     def _port_still_free(self) -> int:
         if self._port is not None:
@@ -115,6 +118,11 @@ class Prober:
         if self._last is not None and self._last[0] == key:
             return self._last[1]
         gpus = judge(readings, settings.gpu_util_max, settings.gpu_mem_max)
+        self.minors = {r.index: r.minor if r.minor >= 0 else r.index for r in readings}
+        if self.cgroups.required and self.cgroups.mode is not confine.Mode.DEVICES:
+            why = (f"not confined ({self.cgroups.label}) and hypertf_gpu_confine is "
+                   f"required")
+            gpus = [replace(g, available=False, reason=why) for g in gpus]
         record = AgentRecord(
             host=self.node.name,
             mgmt_addr=select_address(settings.mgmt_network, addresses, self.node.address),
@@ -128,6 +136,7 @@ class Prober:
             heartbeat=time.time(),
             pid=os.getpid(),
             hostname=socket.gethostname(),
+            confine=self.cgroups.label,
         )
         # a process's job comes from /proc, not from the readings: judged again each time
         self._last = None if any(r.processes for r in readings) else (key, record)
@@ -184,7 +193,27 @@ class NodeAgent:
         self._content: tuple[AgentRecord | None, bytes] = (None, b"")  # a record, serialised
         self.metrics = AgentCollector(host)
         self.metrics_server = MetricsServer(self.metrics)
-        self.report = HostReport(self.node, self.layout, self.metrics, self._wake_up)
+        self.cgroups = self._confinement()
+        self.prober.cgroups = self.cgroups.state
+        self.report = HostReport(self.node, self.layout, self.metrics, self._wake_up,
+                                 cgroups=self.cgroups, minors=lambda: self.prober.minors)
+
+    def _confinement(self) -> confine.JobCgroups:
+        """What this node can enforce (its cgroup subtrees made), written for tasknode."""
+        settings = self.node.settings
+        relative = confine.host_subtree(settings.cgroup_root, self.inventory.cluster.zk_root,
+                                        self.node.name)
+        state = confine.detect(relative, settings.gpu_confine)
+        try:
+            confine.write_state(settings.workdir, state)
+        except OSError as err:
+            state = confine.NodeCgroups(why=f"cannot write {confine.STATE_FILE} ({err})",
+                                        required=state.required)
+        if state.mode is not confine.Mode.DEVICES:
+            log.warning("%s: tasks are %s: %s", self.node.name, state.label,
+                        "the trespass detector still stops processes on GPUs not granted "
+                        "to their job" if state.mode is confine.Mode.NONE else state.why)
+        return confine.JobCgroups(state)
 
     def _on_state(self, state: str) -> None:
         """Listeners must not block: note what happened and wake the loop."""
@@ -274,6 +303,7 @@ class NodeAgent:
             if not self._stop.is_set():
                 log.warning("no ZooKeeper for a long time: reconnecting with a new client")
         self.metrics_server.stop()
+        self.cgroups.close(self.node.settings.workdir)
         close = getattr(self.prober.source, "close", None)
         if close:
             close()

@@ -8,7 +8,7 @@ agent reports and decides nothing: its credential writes only its own record.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from hypertf.config.inventory import Node
@@ -17,7 +17,7 @@ from hypertf.core.layout import Layout
 from hypertf.core.matrix import Cell, job_of
 from hypertf.core.records import AgentRecord, Trespass
 from hypertf.core.rundir import RunDir
-from hypertf.node import dcgmmap, tasknode, trespass
+from hypertf.node import confine, dcgmmap, tasknode, trespass
 from hypertf.node.metrics import AgentCollector
 from hypertf.store import Store
 from hypertf.store.allocation import read_matrix
@@ -33,8 +33,11 @@ class HostReport:
     lease of a job running here went: look again)."""
 
     def __init__(self, node: Node, layout: Layout, metrics: AgentCollector,
-                 wake: Callable[..., object]) -> None:
+                 wake: Callable[..., object], cgroups: confine.JobCgroups | None = None,
+                 minors: Callable[[], Mapping[int, int]] = dict) -> None:
         self.node = node
+        self.cgroups = cgroups or confine.JobCgroups(confine.NodeCgroups())
+        self._minors = minors
         self.layout = layout
         self.metrics = metrics
         self._wake = wake
@@ -107,6 +110,7 @@ class HostReport:
         leases = zk.leases_of((key for cell in row if (key := job_of(cell))),
                               watch=self._wake)
         self.row = list(matrix.gpus.get(host, []))
+        self.cgroups.sync(_jobs_of(self.row, row), self._minors())  # before the drain below
         self.metrics.update(row=matrix.gpus.get(host, []))
         mapping = self.node.settings.dcgm_job_mapping_dir
         if mapping:
@@ -125,3 +129,16 @@ class HostReport:
             log.info("saw the tasks of %s dead on %s: reported to the keeper", sorted(dead),
                      host)
         return changed
+
+
+def _jobs_of(gpus: list[Cell], cells: list[Cell | str]) -> dict[str, frozenset[int]]:
+    """Each job holding or draining a cell (a GPU or a port) of this host, with the GPU
+    indices it holds here: what its cgroup allows."""
+    jobs: dict[str, set[int]] = {}
+    for cell in cells:
+        if key := job_of(cell):
+            jobs.setdefault(key, set())
+    for index, cell in enumerate(gpus):
+        if key := job_of(cell):
+            jobs[key].add(index)
+    return {key: frozenset(held) for key, held in jobs.items()}

@@ -45,6 +45,7 @@ class GpuReading:
     processes: tuple[GpuProcess, ...] = ()  # compute processes (pid, memory); no task keys yet
     mig: bool = False
     fault: str = ""
+    minor: int = -1  # its device node's minor, /dev/nvidia<minor> (-1: unknown: the index)
 
 
 class GpuSource(Protocol):
@@ -141,7 +142,8 @@ class NvmlGpuSource:
             utilization = 0.0 if mig else float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
             return GpuReading(index=index, name=name, uuid=uuid, utilization=utilization,
                               memory_used=int(memory.used), memory_total=int(memory.total),
-                              processes=self._processes(nvml, handle), mig=mig)
+                              processes=self._processes(nvml, handle), mig=mig,
+                              minor=self._minor(nvml, handle))
         except Exception as err:
             log.warning("GPU %d (%s) cannot be read: %s", index, uuid or name, _error(err))
             return GpuReading(index=index, name=name, uuid=uuid, utilization=0.0,
@@ -156,6 +158,14 @@ class NvmlGpuSource:
             return False
         enabled: bool = current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)  # pynvml: no types
         return enabled
+
+    @staticmethod
+    def _minor(nvml: ModuleType, handle: object) -> int:
+        """The GPU's /dev/nvidia<minor>, which its job's cgroup allows (-1: unknown)."""
+        try:
+            return int(nvml.nvmlDeviceGetMinorNumber(handle))
+        except Exception:  # NotSupported (a GPU without a device node), an older pynvml
+            return -1
 
     @staticmethod
     def _processes(nvml: ModuleType, handle: object) -> tuple[GpuProcess, ...]:
@@ -224,6 +234,7 @@ class StaticGpuSource:
                                     for pid in entry.get("processes", ())),
                     mig=bool(entry.get("mig", False)),
                     fault=str(entry.get("fault", "")),
+                    minor=int(entry.get("minor", index)),  # the lab's mknod'ed 195:<index>
                 )
             )
         return readings

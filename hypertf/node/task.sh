@@ -28,6 +28,19 @@ echo "$$ $start" > "$pidfile"
 if [ -e "$drained" ]; then echo 75 > "$exitfile"; exit 75; fi
 # A task that cannot start says why in its log (the launcher shows the log's last lines).
 fail() { echo "hypertf: $2" >> "$log"; echo "$1" > "$exitfile"; exit "$1"; }
+# The job's cgroups (hypertf.node.confine; 'tasknode start' names their cgroup.procs files,
+# ':'-separated): joined before the command, so everything it starts, a setsid daemon too,
+# stays in them, with the device rules the agent wrote from the job's grant.
+rest=${HYPERTF_CGROUP_PROCS:-}
+while [ -n "$rest" ]; do
+    procs=${rest%%:*}
+    if [ "$procs" = "$rest" ]; then rest=""; else rest=${rest#*:}; fi
+    if ! { echo $$ > "$procs"; } 2>/dev/null; then
+        [ -n "${HYPERTF_CGROUP_REQUIRED:-}" ] && fail 126 "cannot join the job's cgroup ($procs), and hypertf_gpu_confine is required on this node"
+        echo "hypertf: this task is not confined: cannot join the job's cgroup ($procs)" >> "$log"
+    fi
+done
+unset HYPERTF_CGROUP_PROCS HYPERTF_CGROUP_REQUIRED rest procs
 if [ -e "$venv/bin/activate" ]; then
     # shellcheck disable=SC1091
     source "$venv/bin/activate" || fail 127 "sourcing $venv/bin/activate failed (exit $?)"

@@ -37,6 +37,7 @@ from hypertf.core import protocol as wire
 from hypertf.core.errors import HyperTFError, NotAllowed
 from hypertf.core.protocol import NodeEvent, RunEnd, StartAnswer, StartRequest, StopResult
 from hypertf.core.rundir import RunDir, read_pid_record
+from hypertf.node import confine
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -217,18 +218,37 @@ def start_tasks(request: StartRequest, archive: bytes = b"") -> StartAnswer:
         return StartAnswer(problems=tuple(problems))
     for directory in request.make_dirs:  # checkpoints: kept across attempts
         _private_dir(Path(directory))
+    # The job's cgroups, made by the agent from its grant: each wrapper joins them first.
+    state = confine.read_state(_workdir(run))
+    join, notice = confine.join_env(state, run.task_key) if tasks else ({}, "")
+    if notice and state.required:
+        return StartAnswer(problems=(f"{socket.gethostname()}: {notice}, and "
+                                     f"hypertf_gpu_confine is required here",))
     started = {}
     umask = os.umask(PRIVATE)  # inherited by each wrapper and its task
     try:
         for task in tasks:
+            if notice:
+                with open(run.log(task.name), "a") as log:
+                    log.write(notice + "\n")
             process = subprocess.Popen(
                 wrapper_argv(run, task.name, request.venv, task.cwd, task.argv),
-                env={**os.environ, **task.env}, start_new_session=True,
+                env={**os.environ, **task.env, **join}, start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             started[task.name] = process.pid
     finally:
         os.umask(umask)
     return StartAnswer(started=started)
+
+
+def _workdir(run: RunDir) -> Path:
+    """The node's workdir (``<workdir>/runs/<task key>``), where the agent's cgroups.json is."""
+    return run.local.parent.parent
+
+
+def _cgroups(run: RunDir) -> list[Path]:
+    """The run's job cgroups on this node, as the agent's cgroups.json names them."""
+    return confine.read_state(_workdir(run)).job_dirs(run.task_key)
 
 
 def _claim(run: RunDir, tasks: Sequence[Any]) -> None:
@@ -483,6 +503,8 @@ def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0,
     with contextlib.suppress(OSError):
         mark_drained(run)
     chosen = list(names) if names else run.task_names()
+    # The whole run: also whatever its tasks started in the job's cgroups (setsid daemons)
+    cgroups = _cgroups(run) if set(chosen) >= set(run.task_names()) else []
     groups = {}
     result = {}
     for name in chosen:
@@ -491,12 +513,16 @@ def stop(run: RunDir, names: Iterable[str] | None = None, grace: float = 5.0,
             groups[name] = pgid
         else:
             result[name] = StopResult.NOT_RUNNING
+    began = time.monotonic()
+    if cgroups:
+        confine.term(cgroups, spare=groups.values())  # the tasks' own groups: TERMed below
     if groups:  # psutil only here: 'start' must not import it (15-20 ms, every node, every job)
         from hypertf.node.procs import stop_groups
 
         result.update({name: StopResult(said) for name, said in stop_groups(groups, grace).items()})
+    emptied = confine.kill(cgroups, max(0.0, grace - (time.monotonic() - began)))
     # a survivor is e.g. stuck in uninterruptible sleep: not dead, not confirmed
-    if StopResult.SURVIVED not in result.values():
+    if emptied and StopResult.SURVIVED not in result.values():
         unlink_offload_channels(run.task_key)
         if run.local.is_dir():
             Path(run.stopped).touch()
@@ -574,7 +600,8 @@ def drain(run: RunDir, grace: float) -> bool:
 def run_alive(run: RunDir) -> bool:
     """Is any process of this run still alive on this node (by its tasks' groups, as far
     as the node can tell they are the run's: ``task_group``)?"""
-    return any(task_group(run, name) for name in run.task_names())
+    return (any(task_group(run, name) for name in run.task_names())
+            or confine.populated(_cgroups(run)))
 
 
 def unstopped_runs(workdir: str | Path) -> list[RunDir]:

@@ -243,6 +243,26 @@ def _shell_setup(hostdir: Path, host: LabHost, startup: StartupFiles | None) -> 
     return f"SetEnv HOME={home}\n{accept}"
 
 
+def _cgroup_mounts() -> str:
+    """Shell commands giving a host the machine's cgroup hierarchies ('ip netns exec' mounts
+    a fresh /sys, which has none), as a real node has them; a failure leaves the host
+    without (its agent then says 'none: ...')."""
+    from hypertf.node import confine
+
+    unified, devices = confine.mounts()
+    if unified == "/sys/fs/cgroup":
+        steps = ["mount -t cgroup2 cgroup2 /sys/fs/cgroup"]
+    else:
+        steps = ["mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup"]
+        if unified:
+            steps += [f"mkdir -p {unified}", f"mount -t cgroup2 cgroup2 {unified}"]
+    if devices:
+        steps += [f"mkdir -p {devices}", f"mount -t cgroup -o devices cgroup {devices}"]
+    if not unified and not devices:
+        return ""
+    return "{ " + " && ".join(steps) + "; } >/dev/null 2>&1; "
+
+
 def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost],
                 startup: StartupFiles | None = None) -> None:
     hostdir = lab.dir / host.name
@@ -260,7 +280,7 @@ def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost],
     )
     script = (
         f"hostname {host.name} && mount --bind {hostdir}/srv /srv && "
-        f"mount --bind {hostdir}/hosts /etc/hosts && "
+        f"mount --bind {hostdir}/hosts /etc/hosts && {_cgroup_mounts()}"
         f"exec {SSHD} -D -f {hostdir}/sshd_config -E {hostdir}/sshd.log"
     )
     Path("/run/sshd").mkdir(exist_ok=True)
@@ -293,6 +313,9 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
                 "hypertf_gpu_source": "static",
                 "hypertf_static_gpus": gpus,
                 "hypertf_ssh_timeout": 5.0,
+                # The hosts' job cgroups (docs/gpu.md "Confinement"): the machine's cgroup
+                # hierarchies are shared by every lab, so each lab has a subtree of its own.
+                "hypertf_cgroup_root": cgroup_root(lab),
                 # Shared by the lab's hosts (only /srv is private to each).
                 "hypertf_zk_credentials": str(lab.dir / "credentials"),
             },
@@ -452,7 +475,26 @@ def down(lab: Lab) -> None:
                 _ip("netns", "del", host.namespace)
     with contextlib.suppress(LabError):
         _ip("link", "del", lab.bridge)
+    _remove_cgroups(lab)
     shutil.rmtree(lab.dir, ignore_errors=True)
+
+
+def cgroup_root(lab: Lab) -> str:
+    """The lab's hypertf_cgroup_root: its own subtree of each cgroup hierarchy."""
+    return f"hypertf-lab-{lab.lab_id}"
+
+
+def _remove_cgroups(lab: Lab) -> None:
+    """The job cgroups the lab's agents left (SIGKILLed with their hosts): their processes
+    died with the hosts' PID namespaces, so only empty directories remain, deepest first."""
+    from hypertf.node import confine
+
+    for mount in confine.mounts():
+        top = Path(mount) / cgroup_root(lab) if mount else None
+        if top is not None and top.is_dir():
+            for folder, _, _ in sorted(os.walk(top), key=lambda walked: -len(walked[0])):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
 
 
 def all_labs(base: Path | None = None) -> list[Lab]:
