@@ -324,12 +324,14 @@ class PreflightAnswer(NamedTuple):
     protocol: int = PROTOCOL_VERSION
     ps_strategy: bool | None = None
     coordinator: str | None = None
+    confine: str | None = None  # what the node enforces (hypertf.node.confine); None: unknown
 
     def wire(self) -> dict[str, Any]:
         return {"python": self.python, "problems": list(self.problems),
                 "hostname": self.hostname, "legacy_flags": self.legacy_flags,
                 "tf_keras": self.tf_keras, "ps_strategy": self.ps_strategy,
-                "coordinator": self.coordinator, "protocol": self.protocol}
+                "coordinator": self.coordinator, "confine": self.confine,
+                "protocol": self.protocol}
 
     @classmethod
     def parse(cls, payload: object) -> PreflightAnswer:
@@ -339,6 +341,7 @@ class PreflightAnswer(NamedTuple):
         protocol = found.get("protocol", UNVERSIONED)
         ps_strategy = found.get("ps_strategy")  # added within version 2: missing is unknown
         coordinator = found.get("coordinator")  # likewise
+        confine = found.get("confine")  # likewise
         return cls(str(found.get("python", "")),
                    _strings(found.get("problems", []), "a preflight's problems"),
                    str(found.get("hostname", "")), bool(found.get("legacy_flags", False)),
@@ -347,4 +350,6 @@ class PreflightAnswer(NamedTuple):
                    else UNVERSIONED,
                    ps_strategy if isinstance(ps_strategy, bool) else None,
                    coordinator[:200] if isinstance(coordinator, str)
-                   and coordinator.isprintable() else None)  # said on the user's terminal
+                   and coordinator.isprintable() else None,  # said on the user's terminal
+                   confine[:300] if isinstance(confine, str) and confine.isprintable()
+                   else None)

@@ -173,6 +173,8 @@ class Job:
             warning = self.hang_warning(passed, self.ps_strategy)
             if warning:
                 self.say(f"hypertf: warning: {warning}")
+            for line in self.preflight.unconfined():
+                self.say(f"hypertf: notice: {line}")
             self.readiness, why = self.decide_readiness()
             if self.readiness is not Readiness.TF:
                 self.say(f"hypertf: rendezvous: {self.readiness} ({READINESS_SAID[self.readiness]}"

@@ -66,6 +66,7 @@ class Preflight:
         self.script_reads_flags = False
         self.ps_strategy: dict[str, bool | None] = {}  # each host's answer (None: unknown)
         self.coordinator: dict[str, str | None] = {}  # why it needs a coordinator, per host
+        self.confine: dict[str, str] = {}  # what each host enforces (hypertf.node.confine)
         # the script and its local modules as read here, once per job (None: not a file here)
         local = local_script(request)
         self.local_scan: ScriptScan | None = diagnose.scan_script(local) if local else None
@@ -123,9 +124,25 @@ class Preflight:
                                  if host not in lent})
         self.coordinator.update({host: v.coordinator for host, v in passed.items()
                                  if host not in lent})
+        self.confine.update({host: v.confine for host, v in passed.items()
+                             if host not in lent and v.confine})
         self.preflighted.update(h for h in passed if h not in lent)
         self.offload_checked.update(h for h in passed if h in lent)
         return answers.results
+
+    def unconfined(self) -> list[str]:
+        """One line per preflighted host whose tasks are not fully confined (its agent
+        cannot make cgroups or filter devices there), for the launcher to say."""
+        lines = []
+        for host, label in sorted(self.confine.items()):
+            if label == "cgroup":
+                lines.append(f"{host}: tasks in their job's cgroup, but no device filter: "
+                             f"only the trespass detector keeps them off other GPUs")
+            elif label != "devices+cgroup":
+                lines.append(f"{host}: tasks not confined ({label}): the trespass detector "
+                             f"guards its GPUs, and a daemon a task starts is stopped only "
+                             f"with its process group")
+        return lines
 
     @property
     def script_ps_strategy(self) -> bool | None:

@@ -21,15 +21,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import logging
 import os
 import re
 import signal
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import logging
 
 STATE_FILE = "cgroups.json"  # in the node's workdir, written by the agent
 WAIT_S = 5.0  # how long a start waits for the agent to make its job's cgroup
@@ -37,7 +39,13 @@ KILL_WAIT_S = 2.0  # after cgroup.kill / SIGKILL, how long until the cgroup must
 NVIDIA_MAJOR = 195  # /dev/nvidiaN is 195:N (nvidiactl 195:255, nvidia-modeset 195:254)
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,199}$")  # a task key as a directory name
 
-log = logging.getLogger(__name__)
+
+
+def _log() -> logging.Logger:
+    """The agent's logger, imported when the agent (not 'tasknode start') needs it."""
+    import logging
+
+    return logging.getLogger(__name__)
 
 
 class Mode(StrEnum):
@@ -48,9 +56,9 @@ class Mode(StrEnum):
     NONE = "none"  # neither: the trespass detector only
 
 
-@dataclass(frozen=True)
-class NodeCgroups:
-    """What the agent found on its node and wrote for ``tasknode`` (``cgroups.json``)."""
+class NodeCgroups(NamedTuple):
+    """What the agent found on its node and wrote for ``tasknode`` (``cgroups.json``); a
+    NamedTuple: 'tasknode start' reads it and must not import dataclasses."""
 
     mode: Mode = Mode.NONE
     why: str = ""  # for NONE (or what is missing for CGROUP): a few words
@@ -58,6 +66,7 @@ class NodeCgroups:
     unified: str = ""  # the host's subtree in the cgroup v2 hierarchy ('' : not used)
     devices: str = ""  # the host's subtree in the v1 devices hierarchy ('' : not used)
     filter: str = ""  # 'v1', 'bpf' or '' (no device filter)
+    path: str = ""  # the host's subtree below each mount (host_subtree)
 
     @property
     def label(self) -> str:
@@ -74,7 +83,7 @@ class NodeCgroups:
         return [subtree / task_key for subtree in self.subtrees()]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True) + "\n"
+        return json.dumps(self._asdict(), sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> NodeCgroups:
@@ -84,7 +93,7 @@ class NodeCgroups:
         return cls(mode=Mode(raw.get("mode", "none")), why=str(raw.get("why", "")),
                    required=bool(raw.get("required", False)),
                    unified=str(raw.get("unified", "")), devices=str(raw.get("devices", "")),
-                   filter=str(raw.get("filter", "")))
+                   filter=str(raw.get("filter", "")), path=str(raw.get("path", "")))
 
 
 def read_state(workdir: str | Path) -> NodeCgroups:
@@ -194,7 +203,8 @@ def detect(relative: str, setting: str, mountinfo: str = "/proc/self/mountinfo",
         return NodeCgroups(why=why, required=required)
     missing = "" if filt else f"no device filter: v1 devices ({v1_why}), BPF ({bpf_why})"
     return NodeCgroups(mode=Mode.DEVICES if filt else Mode.CGROUP, why=missing,
-                       required=required, unified=unified, devices=devices, filter=filt)
+                       required=required, unified=unified, devices=devices, filter=filt,
+                       path=relative.strip("/"))
 
 
 def members(dirs: Iterable[Path]) -> set[int]:
@@ -268,7 +278,7 @@ def stop(dirs: Sequence[Path], grace: float) -> bool:
     return kill(dirs, grace)
 
 
-def join_env(state: NodeCgroups, task_key: str, wait: float = WAIT_S,
+def join_env(state: NodeCgroups, task_key: str, wait: float | None = None,
              ) -> tuple[dict[str, str], str]:
     """What a task's wrapper needs to join its job's cgroups (``HYPERTF_CGROUP_PROCS``:
     their ``cgroup.procs`` files, ':'-separated; ``HYPERTF_CGROUP_REQUIRED``), waiting up
@@ -278,6 +288,7 @@ def join_env(state: NodeCgroups, task_key: str, wait: float = WAIT_S,
     dirs = state.job_dirs(task_key)
     if not dirs:
         return {}, ""
+    wait = WAIT_S if wait is None else wait
     deadline = time.monotonic() + wait
     while not all(d.is_dir() for d in dirs):
         if time.monotonic() >= deadline:
@@ -289,7 +300,8 @@ def join_env(state: NodeCgroups, task_key: str, wait: float = WAIT_S,
             return {}, (f"hypertf: this task is not confined: the agent did not make job "
                         f"{task_key}'s cgroups in {wait:.0f} s (is it running?)")
         time.sleep(0.005)
-    env = {"HYPERTF_CGROUP_PROCS": ":".join(str(d / "cgroup.procs") for d in dirs)}
+    env = {"HYPERTF_CGROUP_PROCS": ":".join(str(d / "cgroup.procs") for d in dirs),
+           "HYPERTF_CGROUP_PATH": f"/{state.path}/{task_key}"}
     if state.required:
         env["HYPERTF_CGROUP_REQUIRED"] = "1"
     return env, ""
@@ -322,7 +334,7 @@ class JobCgroups:
                     self._apply(key, denied)
                     self._denied[key] = denied
             except OSError as err:
-                log.error("cannot prepare the cgroups of %s: %s", key, err)
+                _log().error("cannot prepare the cgroups of %s: %s", key, err)
         self._forget(set(jobs))
 
     def _apply(self, key: str, denied: frozenset[int]) -> None:
@@ -338,6 +350,21 @@ class JobCgroups:
 
             bpfdevice.deny_devices(Path(self.state.unified) / key,
                                    [("c", NVIDIA_MAJOR, m) for m in sorted(denied)])
+
+    def jobs(self) -> list[str]:
+        """The jobs whose cgroups this agent made and keeps."""
+        return sorted(self._denied)
+
+    def move_in(self, key: str, pid: int) -> list[str]:
+        """Move ``pid`` (a proven wrapper that could not join by itself) into each of the
+        job's cgroups it is not in yet; the cgroups it was moved into."""
+        moved = []
+        for folder in self.state.job_dirs(key):
+            if pid not in members([folder]):
+                with contextlib.suppress(OSError):
+                    (folder / "cgroup.procs").write_text(f"{pid}\n")
+                    moved.append(str(folder))
+        return moved
 
     def close(self, workdir: str | Path | None = None) -> None:
         """The agent stops: a start no longer waits for cgroups nobody makes (the state
@@ -360,7 +387,7 @@ class JobCgroups:
                 for entry in subtree.iterdir():
                     if entry.is_dir() and _KEY.match(entry.name) and entry.name not in current:
                         if populated([entry]):  # its job holds no cell here: nothing may run
-                            log.warning("job %s has no cell on this host but processes in its "
+                            _log().warning("job %s has no cell on this host but processes in its "
                                         "cgroup %s: killed", entry.name, entry)
                             kill([entry])
                         _remove(entry)

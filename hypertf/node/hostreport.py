@@ -55,6 +55,7 @@ class HostReport:
         host's row read afresh from ZooKeeper: a task that starts on a GPU the keeper has
         just granted its job must not be taken for a trespasser because this agent's row
         was read before the grant, or because its wrapper has not written its PID yet."""
+        self.adopt()
         enforce = self.node.settings.gpu_enforce
         found: list[Trespass] = []
         # An idle node (no job holds or drains a GPU here, NVML sees no process) is not
@@ -85,6 +86,19 @@ class HostReport:
         if not found and not self.drained:
             return record
         return replace(record, drained=sorted(self.drained), trespasses=found)
+
+    def adopt(self) -> None:
+        """Move each proven task wrapper of a job with cgroups here that is not in them
+        (its account may not join them by itself: not root, or cgroup v2) into them; the
+        wrapper waits for that before it runs its command (task.sh). A few file reads per
+        task at each probe; nothing when no job has cgroups here."""
+        for key in self.cgroups.jobs():
+            run = RunDir.of(self.node.settings.workdir, key, local=True)
+            for name in run.task_names():
+                wrapper = tasknode.wrapper(run, name)
+                if wrapper and (moved := self.cgroups.move_in(key, wrapper)):
+                    log.info("moved task %s of %s (pid %d) into its cgroups %s", name, key,
+                             wrapper, moved)
 
     def reap_orphans(self, zk: Store) -> None:
         """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""

@@ -234,7 +234,7 @@ class StaticGpuSource:
                                     for pid in entry.get("processes", ())),
                     mig=bool(entry.get("mig", False)),
                     fault=str(entry.get("fault", "")),
-                    minor=int(entry.get("minor", index)),  # the lab's mknod'ed 195:<index>
+                    minor=int(entry.get("minor", -1)),  # -1: the index (the lab's 195:<i>)
                 )
             )
         return readings

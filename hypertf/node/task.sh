@@ -29,18 +29,33 @@ if [ -e "$drained" ]; then echo 75 > "$exitfile"; exit 75; fi
 # A task that cannot start says why in its log (the launcher shows the log's last lines).
 fail() { echo "hypertf: $2" >> "$log"; echo "$1" > "$exitfile"; exit "$1"; }
 # The job's cgroups (hypertf.node.confine; 'tasknode start' names their cgroup.procs files,
-# ':'-separated): joined before the command, so everything it starts, a setsid daemon too,
-# stays in them, with the device rules the agent wrote from the job's grant.
-rest=${HYPERTF_CGROUP_PROCS:-}
+# ':'-separated, and their path HYPERTF_CGROUP_PATH): joined before the command, so
+# everything it starts, a setsid daemon too, stays in them, with the device rules the agent
+# wrote from the job's grant. An account that may not write them (not root; on cgroup v2
+# no account but root may move a process between another's cgroups) waits for the agent
+# to move this shell in (it proves the wrapper first), at its next probe.
+rest=${HYPERTF_CGROUP_PROCS:-} want=0 joined=0
 while [ -n "$rest" ]; do
     procs=${rest%%:*}
     if [ "$procs" = "$rest" ]; then rest=""; else rest=${rest#*:}; fi
-    if ! { echo $$ > "$procs"; } 2>/dev/null; then
-        [ -n "${HYPERTF_CGROUP_REQUIRED:-}" ] && fail 126 "cannot join the job's cgroup ($procs), and hypertf_gpu_confine is required on this node"
-        echo "hypertf: this task is not confined: cannot join the job's cgroup ($procs)" >> "$log"
-    fi
+    want=$((want + 1))
+    { echo $$ > "$procs"; } 2>/dev/null && joined=$((joined + 1))
 done
-unset HYPERTF_CGROUP_PROCS HYPERTF_CGROUP_REQUIRED rest procs
+if [ "$joined" -lt "$want" ]; then
+    for _ in $(seq 100); do
+        joined=0
+        while read -r line; do
+            case $line in *":$HYPERTF_CGROUP_PATH") joined=$((joined + 1)) ;; esac
+        done < "/proc/$$/cgroup"
+        [ "$joined" -ge "$want" ] && break
+        sleep 0.05
+    done
+fi
+if [ "$joined" -lt "$want" ]; then
+    [ -n "${HYPERTF_CGROUP_REQUIRED:-}" ] && fail 126 "not in the job's cgroups after 5 s (the node's agent moves a task in when it cannot join itself: is the agent running?), and hypertf_gpu_confine is required on this node"
+    echo "hypertf: this task is not confined: it is not in the job's cgroups after 5 s (is the node's agent running?)" >> "$log"
+fi
+unset HYPERTF_CGROUP_PROCS HYPERTF_CGROUP_REQUIRED HYPERTF_CGROUP_PATH rest procs want joined
 if [ -e "$venv/bin/activate" ]; then
     # shellcheck disable=SC1091
     source "$venv/bin/activate" || fail 127 "sourcing $venv/bin/activate failed (exit $?)"

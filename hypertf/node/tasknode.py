@@ -660,7 +660,8 @@ def preflight(workdir: str, script: str, venv: str | None = None) -> dict[str, A
                                 bool(scan and scan.legacy_flags), tf_keras,
                                 wire.PROTOCOL_VERSION,
                                 scan.ps_strategy if scan and scan.files else None,
-                                scan.coordinator if scan and scan.files else None).wire()
+                                scan.coordinator if scan and scan.files else None,
+                                confine.read_state(workdir).label).wire()
 
 
 def venv_problems(venv: str) -> list[str]:

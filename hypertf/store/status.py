@@ -98,6 +98,8 @@ def collect(client: KazooClient, inventory: Inventory,
             "mgmt_addr": record.mgmt_addr if record else None,
             "gpu_source": record.gpu_source if record else None,
             "gpu_driver": record.gpu_driver if record else {},
+            # what the node enforces (hypertf.node.confine); '' from an older agent
+            "confine": (record.confine or "unknown (an older agent)") if record else None,
             "gpus": gpus,
             "ports_reserved": len(ports),
             # jobs here without a GPU of this host: parameter servers, offload hosts
@@ -268,6 +270,16 @@ def render_compact(status: dict[str, Any], console: Console) -> None:
     console.file.flush()  # lines took longer than building them
 
 
+def _confinement(hosts: list[dict[str, Any]]) -> str:
+    """One line: how many hosts enforce what (hypertf.node.confine), the agents up only."""
+    counts: dict[str, int] = {}
+    for host in hosts:
+        if host.get("confine"):
+            counts[host["confine"]] = counts.get(host["confine"], 0) + 1
+    return "Confinement: " + ("; ".join(f"{label} ({count} hosts)"
+                                        for label, count in sorted(counts.items())) or "-")
+
+
 def render(status: dict[str, Any], console: Console | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -284,6 +296,7 @@ def render(status: dict[str, Any], console: Console | None = None) -> None:
     table.add_column("agent")
     table.add_column("data address")
     table.add_column("GPU driver")
+    table.add_column("confined")
     for index in range(width):
         table.add_column(f"GPU {index}" if most else "GPUs")
     cpu_jobs = any(h.get("cpu_jobs") for h in status["hosts"])
@@ -299,12 +312,13 @@ def render(status: dict[str, Any], console: Console | None = None) -> None:
         if cpu_jobs:
             cells.append(", ".join(f"[yellow]{key}[/]" for key in host.get("cpu_jobs", ())))
         table.add_row(host["name"], agent, host["data_addr"] or host["address"], _driver(host),
-                      *cells)
+                      host.get("confine") or "", *cells)
     console.print(table)
     _render_footer(status, console)
 
 
 def _render_footer(status: dict[str, Any], console: Console) -> None:
+    console.print(_confinement(status["hosts"]), highlight=False)
     servers = ", ".join(f"{s['server']} {s['mode']} ({s['latency_ms']} ms)"
                         for s in status["zookeeper"]["servers"])
     console.print(f"ZooKeeper: {servers}; root {status['zookeeper']['root']}")

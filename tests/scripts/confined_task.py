@@ -1,7 +1,8 @@
 """A task for the confinement tests (docs/gpu.md "Confinement"): opens the device nodes it
 is given and says what each open gave, before and after widening its own
 CUDA_VISIBLE_DEVICES; with --daemon TOKEN it first double-forks a setsid daemon (as
-data-loader servers and nohup helpers do) that sleeps with TOKEN (digits) in its command line (sleep 600 0.TOKEN)."""
+data-loader servers and nohup helpers do) that sleeps with TOKEN (digits) in its command
+line (sleep 600 0.TOKEN)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def main() -> int:
     parser.add_argument("--devices", nargs="*", default=[])
     parser.add_argument("--daemon", default="")
     parser.add_argument("--work_s", type=float, default=0.0)
+    parser.add_argument("--exit_code", type=int, default=0)
     args, _ = parser.parse_known_args()
     if args.daemon:
         # setsid: out of the task's process group and session; start_new_session in a
@@ -43,7 +45,7 @@ def main() -> int:
     os.environ["CUDA_VISIBLE_DEVICES"] = "all"  # a hint only: the cgroup does not read it
     print(f"widened opens: {opens(args.devices)}", flush=True)
     time.sleep(args.work_s)
-    return 0
+    return args.exit_code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,111 @@
+"""Grants enforced by the kernel on the lab (issue 50, docs/gpu.md "Confinement"): a task
+opens only its granted GPU's device node (195:<index>, made here with mknod: an allowed one
+without a driver gives ENXIO, a refused one EPERM), whatever it does to its own
+CUDA_VISIBLE_DEVICES; a daemon it double-forks and setsids ends with the job (success,
+failure, a SIGKILLed launcher), before the job's GPUs are free."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LAB_GPUS, wait_for
+from tests.launcher.helpers import REPO, all_free, hypertf, start_hypertf, status, until_line
+
+TASK = str(REPO / "tests" / "scripts" / "confined_task.py")
+
+
+@pytest.fixture
+def devices(tmp_path: Path) -> list[str]:
+    """/dev/nvidia0.. as device nodes in a folder every lab host sees (outside /srv)."""
+    folder = tmp_path / "dev"
+    folder.mkdir()
+    paths = []
+    for minor in range(LAB_GPUS):
+        path = folder / f"nvidia{minor}"
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(195, minor))
+        paths.append(str(path))
+    return paths
+
+
+def daemons(token: str) -> list[int]:
+    """This machine's processes with ``token`` in their command line (the lab's hosts
+    are PID namespaces of this machine: their processes are here too)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if token.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def job_cgroups(lab, key: str) -> list[Path]:
+    from hypertf.node import confine
+    from hypertf.ops.lab import cgroup_root
+
+    return [d for mount in confine.mounts() if mount
+            for d in Path(mount, cgroup_root(lab)).glob(f"*/*/{key}")]
+
+
+def test_a_task_opens_only_its_gpu_and_its_daemon_ends_with_the_job(lab, tmp_path, devices):
+    token = str(secrets.randbelow(10 ** 12))
+    done = hypertf("train", "-i", lab.inventory, "--script", TASK, "--worker", "2",
+                   "--", "--devices", *devices, "--daemon", token, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not daemons(token), "a task's setsid daemon outlived its job"
+    assert all_free(lab.inventory)
+    said = re.findall(r"\[(worker:\d)@\S+\] cuda=GPU-static-\S+-(\d) opens: (.*)", done.stdout)
+    widened = re.findall(r"\[(worker:\d)@\S+\] widened opens: (.*)", done.stdout)
+    assert len(said) == 2 and len(widened) == 2, done.stdout
+    for (task, gpu, opens), (_, after) in zip(sorted(said), sorted(widened), strict=True):
+        expected = " ".join(f"{path}={'ENXIO' if index == int(gpu) else 'EPERM'}"
+                            for index, path in enumerate(devices))
+        assert opens == expected, (task, opens)
+        assert after == expected, "widening CUDA_VISIBLE_DEVICES changed what opens"
+    assert "not confined" not in done.stdout
+    key = re.search(r"job (\S+): started", done.stdout).group(1)
+    wait_for(lambda: not job_cgroups(lab, key), 10, "the agents to remove the job's cgroups")
+
+
+def test_a_failed_jobs_daemon_ends_with_it(lab, tmp_path):
+    token = str(secrets.randbelow(10 ** 12))
+    done = hypertf("train", "-i", lab.inventory, "--script", TASK, "--worker", "1",
+                   "--", "--daemon", token, "--exit_code", "3", cwd=tmp_path)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert not daemons(token)
+    assert all_free(lab.inventory)
+
+
+def test_a_killed_launchers_daemon_is_gone_before_its_gpu_is_free(lab, tmp_path):
+    token = str(secrets.randbelow(10 ** 12))
+    job = start_hypertf("train", "-i", lab.inventory, "--script", TASK, "--worker", "1",
+                        "--", "--daemon", token, "--work_s", "300", cwd=tmp_path)
+    lines = until_line(job, "widened opens")
+    assert daemons(token), "".join(lines)
+    job.send_signal(signal.SIGKILL)  # nobody left to stop the task: the agent does
+    job.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        alive = daemons(token)  # read before the matrix: a free cell must find it dead
+        if all_free(lab.inventory):
+            assert not alive, "the job's GPU was free while its daemon still ran"
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the job's GPU was not freed within 60 s")
+    assert not daemons(token)
+
+
+def test_status_and_preflight_show_each_nodes_confinement(lab):
+    report = status(lab.inventory)
+    assert {host["confine"] for host in report["hosts"]} == {"devices+cgroup"}
