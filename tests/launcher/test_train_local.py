@@ -87,3 +87,19 @@ def test_the_mirrored_example_exits_0_after_training_whatever_its_accuracy(tmp_p
     assert accuracy < 0.90, done.stdout  # low: the old example exited 1 here
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert json.loads(metrics.read_text()) == {"test_accuracy": round(accuracy, 4)}
+
+
+def test_a_tasks_setsid_daemon_ends_with_its_job_on_the_local_inventory(local_inventory,
+                                                                         tmp_path):
+    """Issue 50 on './dev.sh up''s one-node cluster: the job's cgroups hold the daemon."""
+    from tests.launcher.test_confine import TASK, daemons
+
+    token = str(secrets.randbelow(10 ** 12))
+    done = subprocess.run(
+        [sys.executable, "-m", "hypertf.cli", "train", "-i", local_inventory, "--script", TASK,
+         "--worker", "1", "--", "--daemon", token], cwd=tmp_path, capture_output=True,
+        text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "daemon started" in done.stdout and "not confined" not in done.stdout
+    assert not daemons(token), "a task's setsid daemon outlived its job"
+    assert all_free(local_inventory)
