@@ -40,6 +40,7 @@ class JobState(StrEnum):
     CANCELLED = "cancelled"  # hypertf cancel of a waiting one
     LOST = "lost"  # its launcher died without releasing it
     REFUSED = "refused"  # --no-wait and it could not start at once
+    PREEMPTED = "preempted"  # the keeper gave its GPUs to another job: its next attempt waits
 
 
 class RefusedKind(StrEnum):

@@ -59,6 +59,14 @@ class Layout:
         return f"{self.root}/jobs"
 
     @property
+    def preempts(self) -> str:
+        """The keeper's preemption notices (hypertf.core.preemptnotice), one per victim."""
+        return f"{self.root}/preempts"
+
+    def preempt(self, task_key: str) -> str:
+        return f"{self.preempts}/{task_key}"
+
+    @property
     def leases(self) -> str:
         return f"{self.root}/leases"
 

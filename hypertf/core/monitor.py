@@ -176,6 +176,7 @@ class EventKind(enum.StrEnum):
     TICK = "tick"  # nothing came for a while: the clock's rules run
     LEASE_DROPPED = "lease-dropped"  # hypertf kill or cancel: the job's lease is gone
     SESSION_LOST = "session-lost"  # the ZooKeeper session (and so the lease) is gone
+    PREEMPTED = "preempted"  # the keeper's preemption notice for this attempt (``why``: it)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ as an argument (it spells nothing itself).
     <workdir>/runs/<task key>/<task>.exit   its exit code, written when it ends
     <workdir>/runs/<task key>/drained       the agent's mark: tasks starting now do not run
     <workdir>/runs/<task key>/stopped       every task seen dead (nothing left to reap)
+    <workdir>/runs/<task key>/preempt       HYPERTF_PREEMPT_FILE: the preemption's deadline,
+                                            written before its SIGTERM
     <workdir>/runs/<task key>/code/         the --sync upload
     <workdir>/runs/<task key>.start.json    the start request, while it is being read
     <workdir>/runs/<task key>.code.tar.gz   the --sync archive, while it is unpacked
@@ -194,6 +196,12 @@ class RunDir:
     @property
     def stopped(self) -> PurePath:
         return self.path / "stopped"
+
+    @property
+    def preempt(self) -> PurePath:
+        """HYPERTF_PREEMPT_FILE: written by 'tasknode stop --preempt' before the SIGTERM
+        (hypertf.core.preemptnotice); a task may also poll for it."""
+        return self.path / "preempt"
 
     @property
     def code(self) -> PurePath:

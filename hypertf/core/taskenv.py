@@ -21,6 +21,7 @@ TASK_ENV = (
     "HYPERTF_TENSORBOARD_DIR",
     "HYPERTF_METRICS_FILE",  # the reporting task only
     "HYPERTF_START_AFTER",  # host:port task.sh waits for (TF1: the workers after worker 0)
+    "HYPERTF_PREEMPT_FILE",  # written before a preemption's SIGTERM (hypertf.core.preemptnotice)
 )
 # Set by the node ('tasknode start', hypertf.node.confine): the job's cgroups to join.
 NODE_ENV = ("HYPERTF_CGROUP_PROCS", "HYPERTF_CGROUP_REQUIRED")

@@ -31,6 +31,7 @@ from hypertf.core.errors import Cancelled, HyperTFError
 from hypertf.core.jobrecord import AttemptSummary, JobState, JobSummary
 from hypertf.core.monitor import Event, EventKind, Limits, Monitor, TaskState, Verdict, plural
 from hypertf.core.placement import Grant
+from hypertf.core.preemptnotice import Notice
 from hypertf.core.protocol import RunEnd, StopResult
 from hypertf.core.rendezvous import Readiness
 from hypertf.core.rundir import RunDir, make_private, write_private
@@ -76,7 +77,7 @@ class Placer(Protocol):
     def queued(self) -> Set[str]: ...
 
     def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
-              avoid: frozenset[str] = ...) -> Grant: ...
+              avoid: frozenset[str] = ..., resumes: str = "") -> Grant: ...
 
     def live_hosts(self) -> list[str]: ...
 
@@ -114,6 +115,17 @@ class JobKilled(JobFailed):
     and its own exit code (errors.Cancelled's), so it is not taken for a failure."""
 
     exit_code = Cancelled.exit_code
+
+
+class Preempted(JobFailed):
+    """The keeper preempted the attempt (its notice): the tasks were told (the preemption
+    file, SIGTERM) and stopped by the notice's deadline; the job waits again as its next
+    attempt, at its old place in the queue."""
+
+    def __init__(self, notice: Notice) -> None:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(notice.at))
+        super().__init__(f"preempted by {notice.by} at {at} ({notice.reason})", retryable=True)
+        self.notice = notice
 
 
 class Interrupted(HyperTFError):
@@ -157,6 +169,8 @@ def ended_by(err: HyperTFError) -> tuple[JobState, str]:
         return JobState.INTERRUPTED, str(err)
     if isinstance(err, JobKilled):
         return JobState.KILLED, str(err)
+    if isinstance(err, Preempted):
+        return JobState.PREEMPTED, str(err)
     if isinstance(err, Cancelled):  # said once: the job re-reads its attempt's error
         said = "hypertf cancel took it out of the queue; nothing ran"
         return JobState.CANCELLED, str(err) if said in str(err) else f"{err}: {said}"
@@ -176,8 +190,11 @@ class Outcome:
 class Attempt:
     """allocate -> start -> watch -> stop -> release, for one task key."""
 
-    def __init__(self, job: Job, task_key: str, number: int, last: bool, parts: Parts) -> None:
+    def __init__(self, job: Job, task_key: str, number: int, last: bool, parts: Parts,
+                 resumes: str = "") -> None:
         self.job = job
+        self.resumes = resumes  # the preempted attempt this one continues ('' : none)
+        self.preempted: Notice | None = None  # the keeper's notice, once it came
         self.parts = parts
         self.task_key = task_key
         self.number = number  # 1 for the first try: HYPERTF_ATTEMPT
@@ -226,7 +243,8 @@ class Attempt:
     def run(self, live: list[str], exclude: dict[str, set[int]],
             avoid: frozenset[str] = frozenset()) -> Outcome:
         try:
-            self.grant = self.parts.placer.place(self.task_key, live, exclude, avoid)
+            self.grant = self.parts.placer.place(self.task_key, live, exclude, avoid,
+                                                 resumes=self.resumes)
             self.tasks = {p.name: TaskState(p, self.grant.ports[p.name])
                           for p in specs.tasks_of(self.grant.placements)}
             self.offload_hosts = specs.offload_hosts(self.grant.placements)
@@ -306,6 +324,9 @@ class Attempt:
                 timeline.mark("first log line")
             elif event.kind is EventKind.EXIT and event.killed:
                 inbox.await_lease_drop()  # killed by an agent after 'hypertf kill'?
+            elif event.kind is EventKind.PREEMPTED:
+                self.take_notice(event.why)
+                continue
             if inbox.lease_dropped and event.kind is not EventKind.SESSION_LOST:
                 event = Event(EventKind.LEASE_DROPPED, why=(
                     f"job {self.task_key} was killed: its lease was dropped (hypertf kill); "
@@ -321,6 +342,21 @@ class Attempt:
             if decision.final:
                 raise JobFailed(decision.message, decision.verdict is Verdict.RETRYABLE,
                                 decision.hosts)
+
+    def take_notice(self, text: str) -> None:
+        """The keeper's notice (only it writes there; checked all the same): the tasks
+        stop by its deadline (``stop``) and the job waits again (``Preempted``)."""
+        try:
+            notice = Notice.from_json(text.encode(), self.task_key)
+        except ValueError as err:
+            self.say(f"hypertf: warning: ignored a preemption notice: {err}")
+            return
+        self.preempted = notice
+        grace = notice.grace_left(time.time())
+        self.say(f"hypertf: job {self.task_key} preempted by {notice.by} ({notice.reason}): "
+                 f"its tasks get SIGTERM and HYPERTF_PREEMPT_FILE now, SIGKILL in "
+                 f"{grace:.0f} s; then it waits again at its place in the queue")
+        raise Preempted(notice)
 
     def facts(self) -> diagnose.JobFacts:
         """What a failure's hint may rely on: TF_USE_LEGACY_KERAS=1 on every task's host,
@@ -350,8 +386,12 @@ class Attempt:
             self.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
                      f"tasks there when it can reach ZooKeeper again (the lease is released)")
         done = self._ended_by_nodes(hosts)
-        ends = self.parts.fleet.stop({h: self.run_dir(h) for h in hosts if h not in done},
-                                     self.job.request.grace)
+        runs = {h: self.run_dir(h) for h in hosts if h not in done}
+        if self.preempted is not None:  # the notice's deadline, its file first
+            notice = self.preempted
+            ends = self.parts.fleet.stop(runs, notice.grace_left(time.time()), notice.deadline)
+        else:
+            ends = self.parts.fleet.stop(runs, self.job.request.grace)
         self.ended.update(ends.succeeded)  # the stop's answer: logs, metrics, offload counts
         results: GroupResult[dict[str, StopResult]] = GroupResult()
         results.update({host: end.stopped for host, end in ends.succeeded.items()})

@@ -44,9 +44,11 @@ class Fleet(Protocol):
         host's ending with ``closed`` or ``lost``. Per host, each task's PID."""
         ...
 
-    def stop(self, runs: Mapping[str, RunDir], grace: float) -> GroupResult[RunEnd]:
+    def stop(self, runs: Mapping[str, RunDir], grace: float,
+             preempt_deadline: float | None = None) -> GroupResult[RunEnd]:
         """TERM, then KILL after ``grace``, every task of each host's run; per host what
-        the stop did, with the logs (those that fit), the metrics and the offload counts."""
+        the stop did, with the logs (those that fit), the metrics and the offload counts.
+        ``preempt_deadline``: a preemption (the nodes write HYPERTF_PREEMPT_FILE first)."""
         ...
 
     def fetch_logs(self, runs: Mapping[str, RunDir], tasks: Mapping[str, Sequence[str]],
@@ -80,9 +82,10 @@ class SshFleet:
 
         return self.cluster.each(launch, list(starts))
 
-    def stop(self, runs: Mapping[str, RunDir], grace: float) -> GroupResult[RunEnd]:
-        return self.cluster.each(
-            lambda s: NodeClient(s).stop_with_logs(runs[s.node.name], grace), list(runs))
+    def stop(self, runs: Mapping[str, RunDir], grace: float,
+             preempt_deadline: float | None = None) -> GroupResult[RunEnd]:
+        return self.cluster.each(lambda s: NodeClient(s).stop_with_logs(
+            runs[s.node.name], grace, preempt_deadline), list(runs))
 
     def fetch_logs(self, runs: Mapping[str, RunDir], tasks: Mapping[str, Sequence[str]],
                    local: RunDir, have: Mapping[str, Mapping[str, str]]) -> None:

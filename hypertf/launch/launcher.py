@@ -27,6 +27,7 @@ from hypertf.core.errors import HyperTFError
 from hypertf.core.jobrecord import AttemptSummary, JobState, JobSummary
 from hypertf.core.monitor import Verdict
 from hypertf.core.placement import new_task_key
+from hypertf.core.preemption import requeue_delay
 from hypertf.core.records import AgentRecord
 from hypertf.core.rendezvous import READINESS_SAID, Readiness
 from hypertf.core.rundir import checkpoint_dir
@@ -39,6 +40,7 @@ from hypertf.launch.attempt import (
     JobKilled,
     Outcome,
     Parts,
+    Preempted,
     ended_by,
     interrupted_by_signals,
     summary_of,
@@ -256,15 +258,26 @@ class Job:
         exclude: dict[str, set[int]] = {}
         port_retries = 0
         restarts = Restarts(self.request.max_restarts, self.request.restart_on_failure)
+        resumes = ""  # the preempted attempt the next one continues
         while True:
             key = self.first_key if not self.attempts and self.first_key else \
                 new_task_key(self.owner)
             attempt = Attempt(self, key, number=len(self.attempts) + 1,
-                              last=port_retries == MAX_PORT_RETRIES, parts=self.parts)
+                              last=port_retries == MAX_PORT_RETRIES, parts=self.parts,
+                              resumes=resumes)
             self.attempts.append(attempt)
             self.lost_session.clear()  # a new attempt has a new lease in the current session
             try:
                 outcome = attempt.run(live, exclude, restarts.avoid)
+            except Preempted as err:  # not a failure: no restart is spent on it
+                resumes = attempt.task_key
+                wait = requeue_delay(err.notice.count)
+                self.say(f"hypertf: attempt {attempt.number} {err}: requeued as attempt "
+                         f"{attempt.number + 1}" + (f" in {wait:.0f} s" if wait else "")
+                         + ", at its place in the queue")
+                time.sleep(wait)
+                live = self.parts.placer.live_hosts()
+                continue
             except JobFailed as err:
                 pause = restarts.after(err)
                 if pause is None:

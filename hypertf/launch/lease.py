@@ -74,8 +74,16 @@ class StoreLease:
             if state == KazooState.LOST and not over.is_set():
                 events.put(Event(EventKind.SESSION_LOST))
 
+        def on_notice(data: bytes | None, _stat: object) -> bool:
+            """The keeper's preemption notice for this attempt (only it writes there)."""
+            if data is not None and not over.is_set():
+                events.put(Event(EventKind.PREEMPTED, why=data.decode(errors="replace")))
+                return False  # one notice per attempt
+            return not over.is_set()
+
         client.add_listener(on_state)
         client.DataWatch(self.store.layout.lease(task_key), on_lease)
+        client.DataWatch(self.store.layout.preempt(task_key), on_notice)
 
         def end() -> None:
             over.set()

@@ -263,12 +263,16 @@ class NodeClient:
         return protocol.parse_stopped(self._answer(self.session.run(
             self._tasknode("stop", run.path, "--grace", grace), timeout=grace + 30)))
 
-    def stop_with_logs(self, run: RunDir, grace: float) -> RunEnd:
+    def stop_with_logs(self, run: RunDir, grace: float,
+                       preempt_deadline: float | None = None) -> RunEnd:
         """``stop``, and in the same answer the tasks' logs (up to 1 MiB in all: a larger
         log is not in it; ``fetch_logs`` copies it) and the metrics file's text (None: no
-        file): a job's end in one round trip per host."""
+        file): a job's end in one round trip per host. ``preempt_deadline``: a preemption,
+        whose file the node writes before the SIGTERM."""
+        extra = ("--preempt-deadline", preempt_deadline) if preempt_deadline else ()
         return RunEnd.parse(self._answer(self.session.run(
-            self._tasknode("stop", run.path, "--grace", grace, "--logs"), timeout=grace + 30)))
+            self._tasknode("stop", run.path, "--grace", grace, "--logs", *extra),
+            timeout=grace + 30)))
 
     def fetch_metrics(self, run: RunDir, local: RunDir) -> None:
         """The reporting task's metrics file, if it wrote one (sweeps read it)."""

@@ -51,7 +51,8 @@ class WaitQueue(Protocol):
     def matrix(self) -> Matrix: ...
 
     def enqueue(self, task_key: str, request: Request, record: Mapping[str, Any],
-                priority: int, exclude: Mapping[str, set[int]], wait: bool) -> None: ...
+                priority: int, exclude: Mapping[str, set[int]], wait: bool,
+                resumes: str = "") -> None: ...
 
     def wait_for_admission(self, task_key: str, say: Callable[[str], None],
                            lost_session: threading.Event) -> Grant: ...
@@ -73,8 +74,10 @@ class StoreWaitQueue:
         return read_matrix(self.store)[0]
 
     def enqueue(self, task_key: str, request: Request, record: Mapping[str, Any],
-                priority: int, exclude: Mapping[str, set[int]], wait: bool) -> None:
-        enqueue(self.store, task_key, request, record, priority, exclude, wait=wait)
+                priority: int, exclude: Mapping[str, set[int]], wait: bool,
+                resumes: str = "") -> None:
+        enqueue(self.store, task_key, request, record, priority, exclude, wait=wait,
+                resumes=resumes)
 
     def wait_for_admission(self, task_key: str, say: Callable[[str], None],
                            lost_session: threading.Event) -> Grant:
@@ -140,7 +143,7 @@ class KeeperPlacer:
         self.checks.forget(hosts)
 
     def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
-              avoid: frozenset[str] = frozenset()) -> Grant:
+              avoid: frozenset[str] = frozenset(), resumes: str = "") -> Grant:
         """Ask the keeper for GPUs. The job waits in the queue until admitted, or with
         --no-wait is admitted at once or refused (exit 4). When it would start now, the
         hosts it would use are preflighted before it asks. Hosts in ``avoid`` (they failed
@@ -168,7 +171,7 @@ class KeeperPlacer:
                 new = self.checks.unchecked(chosen, self.offload_placed)
                 if new:
                     self.checks.run(new, self.offload_placed)
-        return self._wait_in_queue(task_key, request, exclude, expect_wait)
+        return self._wait_in_queue(task_key, request, exclude, expect_wait, resumes)
 
     def needed_hosts(self, hosts: list[str]) -> list[str]:
         """The hosts the job would use now (a dry run): only those are preflighted, so a
@@ -196,11 +199,13 @@ class KeeperPlacer:
                                         f"has; ask for fewer tasks or GPUs")
 
     def _wait_in_queue(self, task_key: str, request: Request, exclude: dict[str, set[int]],
-                       expect_wait: bool) -> Grant:
-        """Queue the job, wait for the keeper to admit it, then preflight its hosts."""
+                       expect_wait: bool, resumes: str = "") -> Grant:
+        """Queue the job, wait for the keeper to admit it, then preflight its hosts.
+        ``resumes``: the preempted attempt this one continues (the keeper gives it that
+        attempt's place in the queue, as its own notice says); it waits, --no-wait or not."""
         asked = time.monotonic()
         self.queue.enqueue(task_key, request, self._record(), self.request.priority, exclude,
-                           self.request.wait)
+                           self.request.wait or bool(resumes), resumes)
         self.queued.add(task_key)
         queued_at = time.monotonic()
         said: list[str] = []

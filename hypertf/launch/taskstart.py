@@ -111,6 +111,7 @@ class StartPlan:
                 "HYPERTF_ATTEMPT": str(self.number),
                 "HYPERTF_CHECKPOINT_DIR": job.checkpoint_dir(node.name),
                 "HYPERTF_TENSORBOARD_DIR": tensorboard_dir(node.settings.workdir, job.job_id),
+                "HYPERTF_PREEMPT_FILE": str(run.preempt),  # this attempt's: per task key
                 **extra})}
             argv = ["python", script, *(task_spec.flags if legacy_flags else ()),
                     *job.request.args]

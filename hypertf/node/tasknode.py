@@ -488,6 +488,22 @@ def _end(run: RunDir, names: Iterable[str]) -> RunEnd | None:
     return ended_answer(run, dict.fromkeys(names, StopResult.NOT_RUNNING), names)
 
 
+def write_preempt_file(run: RunDir, deadline: float) -> None:
+    """The run's HYPERTF_PREEMPT_FILE, written whole (a rename) before the tasks' SIGTERM:
+    a script that polls for it, or reads it in its SIGTERM handler, learns its deadline."""
+    import math
+
+    if not math.isfinite(deadline):
+        return
+    path = Path(run.preempt)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with contextlib.suppress(OSError):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"HYPERTF_PREEMPT_DEADLINE={deadline:.0f}\n")
+        os.replace(tmp, path)
+
+
 def mark_drained(run: RunDir) -> None:
     """Mark the run so that a task starting from now on does not run (task.sh checks the
     mark after writing its PID file): whoever then looks at the PID files sees every task."""
@@ -720,6 +736,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=float, default=5.0)
     p.add_argument("--logs", action="store_true", help='answer {"stopped": ..., "logs": '
                    '{task: text} (up to 1 MiB), "metrics": text or null}')
+    p.add_argument("--preempt-deadline", type=float, default=None,
+                   help="a preemption: write the run's preempt file (HYPERTF_PREEMPT_FILE) "
+                        "with this deadline (epoch seconds) before the SIGTERM")
     args = parser.parse_args(argv)
     if args.action == "preflight":
         print(json.dumps(preflight(args.workdir, args.script)))
@@ -731,6 +750,8 @@ def main(argv: list[str] | None = None) -> int:
         watch(RunDir(Path(args.run_dir)), tasks)
     else:
         run = RunDir(Path(args.run_dir))
+        if args.preempt_deadline is not None:
+            write_preempt_file(run, args.preempt_deadline)
         stopped = stop(run, args.names, args.grace)
         print(json.dumps(ended_answer(run, stopped, args.names).wire() if args.logs
                          else {name: str(result) for name, result in stopped.items()}))

@@ -65,8 +65,10 @@ LEASE_CHECK_S = 2.0  # a waiter checks its lease this often (no keeper: nobody m
 # -- the request as the record keeps it --------------------------------------------------
 def request_to_json(request: Request, priority: int,
                     exclude_ports: Mapping[str, set[int]] | None = None,
-                    wait: bool = True) -> dict[str, Any]:
-    """Compact: 1000 hosts share one port range, so only the differing ones are listed."""
+                    wait: bool = True, resumes: str = "") -> dict[str, Any]:
+    """Compact: 1000 hosts share one port range, so only the differing ones are listed.
+    ``resumes``: the preempted attempt this one continues (its place in the queue is the
+    keeper's to give, from its own notice: the field alone gives nothing)."""
     ranges = Counter(tuple(r) for r in request.port_ranges.values())  # not list.count:
     common = ranges.most_common(1)[0][0] if ranges else DEFAULT_PORT_RANGE  # quadratic
     return {"priority": priority, "hosts": compact_hosts(request.hosts), "policy": request.policy,
@@ -75,12 +77,12 @@ def request_to_json(request: Request, priority: int,
             "port_ranges": {h: list(r) for h, r in request.port_ranges.items()
                             if tuple(r) != tuple(common)},
             "exclude_ports": {h: sorted(p) for h, p in (exclude_ports or {}).items() if p},
-            "held": False, "no_wait": not wait}
+            "held": False, "no_wait": not wait, **({"resumes": resumes} if resumes else {})}
 
 
 def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, Any],
             priority: int = 0, exclude_ports: Mapping[str, set[int]] | None = None,
-            wait: bool = True) -> None:
+            wait: bool = True, resumes: str = "") -> None:
     """The lease and the ``queued`` record, in one transaction, in the owner's folders (the
     only places a user may write). ``wait`` False (--no-wait): the keeper admits the job in
     its next pass or refuses it."""
@@ -88,7 +90,8 @@ def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, 
         raise UsageError("a job needs at least one task")
     owner = cast(Owner, {**owner_info(), "user": owner_of(task_key)})
     job = transitions.queued(task_key, owner,
-                             request_to_json(request, priority, exclude_ports, wait),
+                             request_to_json(request, priority, exclude_ports, wait,
+                                             resumes),
                              request.policy, record, time.time())
     tx = store.client.transaction()
     tx.create(store.layout.lease(task_key), encode(owner), acl=store.acls.lease(),

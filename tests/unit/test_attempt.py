@@ -142,7 +142,7 @@ class FakePlacer:
     forgotten: list[str] = field(default_factory=list)
 
     def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
-              avoid: frozenset[str] = frozenset()) -> Grant:
+              avoid: frozenset[str] = frozenset(), resumes: str = "") -> Grant:
         self.placed.append(task_key)
         placements = tuple(Placement("worker", i, host, ()) for i, host in enumerate(HOSTS))
         return Grant(task_key, placements, {p.name: 2000 + len(self.placed)
