@@ -57,6 +57,7 @@ WRITERS: Mapping[JobState, Writer] = {
     JobState.KILLED: Writer.KILL,
     JobState.CANCELLED: Writer.KILL,
     JobState.LOST: Writer.SYNC,
+    JobState.PREEMPTED: Writer.LAUNCHER,  # on the keeper's notice (its launcher's release)
 }
 
 

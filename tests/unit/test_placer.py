@@ -54,7 +54,8 @@ class FakeQueue:
         return self.cells
 
     def enqueue(self, task_key: str, request: Request, record: Mapping[str, Any],
-                priority: int, exclude: Mapping[str, set[int]], wait: bool) -> None:
+                priority: int, exclude: Mapping[str, set[int]], wait: bool,
+                resumes: str = "") -> None:
         self.enqueued.append((task_key, request, dict(record), wait))
 
     def wait_for_admission(self, task_key: str, say: Callable[[str], None],
