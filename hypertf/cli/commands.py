@@ -181,15 +181,45 @@ def kill(inventory: str, task_key: str) -> int:
     return 0
 
 
-def queue(inventory: str, as_json: bool = False) -> int:
-    """The waiting jobs in admission order, like squeue: position, reason, waiting time."""
+def queue(inventory: str, as_json: bool = False, shares: bool = False) -> int:
+    """The waiting jobs in admission order, like squeue: position, reason, waiting time;
+    with ``shares``, each user's fair share (like sshare)."""
     from hypertf import store
-    from hypertf.keeper.queueview import collect, render
+    from hypertf.core.fairshare import DAY_S
+    from hypertf.keeper import queueview
 
     inv = load_inventory(inventory)
+    half_life_s = inv.cluster.fairshare_half_life * DAY_S
     with store.opened(inv.cluster) as zk:
-        rows = collect(zk, inv.cluster.user_gpu_limit)
-    print(json.dumps(rows, indent=2) if as_json else render(rows))
+        if shares:
+            rows = queueview.shares(zk, half_life_s)
+        else:
+            rows = queueview.collect(zk, inv.cluster.user_gpu_limit, half_life_s=half_life_s)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(queueview.render_shares(rows, half_life_s) if shares else
+              queueview.render(rows))
+    return 0
+
+
+def usage(inventory: str, since: str | None = None, until: str | None = None,
+          by: str = "user", as_json: bool = False, as_csv: bool = False) -> int:
+    """GPU-hours from the keeper's ledger (the admin: every user; a user: their own and
+    the total)."""
+    from hypertf import store
+    from hypertf.keeper.usageview import collect
+    from hypertf.store import auth as credentials
+
+    if as_json and as_csv:
+        raise UsageError("hypertf usage: give --json or --csv, not both")
+    kind, _, name = credentials.default_identity().partition(".")
+    with store.opened(load_inventory(inventory).cluster) as zk:
+        report = collect(zk, by, since, until, viewer=name if kind == "user" else "")
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.to_csv() if as_csv else report.render(), end="\n" if not as_csv else "")
     return 0
 
 
@@ -297,7 +327,8 @@ def zk(inventory: str, action: str) -> int:
 
 def auth(inventory: str, action: str, user: str | None = None, reset: bool = False,
          print_dir: bool = False, max_priority: int | None = None,
-         gpu_limit: int | None = None) -> int:
+         gpu_limit: int | None = None, share: float | None = None,
+         gpu_hours_per_month: float | None = None) -> int:
     from hypertf import store
     from hypertf.store import auth as credentials
 
@@ -307,9 +338,13 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
     if action == "limits":
         with store.opened(inv.cluster) as zk:
             limits = credentials.set_user_limits(zk.client, inv.cluster.zk_root, str(user),
-                                                 max_priority, gpu_limit).of(str(user))
+                                                 max_priority, gpu_limit, share,
+                                                 gpu_hours_per_month).of(str(user))
         cap = limits.gpu_limit or "the cluster's hypertf_user_gpu_limit"
-        print(f"{user}: priority at most {limits.max_priority}, GPUs at most {cap}")
+        budget = f"{limits.gpu_hours_per_month:g} GPU-hours a month" \
+            if limits.gpu_hours_per_month else "no budget"
+        print(f"{user}: priority at most {limits.max_priority}, GPUs at most {cap}, "
+              f"share {limits.share:g}, {budget}")
         return 0
     users = [credentials.check_name("user", user)] if action == "add-user" and user else []
     directory = store.secure_cluster(inv.cluster, list(inv.nodes), users, reset=reset)

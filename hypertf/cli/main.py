@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
           "end a waiting or running job (owner or admin), by task key")
     _verb(sub, "queue", commands.queue,
           "waiting jobs in admission order: position, priority, shape, waiting, reason")
+    _verb(sub, "usage", commands.usage,
+          "GPU-hours per user, day or GPU model from the keeper's ledger (--json, --csv)")
     _verb(sub, "dashboard", commands.dashboard,
           "a read-only web page of the matrix, queue, jobs, logs and sweeps")
     _verb(sub, "hold", commands.hold, "keep a waiting job in the queue, not admitted")
@@ -141,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     _verb(verbs, "add-user", commands.auth,
           "register a user and write the credential file to hand them", words="auth add-user")
     _verb(verbs, "limits", commands.auth,
-          "a user's maximum priority and GPU limit, which the keeper enforces",
+          "a user's maximum priority, GPU limit, fair share and monthly budget, which "
+          "the keeper enforces",
           words="auth limits")
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",

@@ -55,7 +55,17 @@ VERB_OPTIONS: dict[str, tuple[VerbOption, ...]] = {
              _json("print the records as JSON")),
     "kill": (_task_key(),),
     "cancel": (_task_key(),),
-    "queue": (_json("print the rows as JSON"),),
+    "queue": (_json("print the rows as JSON"),
+              VerbOption("shares", bool, False, "each user's fair share instead: share, "
+                         "decayed usage, GPUs held, factor, this month's GPU-hours")),
+    "usage": (VerbOption("since", str, None, "from this day, YYYY-MM-DD (default: the first "
+                         "of this month, UTC)", "DATE"),
+              VerbOption("until", str, None, "up to this day, included (default: today)",
+                         "DATE"),
+              VerbOption("by", str, "user", "one row per user, day or gpu_model (default "
+                         "user)", "user|day|gpu_model"),
+              _json("print the report as JSON"),
+              VerbOption("csv", bool, False, "print the report as CSV", dest="as_csv")),
     "hold": (_task_key(),),
     "unhold": (_task_key(),),
     "logs": (_task_key(),
@@ -76,7 +86,11 @@ VERB_OPTIONS: dict[str, tuple[VerbOption, ...]] = {
                     VerbOption("max_priority", int, None, "the highest --priority that counts "
                                "for the user (default 10)", "N"),
                     VerbOption("gpu_limit", int, None, "GPUs the user may hold at once (0: "
-                               "hypertf_user_gpu_limit)", "N")),
+                               "hypertf_user_gpu_limit)", "N"),
+                    VerbOption("share", float, None, "the user's fair share against the "
+                               "others' (default 1; 3: three times as much GPU time)", "N"),
+                    VerbOption("gpu_hours_per_month", float, None, "the user's budget: past "
+                               "it their new jobs wait (reason Budget); 0: none", "N")),
     "cluster setup": (VerbOption("ask_pass", bool, False, "ask for the SSH password (first "
                                  "contact; needs sshpass)"),
                       VerbOption("check", bool, False, "dry run: show what would change, "

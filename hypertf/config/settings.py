@@ -44,6 +44,12 @@ def _count(key: str, value: Any) -> int:
     return value
 
 
+def _days_or_off(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3650:
+        raise ValueError(f"{key} must be a number of days from 0 (off) to 3650, not {value!r}")
+    return float(value)
+
+
 def _percent(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
         raise ValueError(f"{key} must be a percentage between 0 and 100, not {value!r}")
@@ -255,6 +261,10 @@ SETTINGS: dict[str, Setting] = {
     # Jobs one user may have waiting at once (0: no limit); the keeper refuses the newest
     # past it, so one user's flood cannot slow everyone's admissions.
     "hypertf_user_queue_limit": Setting(_count, 200, scope="cluster"),
+    # Fair share's half-life in days (docs/queue.md, "Fair share"): a GPU-second of usage
+    # counts half after it, in the order of a priority tier. 0: no fair share (priority,
+    # then first come first served). Read by the keeper agent and hypertf queue.
+    "hypertf_fairshare_half_life": Setting(_days_or_off, 7.0, scope="cluster"),
     # The most GPUs the keeper believes one host's agent reports: a record claiming more
     # counts its host down (a stolen node credential must not draw large jobs, and their
     # data, to its host). Set it to your largest node's GPU count.
@@ -340,6 +350,7 @@ class ClusterSettings:
     keeper_prune_interval: float = 60.0
     user_gpu_limit: int = 0  # 0: none
     user_queue_limit: int = 200  # waiting jobs per user (0: none)
+    fairshare_half_life: float = 7.0  # days (0: fair share off)
     host_gpus_max: int = 16  # GPUs a host's record may claim (the keeper's bound)
     keeper_hosts: tuple[str, ...] = ()  # () : the default (keeper_hosts_of)
     zk_credentials: str | None = None  # directory of credential files; None: the default

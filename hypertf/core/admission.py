@@ -11,9 +11,17 @@ waiting job needs and cannot delay it, however long either runs (no runtime esti
 needed, none are trusted). Jobs waiting for their owner's GPU limit (``UserLimit``) or put
 on hold (``Held``) reserve nothing: they do not wait for GPUs.
 
+**Fair share** (hypertf.core.fairshare): within a priority tier, the next job is the one of
+the user furthest below their share (decayed usage plus the GPUs they hold, per share), then
+the oldest; each admission charges its GPUs to its owner at once. Tiers stay strict, and the
+reservations above apply to the order so made. With fair share off, or one user, the order
+is the plain one.
+
 Reasons, as squeue shows them: ``Resources`` (not enough free GPUs even if it were first),
-``Priority`` (it would fit, but jobs ahead of it reserve what it needs), ``UserLimit``,
-``Held``.
+``Priority`` (it would fit, but jobs ahead of it reserve what it needs), ``Fairshare`` (a
+later job of another user at its priority went ahead: that user is further below their
+share), ``UserLimit``, ``Budget`` (its owner used their monthly GPU-hours: it waits,
+reserving nothing; running jobs are never stopped for it), ``Held``.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from hypertf.core.fairshare import Fairshare, ordered
 from hypertf.core.layout import owner_of
 from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import FREE, Cell, Held, Matrix
@@ -29,6 +38,7 @@ from hypertf.core.placement import PortsExhausted, Request, pick_ports
 from hypertf.core.scheduler import NoFit, Placement, TaskSlot, schedule
 
 RESOURCES, PRIORITY, USER_LIMIT, HELD = "Resources", "Priority", "UserLimit", "Held"
+FAIRSHARE, BUDGET = "Fairshare", "Budget"
 
 
 @dataclass(frozen=True)
@@ -104,13 +114,37 @@ def clamped(waiting: Sequence[Waiting], limits: UserLimits) -> list[Waiting]:
     return capped
 
 
+class _Overtaken:
+    """Whether a later job of another user at the same priority was decided before a job:
+    per priority, the two latest submissions seen so far of two different users."""
+
+    def __init__(self) -> None:
+        self._latest: dict[int, list[tuple[int, str]]] = {}
+
+    def seen(self, job: Waiting) -> bool:
+        """Note ``job``; True when a job of another user, submitted after it at its
+        priority, came first (fair share put that user ahead)."""
+        top = self._latest.setdefault(job.priority, [])
+        overtaken = any(order > job.order and user != job.user for order, user in top)
+        mine = [(o, u) for o, u in top if u == job.user]
+        others = [(o, u) for o, u in top if u != job.user]
+        best_mine = max([*mine, (job.order, job.user)])
+        self._latest[job.priority] = sorted([best_mine, *others], reverse=True)[:2]
+        return overtaken
+
+
 def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waiting],
-                   user_gpu_limit: int = 0, limits: UserLimits | None = None) -> list[Decision]:
+                   user_gpu_limit: int = 0, limits: UserLimits | None = None,
+                   fair: Fairshare | None = None,
+                   over_budget: frozenset[str] = frozenset()) -> list[Decision]:
     """Decide every waiting job, in queue order, against ``matrix`` (as synced now) and
     the hosts with a live agent. Pure: nothing is written; the caller commits the admitted
     ones in one transaction. ``user_gpu_limit`` 0 means none; ``limits`` (the admin's, per
     user) cap each job's priority and its owner's GPUs. A ``no_wait`` job that cannot
-    start now is refused and reserves nothing."""
+    start now is refused and reserves nothing. ``fair``: each user's decayed usage (the
+    keeper's ledger) and shares, which order a tier (the GPUs held now are read from
+    ``matrix``; ``fair`` itself is not changed); ``over_budget``: users past their monthly
+    GPU-hours, whose jobs wait (``Budget``)."""
     if not waiting:
         return []  # an idle pass over 25,000 hosts computes nothing
     limits = limits or UserLimits()
@@ -121,16 +155,23 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
                                       if (row := rows.get(host)) and FREE in row}
     free_total = sum(len(cells) for cells in free.values())
     used = matrix.held_per_user()
+    if fair is not None and fair.on:  # this pass's own copy: its admissions charge it
+        fair = Fairshare(fair.half_life_s, fair.usage, dict(used), fair.shares,
+                         fair.expected, fair.default_expected_s)
+    overtaken = _Overtaken()
     reserved: set[str] = set()  # always live hosts: once it is all of them, it stays so
     decisions = []
     # A request of the same shape as one that found no place, since nothing was admitted
     # or reserved, finds none either (free GPUs only shrink and reservations only grow in
     # a pass): one user's 2,000 identical requests cost one placement try, not 2,000.
     failed: dict[tuple[int, tuple[TaskSlot, ...], str, bool], str] = {}
-    for position, job in enumerate(sorted(clamped(waiting, limits), key=Waiting.sort_key),
-                                   start=1):
+    for position, job in enumerate(ordered(clamped(waiting, limits), fair), start=1):
+        behind = fair is not None and overtaken.seen(job)
         if job.held:
             decisions.append(Decision(job.task_key, position, HELD, refused=job.no_wait))
+            continue
+        if job.user in over_budget and job.request.gpus > 0:
+            decisions.append(Decision(job.task_key, position, BUDGET, refused=job.no_wait))
             continue
         cap = limits.gpu_limit(job.user, user_gpu_limit)
         if cap and used.get(job.user, 0) + job.request.gpus > cap:
@@ -140,7 +181,8 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
         # than the job needs fit nowhere; nothing open when every live host is reserved.
         shape = (id(job.request.hosts), job.request.slots, job.request.policy, job.no_wait)
         if shape in failed:
-            decisions.append(Decision(job.task_key, position, failed[shape],
+            decisions.append(Decision(job.task_key, position,
+                                      FAIRSHARE if behind else failed[shape],
                                       refused=job.no_wait))
             continue
         everything_reserved = len(reserved) >= len(live)
@@ -152,7 +194,8 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
         if placements is None:
             reason = PRIORITY if (reserved and job.request.gpus <= free_total
                                   and _fits(job, free, live)) else RESOURCES
-            decisions.append(Decision(job.task_key, position, reason, refused=job.no_wait))
+            shown = FAIRSHARE if behind else reason
+            decisions.append(Decision(job.task_key, position, shown, refused=job.no_wait))
             if not job.no_wait and not everything_reserved:
                 more = usable_hosts(job, matrix, live) - reserved
                 if more:
@@ -173,6 +216,8 @@ def admission_pass(matrix: Matrix, live: Iterable[str], waiting: Sequence[Waitin
             free[host] = [i for i in free[host] if i not in indices]
             free_total -= len(indices)
         used[job.user] = used.get(job.user, 0) + job.request.gpus
+        if fair is not None:
+            fair.admitted(job.user, job.request.gpus)  # the entry charge, for the next choice
         decisions.append(Decision(job.task_key, position, "", tuple(placements), ports))
     return decisions
 

@@ -59,6 +59,16 @@ class Layout:
         return f"{self.root}/jobs"
 
     @property
+    def usage(self) -> str:
+        """The usage ledger (hypertf.core.usage): its data is each user's decayed usage;
+        only the keeper writes it and its chunks."""
+        return f"{self.root}/usage"
+
+    def usage_chunk(self, index: str) -> str:
+        """One chunk of a day of the ledger, ``<YYYY-MM-DD>.<n>``."""
+        return f"{self.usage}/{index}"
+
+    @property
     def preempts(self) -> str:
         """The keeper's preemption notices (hypertf.core.preemptnotice), one per victim."""
         return f"{self.root}/preempts"

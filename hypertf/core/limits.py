@@ -1,9 +1,12 @@
-"""What each user may ask of the keeper: a maximum priority and a GPU limit, set by the admin.
+"""What each user may ask of the keeper: a maximum priority, a GPU limit, a fair share and a
+monthly GPU-hour budget, set by the admin.
 
 Kept in ``<root>/limits`` (docs/zookeeper-layout.md), which only the admin may write: a job
 record is its owner's to write, so a priority read from it is only a wish. The keeper clamps
-it to the owner's maximum, and admits no job that would take its owner past the GPU limit.
-Pure: the store reads and writes the znode.
+it to the owner's maximum, admits no job that would take its owner past the GPU limit, orders
+a priority tier by each owner's share against their usage (hypertf.core.fairshare) and keeps
+new jobs of an owner past their budget waiting. A share or a budget in a job record is
+never read. Pure: the store reads and writes the znode.
 """
 
 from __future__ import annotations
@@ -16,14 +19,21 @@ from hypertf.core.errors import UsageError
 from hypertf.core.records import decode, encode
 
 DEFAULT_MAX_PRIORITY = 10  # a user the admin said nothing about: --priority up to 10
+DEFAULT_SHARE = 1.0  # every user's share unless the admin says otherwise
+MAX_SHARE = 1_000_000.0  # a share past this is a typo, not a policy
+MAX_BUDGET_HOURS = 1e9  # GPU-hours a month: more than any cluster has
 
 
 @dataclass(frozen=True)
 class UserLimit:
-    """One user's ceiling: ``gpu_limit`` 0 means the cluster's hypertf_user_gpu_limit."""
+    """One user's ceiling: ``gpu_limit`` 0 means the cluster's hypertf_user_gpu_limit;
+    ``share`` weighs the user in their priority tier (hypertf.core.fairshare);
+    ``gpu_hours_per_month`` 0 means no budget."""
 
     max_priority: int = DEFAULT_MAX_PRIORITY
     gpu_limit: int = 0
+    share: float = DEFAULT_SHARE
+    gpu_hours_per_month: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -44,13 +54,32 @@ class UserLimits:
         """GPUs the user may hold at once (0: no limit)."""
         return self.of(user).gpu_limit or cluster_limit
 
-    def with_user(self, user: str, max_priority: int | None, gpu_limit: int | None) -> UserLimits:
+    def share(self, user: str) -> float:
+        """The user's fair share (default 1): their weight against the others' usage."""
+        return self.of(user).share
+
+    def budget_s(self, user: str) -> float:
+        """The user's monthly budget in GPU-seconds (0: none)."""
+        return self.of(user).gpu_hours_per_month * 3600.0
+
+    def with_user(self, user: str, max_priority: int | None, gpu_limit: int | None,
+                  share: float | None = None,
+                  gpu_hours_per_month: float | None = None) -> UserLimits:
         """A copy where ``user`` has the given ceilings (None keeps what was there)."""
         old = self.of(user)
-        new = UserLimit(old.max_priority if max_priority is None else max_priority,
-                        old.gpu_limit if gpu_limit is None else gpu_limit)
         if gpu_limit is not None and gpu_limit < 0:
             raise UsageError(f"--gpu-limit {gpu_limit}: give 0 (the cluster's limit) or more")
+        if share is not None and not 0 < share <= MAX_SHARE:
+            raise UsageError(f"--share {share:g}: give a number above 0 and at most "
+                             f"{MAX_SHARE:,.0f} (1 is everyone's default)")
+        if gpu_hours_per_month is not None and not 0 <= gpu_hours_per_month <= MAX_BUDGET_HOURS:
+            raise UsageError(f"--gpu-hours-per-month {gpu_hours_per_month:g}: give 0 (no "
+                             f"budget) or a number of GPU-hours up to {MAX_BUDGET_HOURS:g}")
+        new = UserLimit(old.max_priority if max_priority is None else max_priority,
+                        old.gpu_limit if gpu_limit is None else gpu_limit,
+                        old.share if share is None else float(share),
+                        old.gpu_hours_per_month if gpu_hours_per_month is None
+                        else float(gpu_hours_per_month))
         return UserLimits(self.default, {**self.users, user: new})
 
     def to_json(self) -> bytes:
@@ -66,10 +95,29 @@ class UserLimits:
                    {str(u): _limit(v) for u, v in payload.get("users", {}).items()})
 
 
-def _plain(limit: UserLimit) -> dict[str, int]:
-    return {"max_priority": limit.max_priority, "gpu_limit": limit.gpu_limit}
+def _plain(limit: UserLimit) -> dict[str, float]:
+    plain: dict[str, float] = {"max_priority": limit.max_priority,
+                               "gpu_limit": limit.gpu_limit}
+    if limit.share != DEFAULT_SHARE:  # written only when set: older readers see the same
+        plain["share"] = limit.share
+    if limit.gpu_hours_per_month:
+        plain["gpu_hours_per_month"] = limit.gpu_hours_per_month
+    return plain
+
+
+def _bounded(value: object, low: float, high: float, default: float) -> float:
+    """A number the admin wrote, within its range, else the default (never a crash: one
+    damaged entry must not stop the keeper's passes)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    number = float(value)
+    return number if low <= number <= high else default
 
 
 def _limit(value: Mapping[str, Any]) -> UserLimit:
     return UserLimit(int(value.get("max_priority", DEFAULT_MAX_PRIORITY)),
-                     int(value.get("gpu_limit", 0)))
+                     int(value.get("gpu_limit", 0)),
+                     _bounded(value.get("share", DEFAULT_SHARE), 1e-9, MAX_SHARE,
+                              DEFAULT_SHARE),
+                     _bounded(value.get("gpu_hours_per_month", 0.0), 0.0, MAX_BUDGET_HOURS,
+                              0.0))

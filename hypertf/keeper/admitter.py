@@ -4,7 +4,9 @@ admissions (each with its grant) and refusals in ONE transaction: the matrix
 ``allocated`` with placements and ports (version-checked against a cancel). A keeper that
 dies mid-admission commits everything or nothing; the next keeper starts the pass again.
 The view it publishes (``keeper/queue``: position and reason) is what waiters read after
-a while (hypertf.store.waitqueue.wait_for_admission).
+a while (hypertf.store.waitqueue.wait_for_admission). Each pass orders a priority tier by
+fair share from the keeper's usage ledger (hypertf.keeper.ledger), which also ends an
+attempt in the transaction that deletes its grant.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kazoo.retry import ForceRetryError
 
 from hypertf.core import jobtransitions as transitions
 from hypertf.core.admission import (
+    BUDGET,
     PRIORITY,
     USER_LIMIT,
     Decision,
@@ -29,6 +32,7 @@ from hypertf.core.admission import (
     admission_pass,
     clamped,
 )
+from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS
 from hypertf.core.grants import grant_to_json
 from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held, Matrix
@@ -38,11 +42,12 @@ from hypertf.core.requestcheck import (
     waiting_from_record,
 )
 from hypertf.keeper.leasecache import LeaseCache
+from hypertf.keeper.ledger import Ledger
 from hypertf.keeper.reader import QueueReader, read_limits
 from hypertf.keeper.recordcache import RecordCache
 from hypertf.keeper.screen import INVALID, Screen
 from hypertf.keeper.sync import Synced, SyncMemo, sync
-from hypertf.store import Store, encode, until_committed
+from hypertf.store import AgentRecord, Store, encode, until_committed
 from hypertf.store.allocation import (
     TRANSACTION_BYTES,
     MatrixDamaged,
@@ -76,7 +81,10 @@ class Admitter:
     user_queue_limit: int = 0
     host_gpus_max: int = 0  # a host's record claiming more GPUs counts it down (0: none)
     port_bounds: PortBounds | None = None  # the inventory's port ranges (None: unchecked)
+    half_life_s: float = DEFAULT_HALF_LIFE_DAYS * DAY_S  # fair share's (0: off)
+    clock: Callable[[], float] = time.time  # the keeper's clock (the ledger's times)
     reader: QueueReader = field(init=False)
+    ledger: Ledger = field(init=False)
     cache: RecordCache = field(init=False)
     leases: LeaseCache = field(init=False)
     screen: Screen = field(init=False)
@@ -98,6 +106,7 @@ class Admitter:
         self.cache = RecordCache(self.store, gpus_max=self.host_gpus_max)
         self.leases = LeaseCache(self.store)
         self.screen = Screen(self.user_gpu_limit, self.user_queue_limit, self.port_bounds)
+        self.ledger = Ledger(self.store, self.half_life_s, self.clock)
 
     def keep(self) -> list[Decision]:
         """Sync (free ended jobs, repair running ones), then admit. Once the reader knows
@@ -110,7 +119,8 @@ class Admitter:
             done = self._sync()
             waiting = self.reader.waiting(done.leases)
         self._last_good = done.matrix
-        self.drop_ended_grants(done.leases)
+        self._load_ledger()
+        self.drop_ended_grants(done.leases, done.records, done.ended)
         # The admission's first try reads none of these again (its commit checks the
         # matrix's versions, so a stale read only costs a second try).
         self._synced_live, self._read_waiting = sorted(done.records), waiting
@@ -134,10 +144,28 @@ class Admitter:
         self._damaged_at = None
         return done
 
-    def drop_ended_grants(self, leases: set[str]) -> None:
+    def _load_ledger(self) -> None:
+        """The ledger's first read, once the reader knows the running grants."""
+        if not self.ledger.loaded and self.reader.read_once:
+            self.ledger.load(self.reader.grants, self.reader.granted)
+
+    def drop_ended_grants(self, leases: set[str],
+                          records: Mapping[str, AgentRecord] | None = None,
+                          ended_jobs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         """A grant lives while its job's lease does: the sync has drained or freed the
-        cells of a job whose lease is gone, so its grant goes too."""
+        cells of a job whose lease is gone, so its grant goes too, in the transaction that
+        ends its attempt in the usage ledger (``records``: the agents', for GPU models;
+        ``ended_jobs``: the ended jobs' records the sync read, for words). Launchers wait
+        for the grant's deletion (hypertf.store.allocation.wait_settled): never deferred."""
         ended = [key for key in self.reader.grants if key not in leases]
+        if not ended:
+            return
+        if self.ledger.loaded:
+            for key in self.ledger.close(ended, self.reader.grants, records or {},
+                                         ended_jobs or {}):
+                self.reader.grants.pop(key, None)
+                self.reader.granted.pop(key, None)
+            return
         if len(ended) > 1:  # one transaction for all (one request, one log entry)
             tx = self.store.client.transaction()
             for key in ended:
@@ -174,7 +202,13 @@ class Admitter:
             waiting, screened = self.screen(waiting, versions, matrix, limits)
             refusals = {**{key: why for key, (_, _, why) in self.reader.rejected.items()
                            if key not in self.unwritable}, **screened}
-            decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits)
+            self._load_ledger()
+            now = self.clock()
+            users = {w.user for w in waiting}
+            fair = self.ledger.fairshare(users, limits, now) if self.half_life_s > 0 \
+                else None
+            decisions = admission_pass(matrix, live, waiting, self.user_gpu_limit, limits,
+                                       fair, self.ledger.over_budget(users, limits, now))
             settled = [d for d in decisions if d.admitted or d.refused]
             settled += [Decision(key, 0, INVALID, refused=True) for key in sorted(refusals)]
             if settled:
@@ -213,7 +247,7 @@ class Admitter:
         taken = matrix
         tx = self.store.client.transaction()
         ops: list[str | None] = []  # the job each operation is for (None: the matrix)
-        now = time.time()
+        now = self.clock()
         size = 0
         # Admissions first: a refusal names what is free once this pass's admissions took
         # their GPUs (two --no-wait jobs for the last GPU: the loser hears it is taken).
@@ -274,14 +308,22 @@ class Admitter:
             self.reader.rejected.pop(decision.task_key, None)
             self.reader.forget(decision.task_key)
             if decision.admitted:
-                self.reader.grants[decision.task_key] = Held.of(decision.placements,
-                                                                decision.ports)
+                held = Held.of(decision.placements, decision.ports)
+                self.reader.grants[decision.task_key] = held
+                self.reader.granted[decision.task_key] = now
+                self.ledger.opened(decision.task_key, now, held)
         return Commit.COMMITTED
 
     def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
                 live: list[str], limits: UserLimits) -> str:
         """Why a --no-wait job cannot start now, naming what is free or the limit."""
         job = waiting_from_record(record, 0, decision.task_key)
+        if decision.reason == BUDGET:
+            used = self.ledger.month_used(job.user, self.clock()) / 3600
+            return (f"{job.user} used {used:,.1f} GPU-hours this month, their budget of "
+                    f"{limits.of(job.user).gpu_hours_per_month:,g} (the admin's 'hypertf auth "
+                    f"limits --gpu-hours-per-month'); running jobs go on, new ones wait "
+                    f"without --no-wait")
         if decision.reason == USER_LIMIT:
             held = matrix.held_per_user().get(job.user, 0)
             cap = limits.gpu_limit(job.user, self.user_gpu_limit)

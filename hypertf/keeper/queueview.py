@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 from hypertf.core.admission import Decision, admission_pass, clamped
+from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS, factor_table
+from hypertf.keeper.ledger import Ledger
 from hypertf.keeper.reader import QueueReader, read_limits
 from hypertf.keeper.screen import INVALID, Screen
 from hypertf.store import Store
@@ -19,12 +21,12 @@ from hypertf.store.allocation import read_matrix
 STARTING = "Starting"  # fits now: the keeper admits it at its next pass
 
 
-def collect(store: Store, user_gpu_limit: int = 0,
-            user_queue_limit: int = 0) -> list[dict[str, Any]]:
+def collect(store: Store, user_gpu_limit: int = 0, user_queue_limit: int = 0,
+            half_life_s: float = DEFAULT_HALF_LIFE_DAYS * DAY_S) -> list[dict[str, Any]]:
     """Every waiting job as the keeper's next pass would see it: the admin's limits cap
-    each priority (the priority shown is the one that counts), and requests the keeper
-    refuses before its pass (invalid, past a limit, never fitting) show as ``Invalid``
-    with the reason."""
+    each priority (the priority shown is the one that counts), fair share orders each
+    tier from the keeper's ledger, and requests the keeper refuses before its pass
+    (invalid, past a limit, never fitting) show as ``Invalid`` with the reason."""
     matrix, _ = read_matrix(store)
     reader = QueueReader(store, writes=False)
     limits = read_limits(store)
@@ -32,7 +34,13 @@ def collect(store: Store, user_gpu_limit: int = 0,
     versions = {key: v for key, (_, v) in reader.records.items()}
     waiting, refused = Screen(user_gpu_limit, user_queue_limit)(read, versions, matrix,
                                                                 limits)
-    decisions = admission_pass(matrix, store.live_hosts(), waiting, user_gpu_limit, limits)
+    ledger = Ledger(store, half_life_s)
+    ledger.load(reader.grants, reader.granted)
+    now = ledger.clock()
+    users = {w.user for w in waiting}
+    fair = ledger.fairshare(users, limits, now) if half_life_s > 0 else None
+    decisions = admission_pass(matrix, store.live_hosts(), waiting, user_gpu_limit, limits,
+                               fair, ledger.over_budget(users, limits, now))
     decisions += [Decision(key, len(decisions) + i, INVALID) for i, key in
                   enumerate(sorted(refused), start=1)]
     by_key = {w.task_key: w for w in read}
@@ -55,6 +63,47 @@ def collect(store: Store, user_gpu_limit: int = 0,
                      "priority": 0, "shape": "", "gpus": 0, "script": "", "queued": now,
                      "waiting_s": 0.0, "reason": INVALID, "refused": why})
     return rows
+
+
+def shares(store: Store, half_life_s: float = DEFAULT_HALF_LIFE_DAYS * DAY_S,
+           ) -> list[dict[str, Any]]:
+    """``hypertf queue --shares``: every user with usage, a running or a waiting job, or a
+    share the admin set: their share, decayed usage (GPU-hours), the GPUs they hold, their
+    factor F = 2^(-U/S) and this month's GPU-hours (with their budget, if any)."""
+    matrix, _ = read_matrix(store)
+    reader = QueueReader(store, writes=False)
+    limits = read_limits(store)
+    waiting = reader.waiting()
+    ledger = Ledger(store, half_life_s)
+    ledger.load(reader.grants, reader.granted)
+    now = ledger.clock()
+    held = matrix.held_per_user()
+    users = {*ledger.summary.users, *held, *(w.user for w in waiting), *limits.users}
+    fair = ledger.fairshare(users, limits, now)
+    fair.held = dict(held)
+    month = {user: ledger.month_used(user, now) for user in users}
+    rows = factor_table(fair, users, month)
+    for row in rows:
+        row["waiting"] = sum(1 for w in waiting if w.user == row["user"])
+        row["budget_gpu_hours"] = limits.of(str(row["user"])).gpu_hours_per_month
+    return rows
+
+
+def render_shares(rows: list[dict[str, Any]], half_life_s: float) -> str:
+    if not rows:
+        return "no user has used, holds or waits for GPUs"
+    days = half_life_s / DAY_S
+    lines = [f"fair share: F = 2^(-U/S), usage decayed with a half-life of {days:g} days "
+             f"plus the GPUs held now" if half_life_s > 0 else
+             "fair share is off (hypertf_fairshare_half_life: 0): priority, then first come",
+             f"{'USER':<16} {'SHARE':>7} {'USAGE(GPU-h)':>13} {'HELD':>5} {'FACTOR':>7} "
+             f"{'WAITING':>7} {'MONTH(GPU-h)':>13}  BUDGET"]
+    for row in rows:
+        budget = f"{row['budget_gpu_hours']:g}" if row["budget_gpu_hours"] else "-"
+        lines.append(f"{row['user']:<16} {row['share']:>7g} {row['usage_gpu_hours']:>13.2f} "
+                     f"{row['held_gpus']:>5} {row['factor']:>7.4f} {row['waiting']:>7} "
+                     f"{row['month_gpu_hours']:>13.2f}  {budget}")
+    return "\n".join(lines)
 
 
 def render(rows: list[dict[str, Any]]) -> str:

@@ -55,6 +55,7 @@ class QueueReader:
     settled: set[str] = field(default_factory=set)
     records: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
     grants: dict[str, Held] = field(default_factory=dict)
+    granted: dict[str, float] = field(default_factory=dict)  # when each grant was written
     rejected: dict[str, tuple[dict[str, Any] | None, int, str]] = field(default_factory=dict)
     writes: bool = True  # the keeper's reader marks lost waiters; ``hypertf queue``'s does not
     _known: dict[str, tuple[dict[str, Any] | None, int, Waiting | None, str]] = field(
@@ -81,6 +82,8 @@ class QueueReader:
                 self.grants[key] = held_of_grant(grant_from_json(answer[0], key))
             except ValueError as err:
                 log.error("grant of %s unreadable (%s): it holds nothing", key, err)
+                continue
+            self.granted[key] = granted_at(answer[0], answer[1].ctime / 1000)
 
     def waiting(self, leases: set[str] | None = None) -> list[Waiting]:
         """The waiting jobs among the ``leases`` (read here when not given).
@@ -182,6 +185,20 @@ class QueueReader:
         except InvalidRequest as err:
             return record, version, None, f"invalid request: {err}"
 
+
+
+def granted_at(data: bytes, created: float) -> float:
+    """When a grant was written: its ``granted`` (the keeper's clock) when it is a time
+    no later than the znode's creation by ZooKeeper's clock (plus a minute of skew), else
+    that creation (only the keeper writes grants, but a reader checks)."""
+    try:
+        value = decode(data, "grant").get("granted")
+    except StoreError:
+        return created
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and 0 < value <= created + 60:
+        return float(value)
+    return created
 
 
 def read_limits(store: Store, watch: Callable[..., Any] | None = None) -> UserLimits:

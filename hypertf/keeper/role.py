@@ -23,6 +23,7 @@ from hypertf import store
 from hypertf.config.inventory import Inventory
 from hypertf.core.admission import Decision
 from hypertf.core.errors import StoreError
+from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS
 from hypertf.core.requestcheck import PortBounds
 from hypertf.keeper.admitter import Admitter
 from hypertf.keeper.hostwatch import HostWatch
@@ -44,10 +45,11 @@ class KeeperRole:
     def __init__(self, zk: Store, wake: Callable[[], object], user_gpu_limit: int = 0,
                  user_queue_limit: int = 0,
                  records_changed: Callable[[], object] | None = None,
-                 host_gpus_max: int = 0, port_bounds: PortBounds | None = None) -> None:
+                 host_gpus_max: int = 0, port_bounds: PortBounds | None = None,
+                 half_life_s: float = DEFAULT_HALF_LIFE_DAYS * DAY_S) -> None:
         self.store = zk
         self.admitter = Admitter(zk, user_gpu_limit, user_queue_limit, host_gpus_max,
-                                 port_bounds)
+                                 port_bounds, half_life_s)
         self._wake = wake
         self._records_changed = records_changed
         self._hosts: HostWatch | None = None
@@ -136,7 +138,8 @@ class KeeperTerm:
                                    host_gpus_max=cluster.host_gpus_max,
                                    port_bounds=PortBounds.of(
                                        {name: node.settings.port_range
-                                        for name, node in self.inventory.nodes.items()})
+                                        for name, node in self.inventory.nodes.items()}),
+                                   half_life_s=cluster.fairshare_half_life * DAY_S,
                                    ).start()
         self.keep(zk, self.role)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.retry import ForceRetryError
@@ -54,6 +54,7 @@ class Synced:
     version: MatrixVersion
     records: dict[str, AgentRecord]
     leases: set[str]
+    ended: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # records it read
 
 
 @dataclass
@@ -139,13 +140,13 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
         if same(matrix, current):
             if memo is not None:
                 memo.key = None if dead else inputs
-            return Synced(current, version, records, leases), set()
+            return Synced(current, version, records, leases, ended), set()
         written = written_version(store, matrix, current, version)
         if written is None:
             raise ForceRetryError()
         if memo is not None and inputs is not None:  # what it wrote is in line with them
             memo.key = (written, *inputs[1:])  # (a dead job's cells: drained or freed now)
-        return Synced(current, written, records, leases), lost
+        return Synced(current, written, records, leases, ended), lost
 
     done, lost = until_committed(attempt, "syncing the matrix")
     for task_key in lost:

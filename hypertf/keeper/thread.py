@@ -17,6 +17,7 @@ import threading
 from hypertf import store
 from hypertf.config.settings import ClusterSettings
 from hypertf.core import gctune
+from hypertf.core.fairshare import DAY_S
 from hypertf.keeper.role import KeeperRole
 from hypertf.store import Layout, Store
 
@@ -34,7 +35,8 @@ class KeeperThread:
         self._stop = threading.Event()
         self.role = KeeperRole(Store(self.client, self.layout), self._wake.set,
                                user_gpu_limit, user_queue_limit,
-                               host_gpus_max=cluster.host_gpus_max)
+                               host_gpus_max=cluster.host_gpus_max,
+                               half_life_s=cluster.fairshare_half_life * DAY_S)
         self.admitter = self.role.admitter
         self._thread = threading.Thread(target=self._run, daemon=True, name="keeper")
         self.passes = 0

@@ -187,7 +187,15 @@ RULES: dict[str, Rule] = {
                                       "and admissions, freeing cells an agent reported "
                                       "drained) and the admin write it"),
     "matrix_shard": Rule(keeper=R | W, why="as the matrix's index"),
-    "limits": Rule(why="users' ceilings: the admin's alone to write"),
+    "limits": Rule(why="users' ceilings, shares and budgets: the admin's alone to write"),
+    "usage": Rule(keeper=R | W | C | D, why="the usage ledger: only the keeper writes each "
+                                            "user's usage and a day's chunks (and compacts "
+                                            "them)"),
+    "usage_chunk": Rule(keeper=R | W, why="a day of the ledger: the keeper's"),
+    "preempts": Rule(keeper=R | C | D, why="the keeper's preemption notices: only it creates "
+                                          "one (no user preempts, cancels a notice or makes "
+                                          "his job exempt) and deletes it once served"),
+    "preempt": Rule(keeper=R | W, why="one notice: the victim's launcher and nodes read it"),
     "hosts": Rule(why="the admin registers hosts; nobody else creates or deletes one"),
     "host": Rule(owner=R | W | C, why="only the host's own agent may create its record "
                                       "here; W only so that it can prove its credential "
@@ -515,7 +523,8 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
     users = known(directory, "user")
     had_grants = client.exists(layout.grants) is not None
     nodes = [(getattr(layout, name), acls.of(name))
-             for name in ("root", "hosts", "leases", "jobs", "keeper", "grants")]
+             for name in ("root", "hosts", "leases", "jobs", "keeper", "grants", "usage",
+                          "preempts")]
     for host, agent in agents.items():
         nodes.append((layout.host(host), acls.of("host", agent.digest_id)))
     for name, user in users.items():
@@ -737,9 +746,11 @@ def check_access(client: KazooClient, root: str, credential: Credential) -> None
 
 
 def set_user_limits(client: KazooClient, root: str, user: str, max_priority: int | None,
-                    gpu_limit: int | None) -> UserLimits:
-    """``hypertf auth limits USER``: the admin's ceiling for one user (``client`` is the
-    admin's; the znode refuses anyone else). Returns the limits as stored."""
+                    gpu_limit: int | None, share: float | None = None,
+                    gpu_hours_per_month: float | None = None) -> UserLimits:
+    """``hypertf auth limits USER``: the admin's ceiling, share and budget for one user
+    (``client`` is the admin's; the znode refuses anyone else). Returns the limits as
+    stored."""
     path = Layout(root).limits
     check_name("user", user)
 
@@ -749,7 +760,8 @@ def set_user_limits(client: KazooClient, root: str, user: str, max_priority: int
         except NoNodeError:
             raise StoreError(f"ZooKeeper root {root} has no user limits yet: run 'hypertf auth "
                              f"init -i INVENTORY' as the admin") from None
-        limits = UserLimits.from_json(data).with_user(user, max_priority, gpu_limit)
+        limits = UserLimits.from_json(data).with_user(user, max_priority, gpu_limit, share,
+                                                      gpu_hours_per_month)
         try:
             client.set(path, limits.to_json(), version=stat_.version)
         except BadVersionError:  # another admin command meanwhile: read again

@@ -277,6 +277,7 @@ BOTH = {  # invoke's task: hypertf's words (an action word included)
     "queue": "queue", "hold": "hold", "unhold": "unhold", "logs": "logs",
     "dashboard": "dashboard", "zk.start": "zk start", "zk.stop": "zk stop",
     "zk.status": "zk status", "agent.start": "agents start", "agent.stop": "agents stop",
+    "usage": "usage",
     "auth.init": "auth init", "auth.add-user": "auth add-user", "auth.limits": "auth limits",
     "cluster.setup": "cluster setup", "cluster.teardown": "cluster teardown",
     "lab.up": "lab up", "lab.down": "lab down", "lab.list": "lab list",
@@ -335,7 +336,8 @@ def sample_argv(words: str) -> list[str]:
         elif action.nargs == 0:
             flags.append(action.option_strings[-1])
         else:
-            flags += [action.option_strings[-1], "7" if action.type is int else "v.yml"]
+            flags += [action.option_strings[-1],
+                      "7" if action.type in (int, float) else "v.yml"]
     return [*positionals, *flags]
 
 
