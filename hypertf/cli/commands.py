@@ -80,7 +80,7 @@ def _reason(job: JobRecord, state: str) -> str:
     from hypertf.core.jobrecord import JobState
 
     if state not in (JobState.FAILED, JobState.INTERRUPTED, JobState.LOST, JobState.REFUSED,
-                     JobState.RETRIED):
+                     JobState.RETRIED, JobState.PREEMPTED):  # 'preempted by <key> at <time>'
         return ""
     summary = job.get("summary")
     text = str((summary.get("message") if isinstance(summary, dict) else None)
