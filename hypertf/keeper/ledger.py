@@ -205,7 +205,7 @@ class Ledger:
                 self.opened(key, now, grants[key])
             _, start, held = self._running[key]
             placements = [(host, cells) for host, cells in held.gpus.items()]
-            attempt = attempt_of(key, placements, start, _models(records, held), jobs.get(key))
+            attempt = attempt_of(key, placements, start, gpu_models(records, held), jobs.get(key))
             attempts.append(Attempt(attempt.task_key, attempt.user, attempt.gpus,
                                     attempt.models, attempt.hosts, start, max(start, now),
                                     _ended(jobs.get(key)), attempt.job_id, attempt.attempt,
@@ -358,8 +358,9 @@ class Ledger:
         return True
 
 
-def _models(records: Mapping[str, AgentRecord], held: Held) -> dict[tuple[str, int], str]:
-    """(host, GPU index) -> the model its host's agent reports (a label, bounded)."""
+def gpu_models(records: Mapping[str, AgentRecord], held: Held) -> dict[tuple[str, int], str]:
+    """(host, GPU index) -> the model its host's agent reports (a label, bounded): the
+    ledger's and ``hypertf usage``'s running attempts'."""
     found = {}
     for host, cells in held.gpus.items():
         record = records.get(host)

@@ -25,10 +25,10 @@ from hypertf.core.usage import (
     attempt_of,
     day_of,
     day_start,
-    model_name,
     month_start,
     parse_chunk_name,
 )
+from hypertf.keeper.ledger import gpu_models
 from hypertf.keeper.reader import QueueReader
 from hypertf.store import Store
 from hypertf.store.zkclient import get_many
@@ -149,11 +149,5 @@ def _running(store: Store, now: float, begin: float, end: float,
     records = store.records(only=sorted(hosts)) if hosts else {}
     for key, held in reader.grants.items():
         start = reader.granted.get(key, now)
-        models = {}
-        for host, cells in held.gpus.items():
-            record = records.get(host)
-            names = {gpu.index: gpu.name for gpu in record.gpus} if record else {}
-            for index in cells:
-                models[(host, index)] = model_name(names.get(index))
-        attempt = attempt_of(key, list(held.gpus.items()), start, models)
+        attempt = attempt_of(key, list(held.gpus.items()), start, gpu_models(records, held))
         yield from attempt.per_day(now, begin, min(end, now))
