@@ -168,7 +168,7 @@ VERB_TASKS = (
     VerbTask("auth.add-user", "auth add-user",
              "As the admin: register a user and write the credential file to hand them."),
     VerbTask("auth.limits", "auth limits",
-             "As the admin: a user's maximum priority, GPU limit, share and budget."),
+             "As the admin: a user's maximum priority, GPU limit, share, budget, exemption."),
     VerbTask("lab.up", "lab up",
              "Create a multi-host lab on this machine; the last line printed is its inventory."),
     VerbTask("lab.down", "lab down",

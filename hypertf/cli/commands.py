@@ -328,7 +328,8 @@ def zk(inventory: str, action: str) -> int:
 def auth(inventory: str, action: str, user: str | None = None, reset: bool = False,
          print_dir: bool = False, max_priority: int | None = None,
          gpu_limit: int | None = None, share: float | None = None,
-         gpu_hours_per_month: float | None = None) -> int:
+         gpu_hours_per_month: float | None = None, no_preempt_ok: bool = False,
+         preemptible: bool = False) -> int:
     from hypertf import store
     from hypertf.store import auth as credentials
 
@@ -336,15 +337,19 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
     if action in ("add-user", "limits") and not user:
         raise UsageError(f"hypertf auth {action} NAME: name the user")
     if action == "limits":
+        if no_preempt_ok and preemptible:
+            raise UsageError("--no-preempt-ok and --preemptible exclude each other: give one")
+        exempt = True if no_preempt_ok else False if preemptible else None
         with store.opened(inv.cluster) as zk:
             limits = credentials.set_user_limits(zk.client, inv.cluster.zk_root, str(user),
                                                  max_priority, gpu_limit, share,
-                                                 gpu_hours_per_month).of(str(user))
+                                                 gpu_hours_per_month, exempt).of(str(user))
         cap = limits.gpu_limit or "the cluster's hypertf_user_gpu_limit"
         budget = f"{limits.gpu_hours_per_month:g} GPU-hours a month" \
             if limits.gpu_hours_per_month else "no budget"
+        never = ", never preempted" if limits.no_preempt_ok else ""
         print(f"{user}: priority at most {limits.max_priority}, GPUs at most {cap}, "
-              f"share {limits.share:g}, {budget}")
+              f"share {limits.share:g}, {budget}{never}")
         return 0
     users = [credentials.check_name("user", user)] if action == "add-user" and user else []
     directory = store.secure_cluster(inv.cluster, list(inv.nodes), users, reset=reset)

@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     _verb(verbs, "add-user", commands.auth,
           "register a user and write the credential file to hand them", words="auth add-user")
     _verb(verbs, "limits", commands.auth,
-          "a user's maximum priority, GPU limit, fair share and monthly budget, which "
-          "the keeper enforces",
+          "a user's maximum priority, GPU limit, fair share, monthly budget and "
+          "preemption exemption, which the keeper enforces",
           words="auth limits")
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",

@@ -90,7 +90,11 @@ VERB_OPTIONS: dict[str, tuple[VerbOption, ...]] = {
                     VerbOption("share", float, None, "the user's fair share against the "
                                "others' (default 1; 3: three times as much GPU time)", "N"),
                     VerbOption("gpu_hours_per_month", float, None, "the user's budget: past "
-                               "it their new jobs wait (reason Budget); 0: none", "N")),
+                               "it their new jobs wait (reason Budget); 0: none", "N"),
+                    VerbOption("no_preempt_ok", bool, False, "the user's running jobs are never "
+                               "preempted (hypertf_preempt); --preemptible undoes it"),
+                    VerbOption("preemptible", bool, False, "the user's jobs may be preempted "
+                               "again (the default; clears --no-preempt-ok)")),
     "cluster setup": (VerbOption("ask_pass", bool, False, "ask for the SSH password (first "
                                  "contact; needs sshpass)"),
                       VerbOption("check", bool, False, "dry run: show what would change, "

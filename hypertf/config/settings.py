@@ -50,6 +50,14 @@ def _days_or_off(key: str, value: Any) -> float:
     return float(value)
 
 
+def _seconds(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value <= 30 * 86400:
+        raise ValueError(f"{key} must be a number of seconds from 0 to 2592000 (30 days), "
+                         f"not {value!r}")
+    return float(value)
+
+
 def _percent(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
         raise ValueError(f"{key} must be a percentage between 0 and 100, not {value!r}")
@@ -265,6 +273,14 @@ SETTINGS: dict[str, Setting] = {
     # counts half after it, in the order of a priority tier. 0: no fair share (priority,
     # then first come first served). Read by the keeper agent and hypertf queue.
     "hypertf_fairshare_half_life": Setting(_days_or_off, 7.0, scope="cluster"),
+    # Preemption (docs/queue.md, "Preemption"): off unless true. A waiting job then takes
+    # the GPUs of running jobs of a strictly lower priority (or, in its tier, of users above
+    # their fair share): SIGTERM, SIGKILL after the grace (seconds), and the victim waits
+    # again at its old place; a job younger than the minimum runtime (seconds, doubled for
+    # each earlier preemption of it) is never a victim. Read by the keeper agent.
+    "hypertf_preempt": Setting(_flag, False, scope="cluster"),
+    "hypertf_preempt_grace_s": Setting(_seconds, 120.0, scope="cluster"),
+    "hypertf_preempt_min_runtime_s": Setting(_seconds, 600.0, scope="cluster"),
     # The most GPUs the keeper believes one host's agent reports: a record claiming more
     # counts its host down (a stolen node credential must not draw large jobs, and their
     # data, to its host). Set it to your largest node's GPU count.
@@ -351,6 +367,9 @@ class ClusterSettings:
     user_gpu_limit: int = 0  # 0: none
     user_queue_limit: int = 200  # waiting jobs per user (0: none)
     fairshare_half_life: float = 7.0  # days (0: fair share off)
+    preempt: bool = False  # the keeper preempts for waiting jobs (docs/queue.md)
+    preempt_grace_s: float = 120.0  # SIGTERM to SIGKILL
+    preempt_min_runtime_s: float = 600.0  # younger jobs are never victims
     host_gpus_max: int = 16  # GPUs a host's record may claim (the keeper's bound)
     keeper_hosts: tuple[str, ...] = ()  # () : the default (keeper_hosts_of)
     zk_credentials: str | None = None  # directory of credential files; None: the default

@@ -21,7 +21,10 @@ Reasons, as squeue shows them: ``Resources`` (not enough free GPUs even if it we
 ``Priority`` (it would fit, but jobs ahead of it reserve what it needs), ``Fairshare`` (a
 later job of another user at its priority went ahead: that user is further below their
 share), ``UserLimit``, ``Budget`` (its owner used their monthly GPU-hours: it waits,
-reserving nothing; running jobs are never stopped for it), ``Held``.
+reserving nothing; running jobs are never stopped for it), ``Held``. The keeper's
+preemption (hypertf.keeper.preempter) shows two more over these: ``Preempting`` (running
+jobs were told to give it their GPUs: it waits for their grants to go) and ``Requeued``
+(a preempted job's next attempt, waiting at the place its notice kept for it).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from hypertf.core.scheduler import NoFit, Placement, TaskSlot, schedule
 
 RESOURCES, PRIORITY, USER_LIMIT, HELD = "Resources", "Priority", "UserLimit", "Held"
 FAIRSHARE, BUDGET = "Fairshare", "Budget"
+PREEMPTING, REQUEUED = "Preempting", "Requeued"  # the keeper's preemption (not this pass)
+BLOCKED = frozenset({RESOURCES, PRIORITY, FAIRSHARE})  # waiting for GPUs: it reserves hosts
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Waiting:
     held: bool = False
     exclude_ports: Mapping[str, frozenset[int]] = field(default_factory=dict)
     no_wait: bool = False  # --no-wait: admitted in the keeper's next pass, or refused
+    resumes: str = ""  # the preempted attempt it continues: a wish, until the keeper's notice
 
     @functools.cached_property
     def user(self) -> str:

@@ -57,7 +57,9 @@ WRITERS: Mapping[JobState, Writer] = {
     JobState.KILLED: Writer.KILL,
     JobState.CANCELLED: Writer.KILL,
     JobState.LOST: Writer.SYNC,
-    JobState.PREEMPTED: Writer.LAUNCHER,  # on the keeper's notice (its launcher's release)
+    # on the keeper's notice (its launcher's release; the sync's ``preempted`` when the
+    # launcher went away first)
+    JobState.PREEMPTED: Writer.LAUNCHER,
 }
 
 
@@ -134,3 +136,16 @@ def lost(record: Mapping[str, Any], now: float) -> JobRecord | None:
     if record.get("state") not in LIVE_STATES:
         return None
     return cast(JobRecord, {**record, "state": JobState.LOST, "lost": now})
+
+
+def preempted(record: Mapping[str, Any], by: str, at: float, now: float) -> JobRecord | None:
+    """The sync's, instead of ``lost``: a live job the keeper preempted (its notice: by
+    ``by`` at ``at``) whose lease went without a release: it ends ``preempted``, and with
+    its launcher gone nobody requeues it. None when it is not live."""
+    if record.get("state") not in LIVE_STATES:
+        return None
+    summary = record.get("summary")
+    note = {"message": f"preempted by {by}; its launcher went away before requeueing it"}
+    return cast(JobRecord, {**record, "state": JobState.PREEMPTED, "preempted": now,
+                            "preempted_by": by, "preempted_at": at,
+                            **({} if isinstance(summary, dict) else {"summary": note})})

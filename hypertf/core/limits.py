@@ -1,12 +1,14 @@
-"""What each user may ask of the keeper: a maximum priority, a GPU limit, a fair share and a
-monthly GPU-hour budget, set by the admin.
+"""What each user may ask of the keeper: a maximum priority, a GPU limit, a fair share, a
+monthly GPU-hour budget and whether their jobs are exempt from preemption, set by the admin.
 
 Kept in ``<root>/limits`` (docs/zookeeper-layout.md), which only the admin may write: a job
 record is its owner's to write, so a priority read from it is only a wish. The keeper clamps
 it to the owner's maximum, admits no job that would take its owner past the GPU limit, orders
 a priority tier by each owner's share against their usage (hypertf.core.fairshare) and keeps
 new jobs of an owner past their budget waiting. A share or a budget in a job record is
-never read. Pure: the store reads and writes the znode.
+never read, and neither is a wish not to be preempted: only the admin's ``no_preempt_ok``
+exempts a user's running jobs (hypertf.core.preemption). Pure: the store reads and writes
+the znode.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ MAX_BUDGET_HOURS = 1e9  # GPU-hours a month: more than any cluster has
 class UserLimit:
     """One user's ceiling: ``gpu_limit`` 0 means the cluster's hypertf_user_gpu_limit;
     ``share`` weighs the user in their priority tier (hypertf.core.fairshare);
-    ``gpu_hours_per_month`` 0 means no budget."""
+    ``gpu_hours_per_month`` 0 means no budget; ``no_preempt_ok``: the user's running jobs
+    are never preemption victims (``hypertf auth limits --no-preempt-ok``)."""
 
     max_priority: int = DEFAULT_MAX_PRIORITY
     gpu_limit: int = 0
     share: float = DEFAULT_SHARE
     gpu_hours_per_month: float = 0.0
+    no_preempt_ok: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,15 @@ class UserLimits:
         """The user's monthly budget in GPU-seconds (0: none)."""
         return self.of(user).gpu_hours_per_month * 3600.0
 
+    def preemptible(self, user: str) -> bool:
+        """Whether the user's running jobs may be preempted: yes unless the admin said
+        ``--no-preempt-ok`` for them (nothing a user writes can say otherwise)."""
+        return not self.of(user).no_preempt_ok
+
     def with_user(self, user: str, max_priority: int | None, gpu_limit: int | None,
                   share: float | None = None,
-                  gpu_hours_per_month: float | None = None) -> UserLimits:
+                  gpu_hours_per_month: float | None = None,
+                  no_preempt_ok: bool | None = None) -> UserLimits:
         """A copy where ``user`` has the given ceilings (None keeps what was there)."""
         old = self.of(user)
         if gpu_limit is not None and gpu_limit < 0:
@@ -79,7 +89,8 @@ class UserLimits:
                         old.gpu_limit if gpu_limit is None else gpu_limit,
                         old.share if share is None else float(share),
                         old.gpu_hours_per_month if gpu_hours_per_month is None
-                        else float(gpu_hours_per_month))
+                        else float(gpu_hours_per_month),
+                        old.no_preempt_ok if no_preempt_ok is None else bool(no_preempt_ok))
         return UserLimits(self.default, {**self.users, user: new})
 
     def to_json(self) -> bytes:
@@ -95,13 +106,15 @@ class UserLimits:
                    {str(u): _limit(v) for u, v in payload.get("users", {}).items()})
 
 
-def _plain(limit: UserLimit) -> dict[str, float]:
-    plain: dict[str, float] = {"max_priority": limit.max_priority,
+def _plain(limit: UserLimit) -> dict[str, float | bool]:
+    plain: dict[str, float | bool] = {"max_priority": limit.max_priority,
                                "gpu_limit": limit.gpu_limit}
     if limit.share != DEFAULT_SHARE:  # written only when set: older readers see the same
         plain["share"] = limit.share
     if limit.gpu_hours_per_month:
         plain["gpu_hours_per_month"] = limit.gpu_hours_per_month
+    if limit.no_preempt_ok:
+        plain["no_preempt_ok"] = True
     return plain
 
 
@@ -120,4 +133,5 @@ def _limit(value: Mapping[str, Any]) -> UserLimit:
                      _bounded(value.get("share", DEFAULT_SHARE), 1e-9, MAX_SHARE,
                               DEFAULT_SHARE),
                      _bounded(value.get("gpu_hours_per_month", 0.0), 0.0, MAX_BUDGET_HOURS,
-                              0.0))
+                              0.0),
+                     value.get("no_preempt_ok") is True)  # anything but true: preemptible

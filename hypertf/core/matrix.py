@@ -137,14 +137,18 @@ class Matrix:
                 } | {host for host, row in self.ports.items()
                      if any(job_of(k) == task_key for k in row.values())}
 
-    def ended_on(self, host: str, leases: set[str]) -> set[str]:
+    def ended_on(self, host: str, leases: set[str],
+                 preempted: Collection[str] = ()) -> set[str]:
         """Jobs whose cells or ports on ``host`` wait for its agent: draining, or still
         held by a job whose lease is gone (not yet drained by a sync). A job whose lease
-        lives is never among them, whatever the matrix says: every member may write the
-        matrix, only the owner and the admin may end a job (drop its lease)."""
+        lives is never among them on the matrix's word alone (only the owner and the admin
+        may end a job, by dropping its lease), except a draining one in ``preempted``: the
+        keeper's preemption notice names it (keeper-only, like this matrix), and the keeper
+        drains its cells only once the notice's deadline passed."""
         cells = [*self.gpus.get(host, []), *self.ports.get(host, {}).values()]
         return {key for cell in cells
-                if (key := job_of(cell)) and key not in leases}
+                if (key := job_of(cell)) and (key not in leases or (
+                    key in preempted and draining(cell) is not None))}
 
     def draining_keys(self) -> set[str]:
         """Every ended job with a draining cell or port anywhere."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from hypertf.core.admission import Waiting
 from hypertf.core.errors import UsageError
-from hypertf.core.layout import owner_of
+from hypertf.core.layout import is_task_key, owner_of
 from hypertf.core.placement import MAX_REQUEST_HOSTS, PortRanges, Request, expand_hosts
 from hypertf.core.scheduler import OFFLOAD, POLICIES, Policy, TaskSlot
 
@@ -31,7 +31,7 @@ FIRST_TASK_PORT = 1024  # below: the system's services, never a task's
 MAX_PRIORITY_ABS = 10**9  # a wish, clamped to the owner's maximum anyway
 ROLES = ("chief", "worker", "ps", "evaluator", OFFLOAD)  # OFFLOAD: --offload-hosts
 QUEUE_FIELDS = frozenset({"priority", "hosts", "policy", "slots", "port_range",
-                          "port_ranges", "exclude_ports", "held", "no_wait"})
+                          "port_ranges", "exclude_ports", "held", "no_wait", "resumes"})
 HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-[]:")
 
 
@@ -130,11 +130,15 @@ def waiting_from_record(record: Mapping[str, Any], order: int, key: str) -> Wait
         owner_of(key)
     except UsageError as err:
         raise InvalidRequest(str(err)) from None
+    resumes = queue.get("resumes", "")
+    if not isinstance(resumes, str) or (resumes and not is_task_key(resumes)):
+        raise InvalidRequest(f"resumes {str(resumes)[:40]!r} is not a task key")
     return Waiting(key, Request(slots=_slots(queue.get("slots")), hosts=hosts, policy=policy,
                                 port_ranges=ranges),
                    priority=_int(queue.get("priority", 0), "priority", -MAX_PRIORITY_ABS,
                                  MAX_PRIORITY_ABS),
-                   order=order, held=held, exclude_ports=excluded, no_wait=no_wait)
+                   order=order, held=held, exclude_ports=excluded, no_wait=no_wait,
+                   resumes=resumes)
 
 
 @dataclass(frozen=True)

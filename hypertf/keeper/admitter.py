@@ -6,7 +6,9 @@ dies mid-admission commits everything or nothing; the next keeper starts the pas
 The view it publishes (``keeper/queue``: position and reason) is what waiters read after
 a while (hypertf.store.waitqueue.wait_for_admission). Each pass orders a priority tier by
 fair share from the keeper's usage ledger (hypertf.keeper.ledger), which also ends an
-attempt in the transaction that deletes its grant.
+attempt in the transaction that deletes its grant. With ``hypertf_preempt`` on, a committed
+pass then preempts for the jobs it left waiting for GPUs (hypertf.keeper.preempter); its
+notices are kept, and preempted attempts requeued at their old place, whether on or off.
 """
 
 from __future__ import annotations
@@ -32,17 +34,19 @@ from hypertf.core.admission import (
     admission_pass,
     clamped,
 )
-from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS
-from hypertf.core.grants import grant_to_json
+from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS, Fairshare
+from hypertf.core.grants import GrantTerms, grant_to_json
 from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import cannot_place
+from hypertf.core.preemption import Standing
 from hypertf.core.requestcheck import (
     PortBounds,
     waiting_from_record,
 )
 from hypertf.keeper.leasecache import LeaseCache
 from hypertf.keeper.ledger import Ledger
+from hypertf.keeper.preempter import Preempter, PreemptSettings
 from hypertf.keeper.reader import QueueReader, read_limits
 from hypertf.keeper.recordcache import RecordCache
 from hypertf.keeper.screen import INVALID, Screen
@@ -83,8 +87,10 @@ class Admitter:
     port_bounds: PortBounds | None = None  # the inventory's port ranges (None: unchecked)
     half_life_s: float = DEFAULT_HALF_LIFE_DAYS * DAY_S  # fair share's (0: off)
     clock: Callable[[], float] = time.time  # the keeper's clock (the ledger's times)
+    preempt: PreemptSettings = field(default_factory=PreemptSettings)  # the admin's (off)
     reader: QueueReader = field(init=False)
     ledger: Ledger = field(init=False)
+    preempter: Preempter = field(init=False)
     cache: RecordCache = field(init=False)
     leases: LeaseCache = field(init=False)
     screen: Screen = field(init=False)
@@ -107,6 +113,7 @@ class Admitter:
         self.leases = LeaseCache(self.store)
         self.screen = Screen(self.user_gpu_limit, self.user_queue_limit, self.port_bounds)
         self.ledger = Ledger(self.store, self.half_life_s, self.clock)
+        self.preempter = Preempter(self.store, self.preempt, self.clock)
 
     def keep(self) -> list[Decision]:
         """Sync (free ended jobs, repair running ones), then admit. Once the reader knows
@@ -114,8 +121,10 @@ class Admitter:
         leases it read (one listing of every user's leases per pass, not two)."""
         if not self.reader.read_once:  # fresh grants before the repair (a new keeper)
             waiting = self.reader.waiting(self.leases.leases())
+            self.preempter.load(self.reader.terms)
             done = self._sync()
         else:
+            self.preempter.load(self.reader.terms)  # once a term (again after a failure)
             done = self._sync()
             waiting = self.reader.waiting(done.leases)
         self._last_good = done.matrix
@@ -133,10 +142,16 @@ class Admitter:
         damaged for a moment: the keeper must not race it)."""
         due = self._damaged_at is not None and \
             time.monotonic() - self._damaged_at >= REPAIR_AFTER_S
+        grants: Mapping[str, Held] = self.reader.grants
+        forced = self.preempter.forced(grants, self.clock()) if self.preempter.notices \
+            else set()
+        if forced:  # past their notice's deadline: drained, never restored
+            grants = {key: held for key, held in grants.items() if key not in forced}
         try:
-            done = sync(self.store, self.reader.grants, self.cache, self._last_good,
+            done = sync(self.store, grants, self.cache, self._last_good,
                         repair=due, memo=self._memo,
-                        registered_hosts=self.hosts, live_leases=self.leases.leases)
+                        registered_hosts=self.hosts, live_leases=self.leases.leases,
+                        drain=forced, mark=self.preempter.mark_gone)
         except MatrixDamaged:
             if self._damaged_at is None:
                 self._damaged_at = time.monotonic()
@@ -163,8 +178,7 @@ class Admitter:
         if self.ledger.loaded:
             for key in self.ledger.close(ended, self.reader.grants, records or {},
                                          ended_jobs or {}):
-                self.reader.grants.pop(key, None)
-                self.reader.granted.pop(key, None)
+                self._forget_grant(key)
             return
         if len(ended) > 1:  # one transaction for all (one request, one log entry)
             tx = self.store.client.transaction()
@@ -172,14 +186,19 @@ class Admitter:
                 tx.delete(self.store.layout.grant(key))
             if not any(isinstance(r, Exception) for r in tx.commit()):
                 for key in ended:
-                    self.reader.grants.pop(key, None)
+                    self._forget_grant(key)
                 return
         pending = [(key, self.store.client.delete_async(self.store.layout.grant(key)))
                    for key in ended]  # one of them gone already: each on its own
         for key, result in pending:
             with contextlib.suppress(NoNodeError):
                 result.get(timeout=30)
-            self.reader.grants.pop(key, None)
+            self._forget_grant(key)
+
+    def _forget_grant(self, key: str) -> None:
+        self.reader.grants.pop(key, None)
+        self.reader.granted.pop(key, None)
+        self.reader.terms.pop(key, None)
 
     def live_hosts(self) -> list[str]:
         """Registered hosts with an agent record: those the sync just read (once), else
@@ -200,6 +219,7 @@ class Admitter:
             limits = self.limits()
             versions = {key: v for key, (_, v) in self.reader.records.items()}
             waiting, screened = self.screen(waiting, versions, matrix, limits)
+            waiting = self.preempter.requeue(waiting, self.reader.grants)
             refusals = {**{key: why for key, (_, _, why) in self.reader.rejected.items()
                            if key not in self.unwritable}, **screened}
             self._load_ledger()
@@ -211,14 +231,44 @@ class Admitter:
                                        fair, self.ledger.over_budget(users, limits, now))
             settled = [d for d in decisions if d.admitted or d.refused]
             settled += [Decision(key, 0, INVALID, refused=True) for key in sorted(refusals)]
+            jobs = {w.task_key: w for w in clamped(waiting, limits)}
             if settled:
-                outcome = self._commit(matrix, version, settled, live, limits, refusals)
+                outcome = self._commit(matrix, version, settled, live, limits, refusals, jobs)
                 if outcome is not Commit.COMMITTED:  # a conflict, or a first part of a large pass
                     raise ForceRetryError()  # committed: read and decide again
-            self.publish(decisions, {w.task_key: w for w in clamped(waiting, limits)})
+            self._preempt(decisions, jobs, matrix, live, limits, fair, now)
+            self.publish(decisions, jobs, self.preempter.reasons(decisions))
             return decisions
 
         return until_committed(attempt, "admitting waiting jobs")
+
+    def _preempt(self, decisions: list[Decision], jobs: Mapping[str, Waiting], matrix: Matrix,
+                 live: list[str], limits: UserLimits, fair: Fairshare | None,
+                 now: float) -> None:
+        """After a committed pass (hypertf.keeper.preempter): preempt for the jobs left
+        waiting for GPUs, on the matrix as this pass's admissions left it."""
+        if not self.preempt.on and not self.preempter.notices:
+            self.preempter.busy = set()
+            return  # off: nothing to decide, nothing to keep
+        after = matrix
+        for decision in decisions:
+            if decision.admitted:
+                held = Held.of(decision.placements, decision.ports)
+                after = after.take(decision.task_key, held.gpus, held.ports)
+
+        def standing() -> Standing:
+            """Each user's factor among those running or waiting, their usage from the
+            ledger and the GPUs held once this pass's admissions are counted."""
+            users = {key.partition(".")[2] for key in self.reader.grants} | \
+                {job.user for job in jobs.values()}
+            share = self.ledger.fairshare(users, limits, now)
+            share.held = after.held_per_user()
+            return Standing(share.factors(users))
+
+        fair_on = fair is not None and fair.on
+        self.preempter.after_pass(decisions, jobs, self.reader.grants, self.reader.granted,
+                                  self.reader.terms, after, live, limits,
+                                  standing if fair_on else None, now)
 
     def limits(self) -> UserLimits:
         """The admin's limits, read again after they changed (a watch) and at least every
@@ -239,7 +289,8 @@ class Admitter:
         return record, version
 
     def _commit(self, matrix: Matrix, version: MatrixVersion, settled: list[Decision],
-                live: list[str], limits: UserLimits, refusals: Mapping[str, str]) -> Commit:
+                live: list[str], limits: UserLimits, refusals: Mapping[str, str],
+                jobs: Mapping[str, Waiting]) -> Commit:
         """COMMITTED, CONFLICT, or PART (the pass's decisions would make a request
         past TRANSACTION_BYTES: the first half, or less, was committed; the rest is
         decided again by the next try). A record the keeper may not write (its owner
@@ -249,6 +300,7 @@ class Admitter:
         ops: list[str | None] = []  # the job each operation is for (None: the matrix)
         now = self.clock()
         size = 0
+        terms: dict[str, GrantTerms] = {}
         # Admissions first: a refusal names what is free once this pass's admissions took
         # their GPUs (two --no-wait jobs for the last GPU: the loser hears it is taken).
         for decision in sorted(settled, key=lambda d: d.refused):
@@ -270,8 +322,12 @@ class Admitter:
             data = encode(transitions.admitted(record, decision.placements, decision.ports,
                                                now))
             tx.set_data(self.store.layout.job(key), data, version=record_version)
+            job = jobs.get(key)
+            if job is not None:
+                terms[key] = self.preempter.terms_for(job)
             tx.create(self.store.layout.grant(key),
-                      grant_to_json(key, decision.placements, decision.ports, now),
+                      grant_to_json(key, decision.placements, decision.ports, now,
+                                    terms.get(key)),
                       acl=self.store.acls.grant())
             ops += [key, key, key]
             size += 2 * len(data)
@@ -282,7 +338,7 @@ class Admitter:
         size += shards
         if size > TRANSACTION_BYTES and len(settled) > 1:
             first = self._commit(matrix, version, settled[:len(settled) // 2], live, limits,
-                                 refusals)
+                                 refusals, jobs)
             return Commit.PART if first is not Commit.CONFLICT else first
         results = tx.commit()
         culprit = next(((i, r) for i, r in enumerate(results) if isinstance(r, Exception)
@@ -312,6 +368,9 @@ class Admitter:
                 self.reader.grants[decision.task_key] = held
                 self.reader.granted[decision.task_key] = now
                 self.ledger.opened(decision.task_key, now, held)
+                if decision.task_key in terms:
+                    self.reader.terms[decision.task_key] = terms[decision.task_key]
+                    self.preempter.admitted(decision.task_key, terms[decision.task_key])
         return Commit.COMMITTED
 
     def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
@@ -334,9 +393,11 @@ class Admitter:
         return why or (f"the GPUs it needs are promised to jobs ahead of it in the queue "
                        f"({REASONS[PRIORITY]}); run it without --no-wait to wait in line")
 
-    def publish(self, decisions: list[Decision], waiting: Mapping[str, Waiting]) -> None:
-        """``keeper/queue``: an ephemeral of the keeper's session, rewritten on change."""
-        data = encode(view_of(decisions, waiting))
+    def publish(self, decisions: list[Decision], waiting: Mapping[str, Waiting],
+                reasons: Mapping[str, str] | None = None) -> None:
+        """``keeper/queue``: an ephemeral of the keeper's session, rewritten on change;
+        ``reasons`` over the pass's (the preemption's ``Preempting``, ``Requeued``)."""
+        data = encode(view_of(decisions, waiting, reasons, self.preempter.counts))
         if data == self.published:
             return
         path = self.store.layout.queue_view
@@ -353,15 +414,22 @@ class Admitter:
         self.published = data
 
 
-def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting]) -> dict[str, Any]:
-    """What waiters and ``hypertf queue`` show: every job still waiting, in order."""
+def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting],
+            reasons: Mapping[str, str] | None = None,
+            preemptions: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """What waiters and ``hypertf queue`` show: every job still waiting, in order; and
+    ``preemptions_total`` (per reason, this keeper's term: hypertf_preemptions_total)."""
     entries: list[dict[str, Any]] = []
+    shown = reasons or {}
     for d in decisions:
         if d.admitted or d.refused:
             continue
         job = waiting[d.task_key]
         entries.append({"task_key": d.task_key, "position": len(entries) + 1,
-                        "reason": d.reason, "priority": job.priority,
+                        "reason": shown.get(d.task_key, d.reason), "priority": job.priority,
                         "gpus": job.request.gpus})
-    return {"waiting": entries}
+    view: dict[str, Any] = {"waiting": entries}
+    if preemptions is not None:
+        view["preemptions_total"] = dict(preemptions)
+    return view
 

@@ -13,6 +13,7 @@ from typing import Any
 from hypertf.core.admission import Decision, admission_pass, clamped
 from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS, factor_table
 from hypertf.keeper.ledger import Ledger
+from hypertf.keeper.preempter import Preempter, PreemptSettings
 from hypertf.keeper.reader import QueueReader, read_limits
 from hypertf.keeper.screen import INVALID, Screen
 from hypertf.store import Store
@@ -34,6 +35,9 @@ def collect(store: Store, user_gpu_limit: int = 0, user_queue_limit: int = 0,
     versions = {key: v for key, (_, v) in reader.records.items()}
     waiting, refused = Screen(user_gpu_limit, user_queue_limit)(read, versions, matrix,
                                                                 limits)
+    preempter = Preempter(store, PreemptSettings())
+    preempter.load(reader.terms, writes=False)
+    waiting = preempter.requeue(waiting, reader.grants)
     ledger = Ledger(store, half_life_s)
     ledger.load(reader.grants, reader.granted)
     now = ledger.clock()
@@ -41,6 +45,8 @@ def collect(store: Store, user_gpu_limit: int = 0, user_queue_limit: int = 0,
     fair = ledger.fairshare(users, limits, now) if half_life_s > 0 else None
     decisions = admission_pass(matrix, store.live_hosts(), waiting, user_gpu_limit, limits,
                                fair, ledger.over_budget(users, limits, now))
+    preempter.note_busy(reader.grants, matrix)
+    shown = preempter.reasons(decisions)
     decisions += [Decision(key, len(decisions) + i, INVALID) for i, key in
                   enumerate(sorted(refused), start=1)]
     by_key = {w.task_key: w for w in read}
@@ -55,7 +61,7 @@ def collect(store: Store, user_gpu_limit: int = 0, user_queue_limit: int = 0,
                      "shape": job.request.describe(), "gpus": job.request.gpus,
                      "script": record.get("script", ""), "queued": created,
                      "waiting_s": round(now - created, 1),
-                     "reason": decision.reason or STARTING,
+                     "reason": shown.get(job.task_key, decision.reason or STARTING),
                      **({"refused": refused[job.task_key]} if job.task_key in refused else {})})
     now_rows = len(rows)
     for i, (key, (_, _, why)) in enumerate(sorted(reader.rejected.items()), start=1):
@@ -110,11 +116,11 @@ def render(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no job is waiting"
     header = f"{'POS':>3}  {'TASK KEY':<34} {'USER':<10} {'PRIO':>4}  {'WAITING':>8}  " \
-             f"{'REASON':<9}  SHAPE"
+             f"{'REASON':<10}  SHAPE"
     lines = [header]
     for row in rows:
         wait = int(row["waiting_s"])
         lines.append(f"{row['position']:>3}  {row['task_key']:<34} {row['user']:<10} "
                      f"{row['priority']:>4}  {wait // 60:>5}:{wait % 60:02d}  "
-                     f"{row['reason']:<9}  {row['shape']}  {row['script']}")
+                     f"{row['reason']:<10}  {row['shape']}  {row['script']}")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from hypertf.core.admission import (
     Waiting,
 )
 from hypertf.core.errors import StoreError
-from hypertf.core.grants import grant_from_json, held_of_grant
+from hypertf.core.grants import GrantTerms, grant_from_json, held_of_grant, terms_of_grant
 from hypertf.core.jobrecord import JobState
 from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held
@@ -56,6 +56,7 @@ class QueueReader:
     records: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
     grants: dict[str, Held] = field(default_factory=dict)
     granted: dict[str, float] = field(default_factory=dict)  # when each grant was written
+    terms: dict[str, GrantTerms] = field(default_factory=dict)  # the keeper's, for preemption
     rejected: dict[str, tuple[dict[str, Any] | None, int, str]] = field(default_factory=dict)
     writes: bool = True  # the keeper's reader marks lost waiters; ``hypertf queue``'s does not
     _known: dict[str, tuple[dict[str, Any] | None, int, Waiting | None, str]] = field(
@@ -84,6 +85,9 @@ class QueueReader:
                 log.error("grant of %s unreadable (%s): it holds nothing", key, err)
                 continue
             self.granted[key] = granted_at(answer[0], answer[1].ctime / 1000)
+            terms = terms_of_grant(answer[0])
+            if terms is not None:
+                self.terms[key] = terms
 
     def waiting(self, leases: set[str] | None = None) -> list[Waiting]:
         """The waiting jobs among the ``leases`` (read here when not given).

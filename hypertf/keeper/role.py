@@ -27,6 +27,7 @@ from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS
 from hypertf.core.requestcheck import PortBounds
 from hypertf.keeper.admitter import Admitter
 from hypertf.keeper.hostwatch import HostWatch
+from hypertf.keeper.preempter import PreemptSettings, preempt_settings
 from hypertf.keeper.prune import Pruner
 from hypertf.store import LeaseState, Store
 from hypertf.store.allocation import watch_matrix
@@ -46,10 +47,12 @@ class KeeperRole:
                  user_queue_limit: int = 0,
                  records_changed: Callable[[], object] | None = None,
                  host_gpus_max: int = 0, port_bounds: PortBounds | None = None,
-                 half_life_s: float = DEFAULT_HALF_LIFE_DAYS * DAY_S) -> None:
+                 half_life_s: float = DEFAULT_HALF_LIFE_DAYS * DAY_S,
+                 preempt: PreemptSettings | None = None) -> None:
         self.store = zk
         self.admitter = Admitter(zk, user_gpu_limit, user_queue_limit, host_gpus_max,
-                                 port_bounds, half_life_s)
+                                 port_bounds, half_life_s,
+                                 preempt=preempt or PreemptSettings())
         self._wake = wake
         self._records_changed = records_changed
         self._hosts: HostWatch | None = None
@@ -140,6 +143,7 @@ class KeeperTerm:
                                        {name: node.settings.port_range
                                         for name, node in self.inventory.nodes.items()}),
                                    half_life_s=cluster.fairshare_half_life * DAY_S,
+                                   preempt=preempt_settings(cluster),
                                    ).start()
         self.keep(zk, self.role)
 

@@ -8,7 +8,7 @@ goes by moved (``SyncMemo``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +93,9 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
          cache: RecordCache | None = None, last_good: Matrix | None = None,
          repair: bool = False, memo: SyncMemo | None = None,
          registered_hosts: Callable[[], list[str]] | None = None,
-         live_leases: Callable[[], set[str]] | None = None) -> Synced:
+         live_leases: Callable[[], set[str]] | None = None,
+         drain: Collection[str] = (),
+         mark: Callable[[str], None] | None = None) -> Synced:
     """``sync_matrix``, saying also the stored versions and the leases read (after the
     matrix: a job admitted in between is in both), which the keeper's admission goes by.
     Cells an agent reported drained (its record's ``drained``: it saw the job's processes
@@ -102,7 +104,11 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
     restored); else MatrixDamaged is raised. ``memo`` (with ``cache``): skip the work
     when nothing it goes by changed since a sync found the matrix in line.
     ``registered_hosts``: the registered hosts as a watch keeps them (the keeper's),
-    instead of a listing; ``live_leases``: the leases likewise (``LeaseCache``)."""
+    instead of a listing; ``live_leases``: the leases likewise (``LeaseCache``).
+    ``drain``: live jobs whose cells turn draining all the same (preempted ones past their
+    notice's deadline: hypertf.keeper.preempter; leave them out of ``grants``, or they are
+    restored); ``mark``: how a job found without its lease and release is recorded
+    (default ``lost``)."""
     def attempt(_retries: int) -> tuple[Synced, set[str]]:
         try:
             matrix, version = read_matrix(store)
@@ -124,6 +130,8 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
             if not dead and memo.key == inputs:
                 return Synced(matrix, version, records, leases), set()
         current = synced(matrix, records, leases, registered=registered)
+        if drain:
+            current = current.drain(set(drain))
         current = freed_by_reports(current, records)
         lost = set()
         ended = read_jobs(store, dead)  # one round trip for every ended job
@@ -150,7 +158,10 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
 
     done, lost = until_committed(attempt, "syncing the matrix")
     for task_key in lost:
-        mark_lost(store, task_key)
+        if mark is not None:
+            mark(task_key)
+        else:
+            mark_lost(store, task_key)
     return done
 
 

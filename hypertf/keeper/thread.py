@@ -18,6 +18,7 @@ from hypertf import store
 from hypertf.config.settings import ClusterSettings
 from hypertf.core import gctune
 from hypertf.core.fairshare import DAY_S
+from hypertf.keeper.preempter import preempt_settings
 from hypertf.keeper.role import KeeperRole
 from hypertf.store import Layout, Store
 
@@ -36,7 +37,8 @@ class KeeperThread:
         self.role = KeeperRole(Store(self.client, self.layout), self._wake.set,
                                user_gpu_limit, user_queue_limit,
                                host_gpus_max=cluster.host_gpus_max,
-                               half_life_s=cluster.fairshare_half_life * DAY_S)
+                               half_life_s=cluster.fairshare_half_life * DAY_S,
+                               preempt=preempt_settings(cluster))
         self.admitter = self.role.admitter
         self._thread = threading.Thread(target=self._run, daemon=True, name="keeper")
         self.passes = 0

@@ -1,7 +1,8 @@
 """What an agent reports about its own host, beside its probe: the ended jobs whose tasks it
 has seen dead here (``drained``: the keeper frees their cells on this host only), and the
 processes on its GPUs that their job was not granted (``trespasses``, stopped under
-``hypertf_gpu_enforce: stop``). It also stops what a dead launcher left running here. An
+``hypertf_gpu_enforce: stop``). It also stops what a dead launcher left running here, and
+what a preempted job left past its notice's deadline (the keeper drained its cells). An
 agent reports and decides nothing: its credential writes only its own record.
 """
 
@@ -132,7 +133,8 @@ class HostReport:
                 dcgmmap.write(mapping, self.row)
             except OSError as err:
                 log.error("cannot write dcgm-exporter's job mapping in %s: %s", mapping, err)
-        ended = matrix.ended_on(host, leases)
+        ended = matrix.ended_on(host, leases, self._preempted(zk, matrix.draining_on(host)
+                                                              & leases))
         reported = self.drained & ended  # freed by the keeper already: no longer said
         dead = {key for key in ended - reported if tasknode.drain(
             RunDir.of(self.node.settings.workdir, key, local=True), grace=STOP_GRACE_S)}
@@ -143,6 +145,14 @@ class HostReport:
             log.info("saw the tasks of %s dead on %s: reported to the keeper", sorted(dead),
                      host)
         return changed
+
+    def _preempted(self, zk: Store, keys: set[str]) -> set[str]:
+        """Of the live jobs draining on this host (normally none), those the keeper has
+        preempted: its notice exists (only the keeper writes there), so their draining
+        cells are its word that the notice's deadline passed; stopped like ended jobs."""
+        if not keys:
+            return set()
+        return {key for key in keys if zk.client.exists(zk.layout.preempt(key)) is not None}
 
 
 def _jobs_of(gpus: list[Cell], cells: list[Cell | str]) -> dict[str, frozenset[int]]:

@@ -747,10 +747,11 @@ def check_access(client: KazooClient, root: str, credential: Credential) -> None
 
 def set_user_limits(client: KazooClient, root: str, user: str, max_priority: int | None,
                     gpu_limit: int | None, share: float | None = None,
-                    gpu_hours_per_month: float | None = None) -> UserLimits:
-    """``hypertf auth limits USER``: the admin's ceiling, share and budget for one user
-    (``client`` is the admin's; the znode refuses anyone else). Returns the limits as
-    stored."""
+                    gpu_hours_per_month: float | None = None,
+                    no_preempt_ok: bool | None = None) -> UserLimits:
+    """``hypertf auth limits USER``: the admin's ceiling, share, budget and preemption
+    exemption (``no_preempt_ok``; None keeps it) for one user (``client`` is the admin's;
+    the znode refuses anyone else). Returns the limits as stored."""
     path = Layout(root).limits
     check_name("user", user)
 
@@ -761,7 +762,7 @@ def set_user_limits(client: KazooClient, root: str, user: str, max_priority: int
             raise StoreError(f"ZooKeeper root {root} has no user limits yet: run 'hypertf auth "
                              f"init -i INVENTORY' as the admin") from None
         limits = UserLimits.from_json(data).with_user(user, max_priority, gpu_limit, share,
-                                                      gpu_hours_per_month)
+                                                      gpu_hours_per_month, no_preempt_ok)
         try:
             client.set(path, limits.to_json(), version=stat_.version)
         except BadVersionError:  # another admin command meanwhile: read again
