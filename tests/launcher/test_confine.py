@@ -145,3 +145,18 @@ def test_a_node_that_cannot_confine_runs_the_job_with_a_notice(lab, tmp_path):
     assert re.search(rf"hypertf: notice: h\d: tasks not confined \(none: {re.escape(why)}\)",
                      done.stdout), done.stdout
     assert all_free(lab.inventory)
+
+
+def test_hypertf_kill_ends_a_jobs_daemon_too(lab, tmp_path):
+    token = str(secrets.randbelow(10 ** 12))
+    job = start_hypertf("train", "-i", lab.inventory, "--script", TASK, "--worker", "1",
+                        "--", "--daemon", token, "--work_s", "300", cwd=tmp_path)
+    lines = until_line(job, "widened opens")
+    key = re.search(r"job (\S+): started", "".join(lines)).group(1)
+    assert daemons(token)
+    killed = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    job.communicate(timeout=60)
+    assert job.returncode != 0
+    wait_for(lambda: all_free(lab.inventory), 30, "the killed job's GPU to be free")
+    assert not daemons(token), "a killed job's daemon outlived it"
