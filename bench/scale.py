@@ -22,6 +22,17 @@ at 10, 1,000 and 25,000 hosts (``--quick``: 10 and 200; ``--sizes``), side by si
 - at the largest size: ZooKeeper's writes per second from the idle simulated agents (its
   zxid over a window of one keep-alive period, with nothing else writing).
 
+Fair share (issue 51): ``--users N`` spreads the waiting jobs over N registered users (the
+admin's session enqueues them in their folders, standing in for their launchers) and seeds
+the keeper's ledger with a different decayed usage for each, so the pass orders by real
+factors; ``--fairshare on`` (the default) or ``off`` (``hypertf_fairshare_half_life: 0``;
+also ``--fairshare-off``) sets the keeper's; ``both`` runs the keeper's passes on the same
+waiting jobs with each setting, in alternating rounds (off, on, on, off: a keeper started
+afresh each time, its first pass, the pass again, and a pass admitting one job after 8 GPUs
+of another host were freed), and gives the ratio on / off (issue 51's goal: <= 1.2x).
+``--keeper-only`` leaves out what the pass does not need (the inventory, ``hypertf
+status``/``queue``, the idle agents' writes).
+
 Each figure with a goal (issue 43 item 2) prints it beside its value, judged at the largest
 size, met or MISSED; the script exits 0 either way. ``--profile`` also prints where the time
 of ``hypertf status`` and ``hypertf queue`` (the whole commands, under cProfile) and of a
@@ -45,6 +56,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import common
 import yaml
@@ -54,9 +66,11 @@ import hypertf
 from hypertf import store
 from hypertf.config.inventory import load_inventory
 from hypertf.config.settings import ClusterSettings
+from hypertf.core.fairshare import DAY_S
 from hypertf.core.matrix import Matrix, joined, shard_count, split
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
+from hypertf.core.usage import Summary, month_of
 from hypertf.keeper import queueview
 from hypertf.keeper.role import KeeperRole
 from hypertf.keeper.sync import sync_matrix
@@ -71,13 +85,18 @@ SESSIONS = 4  # writer processes standing in for the agents
 HOSTS_PER_JOB = 8  # the running jobs that hold every GPU: one per 8 hosts
 AGENT_INTERVAL = 1.0  # the lab's hypertf_agent_interval (the default is 5 s)
 KIB = 1024
+HALF_LIFE = {"on": 7.0, "off": 0.0}  # hypertf_fairshare_half_life (days) per --fairshare
 # Issue 43 item 2's goals, judged at the largest size: the figure (as the bench names it,
 # {waiters} filled in) -> (comparison, bound in the figure's unit: ms, bytes or /s).
 GOALS = {
     "`hypertf status`, the whole command (new process)": ("<=", 1000.0),
     "`hypertf queue`, the whole command (new process)": ("<=", 1000.0),
     "keeper pass, {waiters} waiting, nothing to admit: again": ("<=", 500.0),
+    "keeper pass, {waiters} waiting, nothing to admit: again, ratio fair share on / off": (
+        "<=", 1.2),
     "keeper pass, {waiters} waiting, 8 GPUs freed: admits": ("<=", 500.0),
+    "keeper pass, {waiters} waiting, 8 GPUs freed: admits, ratio fair share on / off": (
+        "<=", 1.2),
     "submit -> granted, idle cluster, 1-GPU job (p50)": ("<=", 100.0),
     "submit -> granted, idle cluster, 64-GPU job (8 x 8 GPUs) (p50)": ("<=", 100.0),
     "ZooKeeper writes/s from idle agents": ("<=", 1000.0),
@@ -269,8 +288,15 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
             args: argparse.Namespace, largest_size: bool) -> None:
     root = f"/scale-{size}"
     layout = Layout(root)
-    cluster = ClusterSettings("gpu_nodes", zk.hosts, root, 10.0, "/nonexistent", 5.0)
-    store.secure_cluster(cluster, [], matrix_hosts=size)  # as auth init for SIZE hosts
+    modes = fairshare_modes(args)
+    # user_queue_limit 0: the login user's folders hold every running job (3,125 at 25,000
+    # hosts) and, with one user, the waiting ones: the quotas auth init sets for it then
+    # allow hypertf_job_records_max (10,000) live jobs instead of 200 (since issue 48)
+    cluster = replace(ClusterSettings("gpu_nodes", zk.hosts, root, 10.0, "/nonexistent", 5.0),
+                      fairshare_half_life=HALF_LIFE[modes[-1]], user_queue_limit=0)
+    users = [f"u{i:03d}" for i in range(args.users)] if args.users > 1 else []
+    store.secure_cluster(cluster, [], matrix_hosts=size,  # as auth init for SIZE hosts
+                         users=users)
     admin = store.connect(cluster, identity="admin")  # stands in for the keeper agent
     client = store.connect(cluster)  # a user's
     names = tuple(host_name(i) for i in range(size))
@@ -337,24 +363,25 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
             rows[f"release, {label} (p50)"] = statistics.median(s[1] for s in samples)
         keeper.stop()
 
-        inventory_path = write_inventory(home, size, zk.hosts, root)
-        t0 = time.monotonic()
-        load_inventory(inventory_path)  # parsed (ansible-core), then cached
-        rows["load the inventory, first time (ansible-core parse)"] = time.monotonic() - t0
-        rows["load the inventory, unchanged (cache): a command's start"] = timed(
-            lambda: load_inventory(inventory_path), 5)
-        inventory = load_inventory(inventory_path)
-        rows["status: collect"] = timed(lambda: status.collect(client, inventory))
-        rows["status: collect, compact view (no GPU details: what the command does past "
-             "64 hosts)"] = timed(lambda: status.collect(client, inventory, gpu_details=False))
-        report = status.collect(client, inventory)
-        console = Console(file=io.StringIO(), width=250, color_system=None)
-        rows["status: render"] = timed(lambda: status.render(report, console), 1)
-        cli(inventory_path, "status")  # warm the page cache for the imports
-        rows["`hypertf status`, the whole command (new process)"] = statistics.median(
-            cli(inventory_path, "status") for _ in range(args.reps))
-        if args.profile and largest_size:
-            profile_command(inventory_path, "status")
+        if not args.keeper_only:
+            inventory_path = write_inventory(home, size, zk.hosts, root)
+            t0 = time.monotonic()
+            load_inventory(inventory_path)  # parsed (ansible-core), then cached
+            rows["load the inventory, first time (ansible-core parse)"] = time.monotonic() - t0
+            rows["load the inventory, unchanged (cache): a command's start"] = timed(
+                lambda: load_inventory(inventory_path), 5)
+            inventory = load_inventory(inventory_path)
+            rows["status: collect"] = timed(lambda: status.collect(client, inventory))
+            rows["status: collect, compact view (no GPU details: what the command does past "
+                 "64 hosts)"] = timed(lambda: status.collect(client, inventory, gpu_details=False))
+            report = status.collect(client, inventory)
+            console = Console(file=io.StringIO(), width=250, color_system=None)
+            rows["status: render"] = timed(lambda: status.render(report, console), 1)
+            cli(inventory_path, "status")  # warm the page cache for the imports
+            rows["`hypertf status`, the whole command (new process)"] = statistics.median(
+                cli(inventory_path, "status") for _ in range(args.reps))
+            if args.profile and largest_size:
+                profile_command(inventory_path, "status")
 
         # Every GPU held by running jobs (with their leases and records), then waiters.
         keys = unique_keys(-(-size // HOSTS_PER_JOB) + waiters)
@@ -373,35 +400,23 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         overwrite_matrix(Store(admin, layout), busy)
         request = Request(slots=tuple(TaskSlot("worker", i, 1) for i in range(8)), hosts=names,
                           port_ranges={h: (20000, 20999) for h in names})
+        if users:  # the admin enqueues in each user's folder, standing in for their launchers
+            waiting_keys = user_keys(users, waiters)
+            seed_ledger(admin, layout, users)
+        submitter = Store(admin, layout) if users else user
         t0 = time.monotonic()
         for n, key in enumerate(waiting_keys):
-            enqueue(user, key, request, {"script": "train.py"}, priority=n % 3)
+            enqueue(submitter, key, request, {"script": "train.py"}, priority=n % 3)
         rows[f"queue {waiters} waiting jobs (lease + record each)"] = time.monotonic() - t0
         largest["a waiting job's record (every host named)"] = len(
             client.get(layout.job(waiting_keys[0]))[0])
-        # The keeper's role, as an agent holding the keeper lease runs it: its record cache
-        # follows every host by watches (read once at the start, then on change only).
-        role = KeeperRole(Store(admin, layout), wake=lambda: None).start()
-        admitter = role.admitter
-        t0 = time.monotonic()
-        admitter.keep()
-        rows[f"keeper pass, {waiters} waiting, nothing to admit: first"] = (
-            time.monotonic() - t0)
-        rows[f"keeper pass, {waiters} waiting, nothing to admit: again"] = timed(
-            admitter.keep)
-        if args.profile and largest_size:
-            profile_call(f"a keeper pass, {waiters} waiting, nothing to admit",
-                         admitter.keep)
+        for figure, value in keeper_passes(admin, layout, names, modes, args.reps,
+                                           args.profile and largest_size, waiters).items():
+            rows[figure] = value
         largest[f"the queue's view ({waiters} waiting)"] = len(
-            client.get(layout.queue_view)[0])
-        freed = busy.copy()
-        freed.gpus[names[0]] = [1] * GPUS
-        overwrite_matrix(Store(admin, layout), freed)
-        t0 = time.monotonic()
-        decisions = admitter.keep()
-        rows[f"keeper pass, {waiters} waiting, 8 GPUs freed: admits"] = time.monotonic() - t0
-        rows["  jobs admitted by that pass"] = sum(d.admitted for d in decisions)
-        role.stop()
+            client.get(layout.queue_view)[0]) if admin.exists(layout.queue_view) else 0
+        if args.keeper_only:
+            return
         rows["queue: collect"] = timed(lambda: queueview.collect(user))
         rows["queue: render"] = timed(lambda: queueview.render(queueview.collect(user)), 1)
         rows["`hypertf queue`, the whole command (new process)"] = statistics.median(
@@ -427,6 +442,91 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         store.close(admin)
 
 
+def fairshare_modes(args: argparse.Namespace) -> list[str]:
+    """The keeper's fair share settings to measure, in the order of the first round."""
+    return {"on": ["on"], "off": ["off"], "both": ["off", "on"]}[
+        "off" if args.fairshare_off else args.fairshare]
+
+
+def user_keys(users: list[str], count: int) -> list[str]:
+    """``count`` task keys, round robin over ``users``, none twice."""
+    keys: dict[str, None] = {}
+    n = 0
+    while len(keys) < count:
+        key = new_task_key(users[n % len(users)])
+        if key not in keys:
+            keys[key] = None
+            n += 1
+    return list(keys)
+
+
+def seed_ledger(admin: Any, layout: Layout, users: list[str]) -> None:
+    """The ledger's summary as the keeper would have left it: user i used i+1 GPU-hours
+    (decayed to now), their jobs ran about an hour: every factor differs."""
+    now = time.time()
+    used = {user: (3600.0 * (i + 1), now) for i, user in enumerate(users)}
+    summary = Summary(used, month_of(now), {u: v for u, (v, _) in used.items()}, "",
+                      {user: 3600.0 for user in users})
+    admin.set(layout.usage, summary.to_json())
+
+
+def keeper_passes(admin: Any, layout: Layout, names: tuple[str, ...], modes: list[str],
+                  reps: int, profile: bool, waiters: int) -> dict[str, float]:
+    """The keeper's pass with each fair share setting on the same waiting jobs: a keeper
+    (its role, as an agent holding the keeper lease runs it: its record cache follows every
+    host by watches) started afresh, its first pass, the pass again (median of ``reps``),
+    and ``reps`` passes that each admit one job once 8 GPUs of another host were freed.
+    With two settings, two rounds in alternating order (off, on, on, off)."""
+    both = len(modes) > 1
+    order = modes + modes[::-1] if both else modes
+    samples: dict[str, dict[str, list[float]]] = {m: {"first": [], "again": [], "admits": [],
+                                                      "admitted": []} for m in modes}
+    freed_host = 0
+    admits = max(1, min(reps if both else 1, len(names) // len(order)))  # a host each
+    for mode in order:
+        role = KeeperRole(Store(admin, layout), wake=lambda: None,
+                          half_life_s=HALF_LIFE[mode] * DAY_S).start()
+        admitter = role.admitter
+        t0 = time.monotonic()
+        admitter.keep()
+        samples[mode]["first"].append(time.monotonic() - t0)
+        for _ in range(reps):
+            t0 = time.monotonic()
+            admitter.keep()
+            samples[mode]["again"].append(time.monotonic() - t0)
+        if profile and mode == order[-1]:
+            profile_call(f"a keeper pass, {waiters} waiting, nothing to admit (fair share "
+                         f"{mode})", admitter.keep)
+        for _ in range(admits):
+            matrix, _ = read_matrix(Store(admin, layout))
+            matrix.gpus[names[freed_host % len(names)]] = [1] * GPUS
+            freed_host += 1
+            overwrite_matrix(Store(admin, layout), matrix)
+            t0 = time.monotonic()
+            decisions = admitter.keep()
+            samples[mode]["admits"].append(time.monotonic() - t0)
+            samples[mode]["admitted"].append(sum(d.admitted for d in decisions))
+        role.stop()
+    rows: dict[str, float] = {}
+    for mode in modes:
+        tag = f" (fair share {mode})" if both else ""
+        got = samples[mode]
+        rows[f"keeper pass, {waiters} waiting, nothing to admit: first{tag}"] = \
+            statistics.median(got["first"])
+        rows[f"keeper pass, {waiters} waiting, nothing to admit: again{tag}"] = \
+            statistics.median(got["again"])
+        rows[f"keeper pass, {waiters} waiting, 8 GPUs freed: admits{tag}"] = \
+            statistics.median(got["admits"])
+        rows[f"  jobs admitted by that pass{tag}"] = statistics.median(got["admitted"])
+    if both:
+        for what in ("nothing to admit: first", "nothing to admit: again",
+                     "8 GPUs freed: admits"):
+            figure = f"keeper pass, {waiters} waiting, {what}"
+            rows[f"{figure}, ratio fair share on / off"] = (
+                rows[f"{figure} (fair share on)"] / rows[f"{figure} (fair share off)"])
+    return rows
+
+
 def idle_writes(zk: common.ZooKeeperServer, size: int, window: float,
                 rows: dict[str, float], interval: float) -> None:
     """ZooKeeper's transactions per second while only the simulated agents run (idle:
@@ -440,7 +540,7 @@ def idle_writes(zk: common.ZooKeeperServer, size: int, window: float,
 
 
 def goal_of(figure: str, waiters: int) -> tuple[str, float] | None:
-    for name, goal in GOALS.items():
+    for name, goal in sorted(GOALS.items(), key=lambda item: -len(item[0])):  # longest first
         if figure.startswith(name.format(waiters=waiters)):
             return goal
     return None
@@ -462,6 +562,16 @@ def main() -> int:
                    help="at the largest size, also print where `hypertf status` and "
                         "`hypertf queue` (the whole commands) and a keeper pass spend their "
                         "time (cProfile)")
+    p.add_argument("--users", type=int, default=1,
+                   help="spread the waiting jobs over this many users (default 1: the login "
+                        "user, as before; issue 51's figure: 100)")
+    p.add_argument("--fairshare", choices=("on", "off", "both"), default="on",
+                   help="the keeper's fair share: on (hypertf_fairshare_half_life 7, the "
+                        "default), off (0) or both, side by side on the same waiting jobs")
+    p.add_argument("--fairshare-off", action="store_true", help="the same as --fairshare off")
+    p.add_argument("--keeper-only", action="store_true",
+                   help="only what the keeper's pass needs: no inventory, no hypertf status "
+                        "or queue, no idle agents' writes")
     args: argparse.Namespace = p.parse_args()
     sizes = args.sizes or ([10, 200] if args.quick else [10, 1000, 25000])
     waiters = 20 if args.quick else 1000
@@ -479,15 +589,16 @@ def main() -> int:
                   f"{waiters} waiting", flush=True)
             rows[size] = Rows()
             measure(size, waiters, zk, home, rows[size], kids,
-                    window if size == top else 0.0, args, size == top)
+                    window if size == top and not args.keeper_only else 0.0, args,
+                    size == top)
     label = " / ".join(f"{s:,}" for s in sizes)
     for figure in rows[top]:
         raw = [rows[s].get(figure, float("nan")) for s in sizes]
         plain = ("bytes" in figure or "shards" in figure or "admitted" in figure
-                 or "writes/s" in figure)
+                 or "writes/s" in figure or "ratio" in figure)
         values = raw if plain else [1000 * v for v in raw]
         unit = "bytes" if "bytes" in figure else "/s" if "writes/s" in figure else \
-            "" if plain else "ms"
+            "x" if "ratio" in figure else "" if plain else "ms"
         shown = " / ".join(common.fmt(v if not plain else
                                       (int(v) if v == v and v == int(v) else v))
                            for v in values)
@@ -495,7 +606,7 @@ def main() -> int:
                    judged=values[sizes.index(top)],
                    goal_where=f"at {top:,} hosts",
                    **{f"at_{s}": v for s, v in zip(sizes, values, strict=True)})
-        if not plain and rows[low].get(figure):
+        if not plain and low != top and rows[low].get(figure):
             report.add(f"  ratio {top:,}/{low:,} hosts",
                        common.ratio(rows[top][figure], rows[low][figure]), "x")
     report.note(measured)
@@ -505,7 +616,8 @@ def main() -> int:
                 f"inventory load: 5; 1-GPU submit: 7; 64-GPU submit: 3; whole commands: "
                 f"{args.reps}; first inventory load, render and first keeper pass: 1); "
                 f"the whole commands include Python's start and imports; goals (issue 43 "
-                f"item 2) are judged at {top:,} hosts")
+                f"item 2) are judged at {top:,} hosts; waiting jobs of {args.users} user(s); "
+                f"the keeper's fair share {' and '.join(fairshare_modes(args))}")
     report.finish()
     return 0
 

@@ -1,4 +1,4 @@
-"""The dashboard's HTTP server: GET-only JSON endpoints and one static page.
+"""The dashboard's HTTP server: GET-only JSON endpoints, one static page and ``/metrics``.
 
 Standard library only (``ThreadingHTTPServer``): the controller needs nothing new to run
 it. Nothing is writable: every method but GET and HEAD answers 405, and the endpoints only
@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from hypertf.config import environment
+from hypertf.dashboard.metrics import CONTENT_TYPE
 from hypertf.dashboard.source import DataSource
 
 LOOPBACK = "127.0.0.1"
@@ -57,7 +58,8 @@ class Handler(BaseHTTPRequestHandler):
     def routes(self) -> dict[str, Callable[[], Any]]:
         source = self.server.source
         return {"/api/status": source.status, "/api/queue": source.queue,
-                "/api/jobs": source.jobs, "/api/sweeps": source.sweeps}
+                "/api/jobs": source.jobs, "/api/sweeps": source.sweeps,
+                "/api/usage": source.usage}
 
     def cookie_name(self) -> str:
         """One cookie per port: two dashboards on one host keep their own tokens."""
@@ -102,6 +104,9 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/", "/index.html"):
             self.send(HTTPStatus.OK, self.server.page, "text/html; charset=utf-8")
             return
+        if path == "/metrics":
+            self.prometheus()
+            return
         read = self.routes().get(path)
         if read is None and path.startswith("/api/logs/"):
             key = unquote(path.removeprefix("/api/logs/"))
@@ -117,6 +122,18 @@ class Handler(BaseHTTPRequestHandler):
                         {"error": f"{type(err).__name__}: {err}"})
             return
         self.answer(HTTPStatus.OK, data)
+
+    def prometheus(self) -> None:
+        """``/metrics``: usage and the queue in Prometheus' text format (hypertf.dashboard.
+        metrics); behind the same token as every page."""
+        try:
+            body = self.server.source.metrics()
+        except Exception as err:  # one failed read must not end the server
+            log.warning("dashboard: /metrics failed: %s", err)
+            self.answer(HTTPStatus.SERVICE_UNAVAILABLE,
+                        {"error": f"{type(err).__name__}: {err}"})
+            return
+        self.send(HTTPStatus.OK, body, CONTENT_TYPE)
 
     def do_HEAD(self) -> None:
         if self.authorized():

@@ -2,9 +2,9 @@
 
 The server only asks a ``DataSource``; ``ClusterSource`` answers with the same reads the
 terminal verbs use (status.collect, queueview.collect, jobs.list_jobs, sweep.list_sweeps,
-joblogs.show_logs) on the user's own credential, so the page says what ``hypertf status``
-says. ``FixtureSource`` serves a recorded JSON object: the browser's speed test draws 1,000
-hosts without a ZooKeeper.
+joblogs.show_logs; the usage ledger as ``hypertf usage`` counts it) on the user's own
+credential, so the page says what ``hypertf status`` says. ``FixtureSource`` serves a
+recorded JSON object: the browser's speed test draws 1,000 hosts without a ZooKeeper.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any, Protocol, TypedDict, cast
 
 from hypertf.config.inventory import Inventory
-from hypertf.store import Store
+from hypertf.dashboard.metrics import exposition
+from hypertf.dashboard.usage import UsageReader, daily_chart, totals, viewer_of, waiting_counts
+from hypertf.store import Store, auth
+from hypertf.store.waitqueue import REASONS
 
 
 class DataSource(Protocol):
@@ -32,6 +35,15 @@ class DataSource(Protocol):
     def sweeps(self) -> list[dict[str, Any]]: ...
 
     def logs(self, task_key: str) -> str: ...
+
+    def usage(self) -> dict[str, Any]: ...
+
+    def metrics(self) -> bytes: ...
+
+
+def with_reasons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each queue row with its reason in words (``why``), as a waiting launcher says it."""
+    return [{**row, "why": REASONS.get(str(row.get("reason")), "")} for row in rows]
 
 
 def sweep_rows(inventory: str | Path | None = None) -> list[dict[str, Any]]:
@@ -52,9 +64,15 @@ def sweep_rows(inventory: str | Path | None = None) -> list[dict[str, Any]]:
 class ClusterSource:
     """The live cluster through one long-lived Store (kazoo's client is thread-safe)."""
 
-    def __init__(self, inventory: Inventory, store: Store, log_limit: int = 200_000) -> None:
+    def __init__(self, inventory: Inventory, store: Store, log_limit: int = 200_000,
+                 viewer: str | None = None) -> None:
+        """``viewer``: whose usage is shown by name ("": everyone's; None: by the store's
+        credential, as ``hypertf usage`` decides)."""
         self.inventory, self.store, self.log_limit = inventory, store, log_limit
         self.lock = threading.Lock()  # one status read at a time: ZooKeeper's work is shared
+        self.viewer = viewer_of(auth.default_identity()) if viewer is None else viewer
+        self.ledger = UsageReader(store)
+        self.render_metrics = exposition(self, self.viewer)
 
     def status(self) -> dict[str, Any]:
         from hypertf.store import status
@@ -65,7 +83,8 @@ class ClusterSource:
     def queue(self) -> list[dict[str, Any]]:
         from hypertf.keeper import queueview
 
-        return queueview.collect(self.store, self.inventory.cluster.user_gpu_limit)
+        return with_reasons(queueview.collect(self.store,
+                                              self.inventory.cluster.user_gpu_limit))
 
     def jobs(self) -> list[dict[str, Any]]:
         """The newest 200 readable records, then one ``{"skipped": n, "note": ...}`` row per
@@ -91,6 +110,27 @@ class ClusterSource:
         show_logs(self.store, self.inventory, task_key, out=out)
         return out.getvalue()[-self.log_limit:]
 
+    def usage(self) -> dict[str, Any]:
+        """GPU-hours per user per day, the last 30 days (the viewer's alone by name)."""
+        return self.ledger.chart(self.viewer)
+
+    def metrics(self) -> bytes:
+        return self.render_metrics()
+
+    def gpu_seconds(self) -> dict[tuple[str, str], float]:
+        """GPU-seconds per (user, model), every day of the ledger and the running attempts."""
+        return totals(self.ledger.rows())
+
+    def waiting(self) -> dict[tuple[str, str], int]:
+        from hypertf.store.waitqueue import read_view
+
+        return waiting_counts(read_view(self.store))
+
+    def preemptions(self) -> dict[str, int]:
+        from hypertf.store.waitqueue import read_preemptions
+
+        return read_preemptions(self.store)
+
 
 class Fixture(TypedDict, total=False):
     """A recorded answer per endpoint (a missing one: an empty answer)."""
@@ -100,21 +140,27 @@ class Fixture(TypedDict, total=False):
     jobs: list[dict[str, Any]]
     sweeps: list[dict[str, Any]]
     logs: dict[str, str]  # task key -> its logs
+    usage: list[list[Any]]  # [day, user, GPU model, GPU-seconds] rows of the ledger
+    today: str  # the chart's last day (YYYY-MM-DD)
 
 
 class FixtureSource:
     """A recorded answer per endpoint, from a JSON object or file: ``{"status": ...,
-    "queue": [...], "jobs": [...], "sweeps": [...], "logs": {key: text}}``."""
+    "queue": [...], "jobs": [...], "sweeps": [...], "logs": {key: text}, "usage": [[day,
+    user, model, GPU-seconds], ...], "today": "YYYY-MM-DD"}`` (the usage chart and the
+    metrics are made from the rows, as from the ledger)."""
 
-    def __init__(self, data: Fixture | dict[str, Any] | str | Path) -> None:
+    def __init__(self, data: Fixture | dict[str, Any] | str | Path, viewer: str = "") -> None:
         self.data = cast(Fixture, data if isinstance(data, dict)
                          else json.loads(Path(data).read_text()))
+        self.viewer = viewer
+        self.render_metrics = exposition(self, viewer)
 
     def status(self) -> dict[str, Any]:
         return self.data.get("status", {"hosts": []})
 
     def queue(self) -> list[dict[str, Any]]:
-        return self.data.get("queue", [])
+        return with_reasons(self.data.get("queue", []))
 
     def jobs(self) -> list[dict[str, Any]]:
         return self.data.get("jobs", [])
@@ -124,3 +170,22 @@ class FixtureSource:
 
     def logs(self, task_key: str) -> str:
         return self.data.get("logs", {}).get(task_key, "")
+
+    def _rows(self) -> list[tuple[str, str, str, float]]:
+        return [(str(d), str(u), str(m), float(s)) for d, u, m, s in self.data.get("usage", [])]
+
+    def usage(self) -> dict[str, Any]:
+        today = self.data.get("today") or max((r[0] for r in self._rows()), default="1970-01-01")
+        return daily_chart(self._rows(), self.viewer, today)
+
+    def metrics(self) -> bytes:
+        return self.render_metrics()
+
+    def gpu_seconds(self) -> dict[tuple[str, str], float]:
+        return totals(self._rows())
+
+    def waiting(self) -> dict[tuple[str, str], int]:
+        return waiting_counts(self.data.get("queue", []))
+
+    def preemptions(self) -> dict[str, int]:
+        return {}

@@ -37,8 +37,12 @@ from kazoo.retry import ForceRetryError
 
 from hypertf.core import jobtransitions as transitions
 from hypertf.core.admission import (
+    BUDGET,
+    FAIRSHARE,
     HELD,
+    PREEMPTING,
     PRIORITY,
+    REQUEUED,
     RESOURCES,
     USER_LIMIT,
 )
@@ -161,6 +165,18 @@ def set_held(store: Store, task_key: str, held: bool) -> None:
     until_committed(attempt, f"holding job {task_key}")
 
 
+def read_preemptions(store: Store) -> dict[str, int]:
+    """The keeper's count of preemptions per reason in its current term (its queue view's
+    ``preemptions_total``: hypertf_preemptions_total); {} when there is none."""
+    try:
+        data, _ = store.client.get(store.layout.queue_view)
+    except NoNodeError:
+        return {}
+    found = decode(data, "queue view").get("preemptions_total", {})
+    return {str(reason)[:32]: count for reason, count in found.items()
+            if type(count) is int and count >= 0} if isinstance(found, dict) else {}
+
+
 def read_view(store: Store, watch: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
     """The keeper's last view of the queue ([] when there is none)."""
     try:
@@ -170,11 +186,22 @@ def read_view(store: Store, watch: Callable[..., Any] | None = None) -> list[dic
     return list(decode(data, "queue view").get("waiting", []))
 
 
+# What a waiting launcher prints after each reason the keeper's view gives (and the
+# dashboard beside it); a reason without a text here is printed bare.
 REASONS = {
     RESOURCES: "not enough free GPUs yet",
     PRIORITY: "jobs ahead of it (higher priority, or earlier) wait for the GPUs it needs",
     USER_LIMIT: "its owner's running jobs are at hypertf_user_gpu_limit",
     HELD: "held",
+    FAIRSHARE: "other users' shares are ahead of yours: they used less of the cluster for "
+               "their share lately, so their jobs at this priority go first ('hypertf queue "
+               "--shares' shows each user's share, usage and factor)",
+    BUDGET: "your GPU-hours this month reached the admin's budget: it waits until the next "
+            "month or a larger budget ('hypertf auth limits --gpu-hours-per-month'); running "
+            "jobs go on",
+    PREEMPTING: "the keeper is preempting lower-priority jobs (or jobs of users above their "
+                "share) for it",
+    REQUEUED: "preempted: waiting again at its old place",
 }
 
 
