@@ -277,7 +277,8 @@ def test(c: Context, args: str = "") -> None:
 
 
 BENCHMARKS = ("launch_fanout", "e2e_overhead", "allocation", "scale", "queueing", "sweep",
-              "agent_footprint", "failure_detection", "offload", "flood", "confine")
+              "agent_footprint", "failure_detection", "offload", "flood", "confine",
+              "preemption")
 
 
 @task(help={"quick": "small sizes: a smoke run of 10-30 s per benchmark",

@@ -276,7 +276,8 @@ class Job:
                          f"{attempt.number + 1}" + (f" in {wait:.0f} s" if wait else "")
                          + ", at its place in the queue")
                 time.sleep(wait)
-                live = self.parts.placer.live_hosts()
+                # the hosts it had: an agent down for a moment must not end the job (the
+                # keeper admits it only on live hosts, and it waits for them in the queue)
                 continue
             except JobFailed as err:
                 pause = restarts.after(err)
