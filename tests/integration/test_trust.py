@@ -122,7 +122,9 @@ def test_a_lease_under_another_users_folder_keeps_nothing_alive(users, zk, layou
     host, gpu = grant.placements[0].host, grant.placements[0].gpus[0]
     wait_for(lambda: read_matrix(Store(zk, layout))[0].gpus[host][gpu]
              == f"{DRAINING}{grant.task_key}", 20, "alice's cell draining")
-    assert read_job(Store(zk, layout), grant.task_key)["state"] == "lost"
+    # the record is written just after the matrix's transaction: wait for it, not a race
+    wait_for(lambda: read_job(Store(zk, layout), grant.task_key)["state"] == "lost", 10,
+             "alice's record marked lost")
     # a job that ends normally is freed too, whatever mallory's forged lease says
     ended = submit(Store(users["alice"], layout), one_gpu("n2"), new_task_key("alice"))
     mallory.create(f"{layout.user_leases('mallory')}/{ended.task_key}", b"{}",
