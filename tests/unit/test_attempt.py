@@ -56,6 +56,7 @@ class FakeFleet:
     running: dict[str, list[str]] = field(default_factory=dict)  # host -> tasks still running
     on_start: Callable[[], None] = lambda: None
     events: queue.Queue[Event] | None = None
+    preempt_deadlines: list[float | None] = field(default_factory=list)
 
     def start(self, starts: Mapping[str, HostStart],
               events: queue.Queue[Event]) -> GroupResult[dict[str, int]]:
@@ -88,8 +89,10 @@ class FakeFleet:
         self.events.put(Event(EventKind.CLOSED, host))
         return end
 
-    def stop(self, runs: Mapping[str, RunDir], grace: float) -> GroupResult[RunEnd]:
+    def stop(self, runs: Mapping[str, RunDir], grace: float,
+             preempt_deadline: float | None = None) -> GroupResult[RunEnd]:
         self.stops.append(sorted(runs))
+        self.preempt_deadlines.append(preempt_deadline)
         results: GroupResult[RunEnd] = GroupResult()
         assert self.events is not None
         for host in runs:
@@ -261,3 +264,49 @@ def test_a_task_killed_by_a_signal_restarts_the_job_as_a_new_attempt(
     assert [s["h1"].tasks[0].env["HYPERTF_ATTEMPT"] for s in fleet.starts] == ["1", "2"]
     assert [r[1] for r in lease.released] == [JobState.FAILED, JobState.SUCCEEDED]
     assert any("restart 1 of 1 in 1 s" in line for line in said)
+
+
+def test_a_preempted_attempt_is_stopped_by_the_notices_deadline_and_the_job_waits_again(
+        inventory: Inventory, tmp_path: Path) -> None:
+    """No restart is spent on it, the next attempt names the one it resumes, and it asks
+    for the hosts the job had even when an agent is down at that moment (the keeper admits
+    only on live hosts: the job waits for them)."""
+    import time as clock
+
+    from hypertf.core.preemptnotice import Notice
+
+    fleet = FakeFleet(lambda n, task: "run" if n == 1 else "exit 0")
+    lease, said = FakeLease(), []
+
+    @dataclass
+    class Placer(FakePlacer):
+        asked: list[tuple[list[str], str]] = field(default_factory=list)
+
+        def place(self, task_key: str, live: list[str], exclude: dict[str, set[int]],
+                  avoid: frozenset[str] = frozenset(), resumes: str = "") -> Grant:
+            self.asked.append((list(live), resumes))
+            return super().place(task_key, live, exclude, avoid, resumes)
+
+        def live_hosts(self) -> list[str]:
+            return list(HOSTS)[:1]  # an agent down for a moment
+
+    placer = Placer()
+    job = job_of(inventory, tmp_path, fleet, lease, placer, said)
+    deadline = clock.time() + 30
+
+    def preempt() -> None:
+        if len(job.attempts) == 1:
+            key = job.attempts[0].task_key
+            notice = Notice(key, "20261125-140001-bbbbbb.bob", clock.time(), deadline,
+                            "priority", order=7)
+            lease.watching[key].put(Event(EventKind.PREEMPTED, why=notice.to_json().decode()))
+
+    fleet.on_start = preempt
+    outcome = job.run_attempts(list(HOSTS))
+    assert outcome.message == "all finishers exited 0"
+    assert [a.result for a in job.attempts] == [JobState.PREEMPTED, JobState.SUCCEEDED]
+    first = job.attempts[0].task_key
+    assert placer.asked == [(list(HOSTS), ""), (list(HOSTS), first)]
+    assert fleet.preempt_deadlines[0] == deadline  # the nodes write the file, then TERM
+    assert job.attempts[0].message.startswith("preempted by 20261125-140001-bbbbbb.bob")
+    assert any("requeued as attempt 2" in line for line in said)
