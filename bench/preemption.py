@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 import common
-import yaml
 
 from hypertf import store
 from hypertf.config import environment
@@ -81,14 +80,10 @@ def preempt_lab(home: Path) -> Iterator[lab_module.Lab]:
     """2 hosts x 1 GPU with preemption on (the keeper reads it at its agent's start), bob
     and alice registered, alice allowed priority 5; always removed."""
     started = time.monotonic()
-    lab = lab_module.up(hosts=2, gpus=1, agents=False, base=home / "labs")
+    lab = lab_module.up(hosts=2, gpus=1, base=home / "labs", settings={
+        "hypertf_preempt": True, "hypertf_preempt_grace_s": GRACE_S,
+        "hypertf_preempt_min_runtime_s": 0})
     try:
-        path = Path(lab.inventory)
-        data = yaml.safe_load(path.read_text())
-        data["all"]["vars"].update(hypertf_preempt=True, hypertf_preempt_grace_s=GRACE_S,
-                                   hypertf_preempt_min_runtime_s=0)
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        lab_module.start_lab_agents(lab)
         cluster = load_inventory(lab.inventory).cluster
         store.secure_cluster(cluster, [h.name for h in lab.hosts], users=["alice", "bob"])
         admin = store.connect(cluster, identity="admin")

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -293,7 +294,8 @@ def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost],
     host.holder_pid = proc.pid
 
 
-def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
+def _write_inventory(lab: Lab, gpus: int, session_timeout: float,
+                     settings: Mapping[str, Any]) -> Path:
     if sys.prefix == sys.base_prefix:
         raise LabError("run the lab from HyperTF's virtualenv (.venv): its hosts use it")
     ssh_args = (f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
@@ -324,6 +326,7 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
             },
         }
     }
+    inventory["all"]["vars"].update(settings)
     if lab.zookeeper:
         inventory["all"]["vars"]["hypertf_zookeeper_hosts"] = lab.zookeeper_hosts
     path = lab.dir / "inventory.yml"
@@ -334,12 +337,14 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float) -> Path:
 
 def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = True,
        session_timeout: float = 6.0, base: Path | None = None, zookeeper_members: int = 1,
-       startup_files: StartupFiles | None = None) -> Lab:
+       startup_files: StartupFiles | None = None,
+       settings: Mapping[str, Any] | None = None) -> Lab:
     """Build a lab; on any failure, remove what was built and raise LabError.
 
     ``zookeeper_members`` > 1 runs a quorum ensemble on the bridge address instead of one
-    standalone server. ``startup_files``: the hosts' user has these (see StartupFiles);
-    by default the lab's commands read none.
+    standalone server. ``settings``: more ``hypertf_*`` settings for every host (what
+    the agents read at their start: hypertf_preempt...). ``startup_files``: the hosts'
+    user has these (see StartupFiles); by default the lab's commands read none.
     """
     if not 1 <= hosts <= 50:
         raise LabError(f"--hosts must be between 1 and 50, not {hosts}")
@@ -409,7 +414,7 @@ def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = Tru
                               "directory": str(server.directory)}]
             lab.save()
             server.start(heap="192m", tick_ms=500)
-        lab.inventory = str(_write_inventory(lab, gpus, session_timeout))
+        lab.inventory = str(_write_inventory(lab, gpus, session_timeout, settings or {}))
         lab.save()
         if zookeeper:
             secure_lab_root(lab)

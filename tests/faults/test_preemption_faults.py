@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hypertf import store
 from hypertf.config import environment
@@ -54,14 +53,10 @@ def preempt_lab(state_home: Path, request: pytest.FixtureRequest) -> Iterator[la
     """Its own lab: the keeper reads hypertf_preempt at its agent's start (the grace:
     GRACE_S, or the test's parameter)."""
     grace = getattr(request, "param", GRACE_S)
-    lab = lab_module.up(hosts=2, gpus=1, agents=False, base=state_home / "labs")
+    lab = lab_module.up(hosts=2, gpus=1, base=state_home / "labs", settings={
+        "hypertf_preempt": True, "hypertf_preempt_grace_s": grace,
+        "hypertf_preempt_min_runtime_s": 0})
     try:
-        path = Path(lab.inventory)
-        data = yaml.safe_load(path.read_text())
-        data["all"]["vars"].update(hypertf_preempt=True, hypertf_preempt_grace_s=grace,
-                                   hypertf_preempt_min_runtime_s=0)
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        lab_module.start_lab_agents(lab)
         cluster = load_inventory(lab.inventory).cluster
         store.secure_cluster(cluster, [h.name for h in lab.hosts], users=["alice", "bob"])
         admin = store.connect(cluster, identity="admin")

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hypertf.config import environment
 from hypertf.ops import lab as lab_module
@@ -26,14 +25,10 @@ GRACE_S = 20
 @pytest.fixture
 def preempt_lab(state_home: Path):
     """Its own lab: the keeper reads hypertf_preempt at its agent's start."""
-    lab = lab_module.up(hosts=2, gpus=1, agents=False, base=state_home / "labs")
+    lab = lab_module.up(hosts=2, gpus=1, base=state_home / "labs", settings={
+        "hypertf_preempt": True, "hypertf_preempt_grace_s": GRACE_S,
+        "hypertf_preempt_min_runtime_s": 0})
     try:
-        path = Path(lab.inventory)
-        data = yaml.safe_load(path.read_text())
-        data["all"]["vars"].update(hypertf_preempt=True, hypertf_preempt_grace_s=GRACE_S,
-                                   hypertf_preempt_min_runtime_s=0)
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        lab_module.start_lab_agents(lab)
         for user in ("alice", "bob"):
             subprocess.run([sys.executable, "-m", "hypertf.cli", "auth", "add-user", user,
                             "-i", lab.inventory], check=True, capture_output=True)
