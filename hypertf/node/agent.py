@@ -193,8 +193,8 @@ class NodeAgent:
         self._content: tuple[AgentRecord | None, bytes] = (None, b"")  # a record, serialised
         self.metrics = AgentCollector(host)
         self.metrics_server = MetricsServer(self.metrics)
-        self.cgroups = self._confinement()
-        self.prober.cgroups = self.cgroups.state
+        # what the node enforces: found (its cgroup subtrees made) when it starts serving
+        self.cgroups = confine.JobCgroups(confine.NodeCgroups(why="the agent is not serving"))
         self.report = HostReport(self.node, self.layout, self.metrics, self._wake_up,
                                  cgroups=self.cgroups, minors=lambda: self.prober.minors)
 
@@ -286,27 +286,32 @@ class NodeAgent:
         return since is not None and time.monotonic() - since >= limit
 
     def run(self, once: bool = False) -> AgentRecord | None:
-        """Serve until stopped; with ``once``, publish one record and return it."""
+        """Serve until stopped; with ``once``, publish one record and return it. The
+        node's cgroup subtrees exist while it serves: removed (when empty) however it ends."""
         record = None
-        while not self._stop.is_set():
-            client = self._connect(once)
-            if client is None:
-                continue
-            self._disconnected_since = None
-            client.add_listener(self._on_state)
-            try:
-                record = self._serve(client, once)
-            finally:
-                self._stop_requested_cleanup(client)
-            if once:
-                break
-            if not self._stop.is_set():
-                log.warning("no ZooKeeper for a long time: reconnecting with a new client")
-        self.metrics_server.stop()
-        self.cgroups.close(self.node.settings.workdir)
-        close = getattr(self.prober.source, "close", None)
-        if close:
-            close()
+        self.cgroups = self.report.cgroups = self._confinement()
+        self.prober.cgroups = self.cgroups.state
+        try:
+            while not self._stop.is_set():
+                client = self._connect(once)
+                if client is None:
+                    continue
+                self._disconnected_since = None
+                client.add_listener(self._on_state)
+                try:
+                    record = self._serve(client, once)
+                finally:
+                    self._stop_requested_cleanup(client)
+                if once:
+                    break
+                if not self._stop.is_set():
+                    log.warning("no ZooKeeper for a long time: reconnecting with a new client")
+        finally:
+            self.metrics_server.stop()
+            self.cgroups.close(self.node.settings.workdir)
+            close = getattr(self.prober.source, "close", None)
+            if close:
+                close()
         return record
 
     def _connect(self, once: bool) -> KazooClient | None:

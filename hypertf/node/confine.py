@@ -375,6 +375,10 @@ class JobCgroups:
                                                  required=self.state.required))
         for subtree in self.state.subtrees():
             with contextlib.suppress(OSError):
+                for entry in subtree.iterdir():  # a running job's, with processes, stays
+                    if entry.is_dir() and _KEY.match(entry.name) and not populated([entry]):
+                        _remove(entry)
+            with contextlib.suppress(OSError):
                 subtree.rmdir()
                 subtree.parent.rmdir()  # the cluster's, when no other host is in it
                 subtree.parent.parent.rmdir()  # hypertf_cgroup_root, when no other cluster

@@ -31,6 +31,7 @@ def agent_inventory(zk_server, tmp_path):
     path.write_text(yaml.safe_dump({"all": {
         "vars": {"hypertf_zookeeper_hosts": zk_server.hosts,
                  "hypertf_zk_root": f"/agent-{tmp_path.name}", "hypertf_agent_interval": 0.3,
+                 "hypertf_gpu_confine": "off",  # no cgroups: an agent here is SIGKILLed
                  "hypertf_zk_session_timeout": 2, "hypertf_gpu_source": "static",
                  "hypertf_static_gpus": str(gpus), "hypertf_workdir": str(tmp_path / "work"),
                  "hypertf_venv": sys.prefix},

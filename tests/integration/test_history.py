@@ -84,7 +84,7 @@ def lab(zk_server, tmp_path) -> Iterator[Callable[..., tuple[Path, dict[str, Kaz
         path = tmp_path / "inventory.yml"
         path.write_text(yaml.safe_dump({"all": {
             "vars": {"hypertf_zookeeper_hosts": zk_server.hosts,
-                     "hypertf_zk_root": f"/history-{tmp_path.name}",
+                     "hypertf_zk_root": f"/history-{tmp_path.name}", "hypertf_gpu_confine": "off",
                      "hypertf_agent_interval": 0.3, "hypertf_zk_session_timeout": 2,
                      "hypertf_gpu_source": "static", "hypertf_venv": sys.prefix,
                      "hypertf_keeper_prune_interval": 1, **extra},

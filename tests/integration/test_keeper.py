@@ -46,6 +46,7 @@ def keeper_lab(zk_server, tmp_path) -> Iterator[tuple[Path, dict[str, Path]]]:
     path.write_text(yaml.safe_dump({"all": {
         "vars": {"hypertf_zookeeper_hosts": zk_server.hosts,
                  "hypertf_zk_root": f"/keeper-{tmp_path.name}", "hypertf_agent_interval": 0.3,
+                 "hypertf_gpu_confine": "off",  # no cgroups: an agent here is SIGKILLed
                  "hypertf_zk_session_timeout": 2, "hypertf_gpu_source": "static",
                  "hypertf_venv": sys.prefix, "hypertf_job_retention_days": 1 / 86400,
                  "hypertf_keeper_prune_interval": 2},

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hypertf.config.inventory import load_inventory
 from hypertf.core.protocol import StartRequest
 from hypertf.node import confine, tasknode
 from hypertf.node.agent import Prober
@@ -223,3 +224,25 @@ def test_a_task_of_an_account_that_cannot_join_waits_for_the_agent_to_move_it(ro
     lines = Path(run.log("worker0")).read_text().splitlines()
     assert sum(line.endswith(f"/{state.path}/{key}") for line in lines) == len(
         state.job_dirs(key)), lines
+
+
+def test_an_agent_that_stops_leaves_no_empty_cgroup_behind(root, tmp_path):
+    state = confine.detect(f"{root}/c/h1", "auto")
+    cgroups = confine.JobCgroups(state)
+    cgroups.sync({"k1.alice": frozenset({0})}, {0: 0})
+    cgroups.close(tmp_path)
+    assert confine.read_state(tmp_path).label == "none: the node's agent is stopped"
+    for mount in MOUNTS:
+        if mount:
+            assert not (Path(mount) / root / "c").exists()  # its host's, its cluster's
+
+
+def test_an_agent_not_serving_makes_no_cgroup(tmp_path):
+    from hypertf.node.agent import NodeAgent
+
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text("[{}]")
+    node = prober(tmp_path, gpus).node
+    agent = NodeAgent(load_inventory(tmp_path / "inventory.yml"), node.name)
+    assert agent.cgroups.state.mode is confine.Mode.NONE
+    assert not any((Path(m) / "hypertf" / "p").exists() for m in MOUNTS if m)
