@@ -154,8 +154,9 @@ def test_usage_and_queue_shares_as_command_lines(cluster) -> None:
     models = {row[0]: float(row[2]) for row in csv.reader(io.StringIO(out["model"]))
               if row[0] != "gpu_model"}
     assert set(models) <= {*MODELS.values(), "(all users)"} and len(models) >= 2
+    # each CSV cell is rounded to 0.1 s: the parts' sum may differ from the total by that
     assert sum(v for m, v in models.items() if m != "(all users)") == pytest.approx(
-        models["(all users)"], rel=0.01)
+        models["(all users)"], rel=0.01, abs=0.05 * len(models) + 1e-9)
     mine = json.loads(out["alice"])
     assert mine["viewer"] == "alice" and [r["user"] for r in mine["rows"]] == ["alice"]
     assert mine["total"]["gpu_seconds"] >= bob_s
