@@ -66,7 +66,6 @@ from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper.preempter import Preempter, PreemptSettings
 from hypertf.ops import lab as lab_module
 from hypertf.store import Layout, Store
-from hypertf.store.auth import set_user_limits
 
 GRACE_S = 20
 GPUS = 8
@@ -84,13 +83,7 @@ def preempt_lab(home: Path) -> Iterator[lab_module.Lab]:
         "hypertf_preempt": True, "hypertf_preempt_grace_s": GRACE_S,
         "hypertf_preempt_min_runtime_s": 0})
     try:
-        cluster = load_inventory(lab.inventory).cluster
-        store.secure_cluster(cluster, [h.name for h in lab.hosts], users=["alice", "bob"])
-        admin = store.connect(cluster, identity="admin")
-        try:
-            set_user_limits(admin, cluster.zk_root, "alice", 5, None)
-        finally:
-            store.close(admin)
+        lab_module.add_users(lab, ["alice", "bob"], max_priority={"alice": 5})
         print(f"# lab {lab.lab_id}: 2 hosts x 1 GPU, preemption on (grace {GRACE_S} s, "
               f"minimum runtime 0), up in {time.monotonic() - started:.1f} s", flush=True)
         yield lab

@@ -72,6 +72,7 @@ class ClusterSource:
         self.lock = threading.Lock()  # one status read at a time: ZooKeeper's work is shared
         self.viewer = viewer_of(auth.default_identity()) if viewer is None else viewer
         self.ledger = UsageReader(store)
+        self._preemptions: dict[str, int] = {}  # from the queue view ``waiting`` read last
         self.render_metrics = exposition(self, self.viewer)
 
     def status(self) -> dict[str, Any]:
@@ -122,14 +123,17 @@ class ClusterSource:
         return totals(self.ledger.rows())
 
     def waiting(self) -> dict[tuple[str, str], int]:
-        from hypertf.store.waitqueue import read_view
+        """Waiting jobs per (user, reason); the view's preemption counts are kept from the
+        same read for ``preemptions`` (a scrape reads the view, up to 100s of KB, once)."""
+        from hypertf.store.waitqueue import preemptions_of, read_queue_view
 
-        return waiting_counts(read_view(self.store))
+        view = read_queue_view(self.store)
+        self._preemptions = preemptions_of(view)
+        return waiting_counts(list(view.get("waiting", [])))
 
     def preemptions(self) -> dict[str, int]:
-        from hypertf.store.waitqueue import read_preemptions
-
-        return read_preemptions(self.store)
+        """The counts of the view ``waiting`` read last (the collector asks right after)."""
+        return self._preemptions
 
 
 class Fixture(TypedDict, total=False):

@@ -355,16 +355,19 @@ class JobCgroups:
         """The jobs whose cgroups this agent made and keeps."""
         return sorted(self._denied)
 
-    def move_in(self, key: str, pid: int) -> list[str]:
+    def move_in(self, key: str, pid: int) -> tuple[list[str], bool]:
         """Move ``pid`` (a proven wrapper that could not join by itself) into each of the
-        job's cgroups it is not in yet; the cgroups it was moved into."""
+        job's cgroups it is not in yet: the cgroups it was moved into, and whether it was
+        in all of them already."""
         moved = []
+        inside = True
         for folder in self.state.job_dirs(key):
             if pid not in members([folder]):
+                inside = False
                 with contextlib.suppress(OSError):
                     (folder / "cgroup.procs").write_text(f"{pid}\n")
                     moved.append(str(folder))
-        return moved
+        return moved, inside
 
     def close(self, workdir: str | Path | None = None) -> None:
         """The agent stops: a start no longer waits for cgroups nobody makes (the state

@@ -39,6 +39,7 @@ class HostReport:
         self.node = node
         self.cgroups = cgroups or confine.JobCgroups(confine.NodeCgroups())
         self._minors = minors
+        self._inside: set[tuple[str, str]] = set()  # (job, task) seen in its cgroups
         self.layout = layout
         self.metrics = metrics
         self._wake = wake
@@ -91,13 +92,23 @@ class HostReport:
     def adopt(self) -> None:
         """Move each proven task wrapper of a job with cgroups here that is not in them
         (its account may not join them by itself: not root, or cgroup v2) into them; the
-        wrapper waits for that before it runs its command (task.sh). A few file reads per
-        task at each probe; nothing when no job has cgroups here."""
-        for key in self.cgroups.jobs():
+        wrapper waits for that before it runs its command (task.sh). A task found inside is
+        not looked at again (a run starts each task once, and only root moves it out), so a
+        probe reads a run's folder per job and nothing when no job has cgroups here."""
+        jobs = self.cgroups.jobs()
+        self._inside = {(key, name) for key, name in self._inside if key in jobs}
+        for key in jobs:
             run = RunDir.of(self.node.settings.workdir, key, local=True)
             for name in run.task_names():
+                if (key, name) in self._inside:
+                    continue
                 wrapper = tasknode.wrapper(run, name)
-                if wrapper and (moved := self.cgroups.move_in(key, wrapper)):
+                if wrapper is None:
+                    continue  # not started yet, or gone: looked at again next probe
+                moved, inside = self.cgroups.move_in(key, wrapper)
+                if inside:
+                    self._inside.add((key, name))
+                elif moved:
                     log.info("moved task %s of %s (pid %d) into its cgroups %s", name, key,
                              wrapper, moved)
 

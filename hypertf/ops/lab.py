@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -433,6 +433,24 @@ def secure_lab_root(lab: Lab) -> None:
 
     inventory = load_inventory(lab.inventory)
     store.secure_cluster(inventory.cluster, list(inventory.nodes))
+
+
+def add_users(lab: Lab, users: Sequence[str],
+              max_priority: Mapping[str, int] | None = None) -> None:
+    """Register ``users`` on the lab's store (credentials in the lab's folder, as
+    'hypertf auth add-user' makes them) and give some a higher --priority ceiling."""
+    from hypertf import store
+    from hypertf.config.inventory import load_inventory
+    from hypertf.store.auth import set_user_limits
+
+    cluster = load_inventory(lab.inventory).cluster
+    store.secure_cluster(cluster, [h.name for h in lab.hosts], users=list(users))
+    admin = store.connect(cluster, identity="admin")
+    try:
+        for user, ceiling in (max_priority or {}).items():
+            set_user_limits(admin, cluster.zk_root, user, ceiling, None)
+    finally:
+        store.close(admin)
 
 
 def start_lab_agents(lab: Lab, wait_s: float = 30.0) -> None:

@@ -165,25 +165,26 @@ def set_held(store: Store, task_key: str, held: bool) -> None:
     until_committed(attempt, f"holding job {task_key}")
 
 
-def read_preemptions(store: Store) -> dict[str, int]:
-    """The keeper's count of preemptions per reason in its current term (its queue view's
-    ``preemptions_total``: hypertf_preemptions_total); {} when there is none."""
+def read_queue_view(store: Store, watch: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """The keeper's last published view of the queue, whole ({} when there is none)."""
     try:
-        data, _ = store.client.get(store.layout.queue_view)
+        data, _ = store.client.get(store.layout.queue_view, watch=watch)
     except NoNodeError:
         return {}
-    found = decode(data, "queue view").get("preemptions_total", {})
+    return decode(data, "queue view")
+
+
+def preemptions_of(view: Mapping[str, Any]) -> dict[str, int]:
+    """A view's count of preemptions per reason in the keeper's current term
+    (``preemptions_total``: hypertf_preemptions_total)."""
+    found = view.get("preemptions_total", {})
     return {str(reason)[:32]: count for reason, count in found.items()
             if type(count) is int and count >= 0} if isinstance(found, dict) else {}
 
 
 def read_view(store: Store, watch: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
-    """The keeper's last view of the queue ([] when there is none)."""
-    try:
-        data, _ = store.client.get(store.layout.queue_view, watch=watch)
-    except NoNodeError:
-        return []
-    return list(decode(data, "queue view").get("waiting", []))
+    """The keeper's last view of the queue's waiting jobs ([] when there is none)."""
+    return list(read_queue_view(store, watch).get("waiting", []))
 
 
 # What a waiting launcher prints after each reason the keeper's view gives (and the

@@ -36,7 +36,6 @@ from hypertf.ops import agentctl
 from hypertf.ops import lab as lab_module
 from hypertf.store import Layout, Store, decode
 from hypertf.store.allocation import read_matrix
-from hypertf.store.auth import set_user_limits
 from tests.conftest import on_host, wait_for
 from tests.launcher import helpers
 from tests.launcher.helpers import FAKE, all_free, processes_of, strict_env, task_key, until_line
@@ -57,13 +56,7 @@ def preempt_lab(state_home: Path, request: pytest.FixtureRequest) -> Iterator[la
         "hypertf_preempt": True, "hypertf_preempt_grace_s": grace,
         "hypertf_preempt_min_runtime_s": 0})
     try:
-        cluster = load_inventory(lab.inventory).cluster
-        store.secure_cluster(cluster, [h.name for h in lab.hosts], users=["alice", "bob"])
-        admin = store.connect(cluster, identity="admin")
-        try:
-            set_user_limits(admin, cluster.zk_root, "alice", 5, None)
-        finally:
-            store.close(admin)
+        lab_module.add_users(lab, ["alice", "bob"], max_priority={"alice": 5})
         yield lab
     finally:
         helpers.stop_started()  # before the lab goes: they release what they hold

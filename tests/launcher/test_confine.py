@@ -96,12 +96,19 @@ def test_a_failed_jobs_daemon_ends_with_it(lab, tmp_path):
     assert all_free(lab.inventory)
 
 
-def test_a_killed_launchers_daemon_is_gone_before_its_gpu_is_free(lab, tmp_path):
+def running_with_daemon(lab, tmp_path: Path) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """A launcher whose one task left a setsid daemon and runs on: (it, the daemon's
+    token, its output so far)."""
     token = str(secrets.randbelow(10 ** 12))
     job = start_hypertf("train", "-i", lab.inventory, "--script", TASK, "--worker", "1",
                         "--", "--daemon", token, "--work_s", "300", cwd=tmp_path)
     lines = until_line(job, "widened opens")
     assert daemons(token), "".join(lines)
+    return job, token, lines
+
+
+def test_a_killed_launchers_daemon_is_gone_before_its_gpu_is_free(lab, tmp_path):
+    job, token, _ = running_with_daemon(lab, tmp_path)
     job.send_signal(signal.SIGKILL)  # nobody left to stop the task: the agent does
     job.wait()
     deadline = time.monotonic() + 60
@@ -148,12 +155,8 @@ def test_a_node_that_cannot_confine_runs_the_job_with_a_notice(lab, tmp_path):
 
 
 def test_hypertf_kill_ends_a_jobs_daemon_too(lab, tmp_path):
-    token = str(secrets.randbelow(10 ** 12))
-    job = start_hypertf("train", "-i", lab.inventory, "--script", TASK, "--worker", "1",
-                        "--", "--daemon", token, "--work_s", "300", cwd=tmp_path)
-    lines = until_line(job, "widened opens")
+    job, token, lines = running_with_daemon(lab, tmp_path)
     key = re.search(r"job (\S+): started", "".join(lines)).group(1)
-    assert daemons(token)
     killed = hypertf("kill", "-i", lab.inventory, key, cwd=tmp_path)
     assert killed.returncode == 0, killed.stdout + killed.stderr
     job.communicate(timeout=60)
