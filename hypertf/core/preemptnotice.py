@@ -17,7 +17,6 @@ from hypertf.core.layout import is_task_key
 from hypertf.core.records import decode, encode
 
 MAX_NOTICE_BYTES = 4096
-PREEMPT_FILE = "preempt"  # in a task's run directory: HYPERTF_PREEMPT_FILE
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,3 @@ class Notice:
     def grace_left(self, now: float) -> float:
         """Seconds from ``now`` to the SIGKILL (0 once the deadline passed)."""
         return max(0.0, self.deadline - now)
-
-    def file_text(self) -> str:
-        """What HYPERTF_PREEMPT_FILE holds: the deadline a script may read or poll for."""
-        return f"HYPERTF_PREEMPT_DEADLINE={self.deadline:.0f}\n"

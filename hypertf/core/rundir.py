@@ -199,7 +199,7 @@ class RunDir:
 
     @property
     def preempt(self) -> PurePath:
-        """HYPERTF_PREEMPT_FILE: written by 'tasknode stop --preempt' before the SIGTERM
+        """HYPERTF_PREEMPT_FILE: written by 'tasknode stop --preempt-deadline' before the SIGTERM
         (hypertf.core.preemptnotice); a task may also poll for it."""
         return self.path / "preempt"
 
