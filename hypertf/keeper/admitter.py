@@ -1,8 +1,9 @@
 """The keeper's pass: sync the matrix, decide every waiting job, and commit all of a pass's
 admissions (each with its grant) and refusals in ONE transaction: the matrix
 (version-checked), and per job a check that its lease still lives and its record written
-``allocated`` with placements and ports (version-checked against a cancel). A keeper that
-dies mid-admission commits everything or nothing; the next keeper starts the pass again.
+``allocated`` with placements and ports (version-checked against a cancel;
+hypertf.keeper.commit). A keeper that dies mid-admission commits everything or nothing;
+the next keeper starts the pass again.
 The view it publishes (``keeper/queue``: position and reason) is what waiters read after
 a while (hypertf.store.waitqueue.wait_for_admission). Each pass orders a priority tier by
 fair share from the keeper's usage ledger (hypertf.keeper.ledger), which also ends an
@@ -18,32 +19,18 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
-from hypertf.core import jobtransitions as transitions
-from hypertf.core.admission import (
-    BUDGET,
-    PRIORITY,
-    USER_LIMIT,
-    Decision,
-    Waiting,
-    admission_pass,
-    clamped,
-)
+from hypertf.core.admission import Decision, Waiting, admission_pass, clamped
 from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS, Fairshare
-from hypertf.core.grants import GrantTerms, grant_to_json
 from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held, Matrix
-from hypertf.core.placement import cannot_place
 from hypertf.core.preemption import Standing
-from hypertf.core.requestcheck import (
-    PortBounds,
-    waiting_from_record,
-)
+from hypertf.core.requestcheck import PortBounds
+from hypertf.keeper.commit import Commit, Committer
 from hypertf.keeper.leasecache import LeaseCache
 from hypertf.keeper.ledger import Ledger
 from hypertf.keeper.preempter import Preempter, PreemptSettings
@@ -52,29 +39,34 @@ from hypertf.keeper.recordcache import RecordCache
 from hypertf.keeper.screen import INVALID, Screen
 from hypertf.keeper.sync import Synced, SyncMemo, sync
 from hypertf.store import AgentRecord, Store, encode, until_committed
-from hypertf.store.allocation import (
-    TRANSACTION_BYTES,
-    MatrixDamaged,
-    MatrixVersion,
-    matrix_writes,
-    read_matrix,
-)
-from hypertf.store.waitqueue import REASONS
+from hypertf.store.allocation import MatrixDamaged, MatrixVersion, read_matrix
 
 log = logging.getLogger(__name__)
 REPAIR_AFTER_S = 2.0  # a matrix that reads damaged this long is rewritten by the keeper
 LIMITS_READ_S = 5.0  # the admin's limits read again at least this often
 
 
+class AdminLimits:
+    """The admin's limits, read again after they changed (a watch) and at least every
+    LIMITS_READ_S (a watch set in an expired session never fires)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._limits: UserLimits | None = None  # the admin's, until the watch on them fires
+        self._read = 0.0
+
+    def __call__(self) -> UserLimits:
+        limits = self._limits
+        if limits is None or time.monotonic() - self._read > LIMITS_READ_S:
+            self._read = time.monotonic()
+            limits = self._limits = read_limits(self.store, watch=self._changed)
+        return limits
+
+    def _changed(self, _event: object) -> None:
+        self._limits = None
+
+
 # -- admitting ---------------------------------------------------------------------------
-class Commit(Enum):
-    """What committing a pass's decisions did."""
-
-    COMMITTED = "committed"
-    CONFLICT = "conflict"  # another writer won: read and decide again
-    PART = "part"  # too large for one transaction: a first part committed, the rest next
-
-
 @dataclass
 class Admitter:
     """The keeper's pass: sync the matrix, decide every waiting job, commit admissions
@@ -94,6 +86,8 @@ class Admitter:
     cache: RecordCache = field(init=False)
     leases: LeaseCache = field(init=False)
     screen: Screen = field(init=False)
+    committer: Committer = field(init=False)
+    limits: AdminLimits = field(init=False)
     published: bytes | None = None
     unwritable: set[str] = field(default_factory=set)  # records whose ACL shuts the keeper out
     _synced_live: list[str] | None = None
@@ -101,8 +95,6 @@ class Admitter:
     _read_matrix: tuple[Matrix, MatrixVersion] | None = None
     _last_good: Matrix | None = None  # the last matrix read whole: fills a damaged shard
     _damaged_at: float | None = None  # when the matrix first read damaged (monotonic)
-    _limits: UserLimits | None = None  # the admin's, until the watch on them fires
-    _limits_read: float = 0.0
     _memo: SyncMemo = field(default_factory=SyncMemo)  # what the last in-line sync went by
     # The registered hosts as the keeper role's watch keeps them (None: listed each pass).
     hosts: Callable[[], list[str]] | None = None
@@ -114,6 +106,9 @@ class Admitter:
         self.screen = Screen(self.user_gpu_limit, self.user_queue_limit, self.port_bounds)
         self.ledger = Ledger(self.store, self.half_life_s, self.clock)
         self.preempter = Preempter(self.store, self.preempt, self.clock)
+        self.committer = Committer(self.store, self.reader, self.ledger, self.preempter,
+                                   self._memo, self.unwritable, self.clock, self.user_gpu_limit)
+        self.limits = AdminLimits(self.store)
 
     def keep(self) -> list[Decision]:
         """Sync (free ended jobs, repair running ones), then admit. Once the reader knows
@@ -233,7 +228,8 @@ class Admitter:
             settled += [Decision(key, 0, INVALID, refused=True) for key in sorted(refusals)]
             jobs = {w.task_key: w for w in clamped(waiting, limits)}
             if settled:
-                outcome = self._commit(matrix, version, settled, live, limits, refusals, jobs)
+                outcome = self.committer.commit(matrix, version, settled, live, limits,
+                                                 refusals, jobs)
                 if outcome is not Commit.COMMITTED:  # a conflict, or a first part of a large pass
                     raise ForceRetryError()  # committed: read and decide again
             self._preempt(decisions, jobs, matrix, live, limits, fair, now)
@@ -269,129 +265,6 @@ class Admitter:
         self.preempter.after_pass(decisions, jobs, self.reader.grants, self.reader.granted,
                                   self.reader.terms, after, live, limits,
                                   standing if fair_on else None, now)
-
-    def limits(self) -> UserLimits:
-        """The admin's limits, read again after they changed (a watch) and at least every
-        LIMITS_READ_S (a watch set in an expired session never fires)."""
-        limits = self._limits
-        if limits is None or time.monotonic() - self._limits_read > LIMITS_READ_S:
-            self._limits_read = time.monotonic()
-            limits = self._limits = read_limits(self.store, watch=self._limits_changed)
-        return limits
-
-    def _limits_changed(self, _event: object) -> None:
-        self._limits = None
-
-    def _record_of(self, key: str) -> tuple[dict[str, Any] | None, int]:
-        if key in self.reader.records:
-            return self.reader.records[key]
-        record, version, _ = self.reader.rejected[key]
-        return record, version
-
-    def _commit(self, matrix: Matrix, version: MatrixVersion, settled: list[Decision],
-                live: list[str], limits: UserLimits, refusals: Mapping[str, str],
-                jobs: Mapping[str, Waiting]) -> Commit:
-        """COMMITTED, CONFLICT, or PART (the pass's decisions would make a request
-        past TRANSACTION_BYTES: the first half, or less, was committed; the rest is
-        decided again by the next try). A record the keeper may not write (its owner
-        shut the keeper out with its ACL) is left out of later passes, not retried."""
-        taken = matrix
-        tx = self.store.client.transaction()
-        ops: list[str | None] = []  # the job each operation is for (None: the matrix)
-        now = self.clock()
-        size = 0
-        terms: dict[str, GrantTerms] = {}
-        # Admissions first: a refusal names what is free once this pass's admissions took
-        # their GPUs (two --no-wait jobs for the last GPU: the loser hears it is taken).
-        for decision in sorted(settled, key=lambda d: d.refused):
-            key = decision.task_key
-            record, record_version = self._record_of(key)
-            if decision.refused:
-                why = refusals.get(key) or self.refusal(decision, record or {}, taken, live,
-                                                        limits)
-                invalid = key in self.reader.rejected  # its record failed the check
-                data = encode(transitions.refused(None if invalid else record, key, why,
-                                                  invalid=invalid, now=now))
-                tx.set_data(self.store.layout.job(key), data, version=record_version)
-                ops.append(key)
-                size += len(data)
-                continue
-            held = Held.of(decision.placements, decision.ports)
-            taken = taken.take(key, held.gpus, held.ports)
-            tx.check(self.store.layout.lease(key), -1)
-            data = encode(transitions.admitted(record, decision.placements, decision.ports,
-                                               now))
-            tx.set_data(self.store.layout.job(key), data, version=record_version)
-            job = jobs.get(key)
-            if job is not None:
-                terms[key] = self.preempter.terms_for(job)
-            tx.create(self.store.layout.grant(key),
-                      grant_to_json(key, decision.placements, decision.ports, now,
-                                    terms.get(key)),
-                      acl=self.store.acls.grant())
-            ops += [key, key, key]
-            size += 2 * len(data)
-        # The shards the admissions changed, each version-checked; a refusal names what is
-        # free everywhere, so then every shard is checked too.
-        shards, written = matrix_writes(tx, self.store.layout, matrix, taken, version,
-                                        check_rest=any(d.refused for d in settled))
-        size += shards
-        if size > TRANSACTION_BYTES and len(settled) > 1:
-            first = self._commit(matrix, version, settled[:len(settled) // 2], live, limits,
-                                 refusals, jobs)
-            return Commit.PART if first is not Commit.CONFLICT else first
-        results = tx.commit()
-        culprit = next(((i, r) for i, r in enumerate(results) if isinstance(r, Exception)
-                        and type(r).__name__ not in ("RolledBackError",
-                                                     "RuntimeInconsistency")), None)
-        if culprit is not None:
-            i, error = culprit
-            culprit_key = ops[i] if i < len(ops) else None
-            if culprit_key is not None and isinstance(error, NoAuthError):
-                log.warning("the record of %s does not let the keeper write it (its ACL): "
-                            "it is never admitted", culprit_key)
-                self.unwritable.add(culprit_key)
-            elif culprit_key is not None and isinstance(error, NodeExistsError):
-                log.error("%s already has a grant: it is not admitted again", culprit_key)
-                self.reader.settled.add(culprit_key)
-            return Commit.CONFLICT  # a cancel, a lost waiter or another writer: decide again
-        if any(isinstance(r, Exception) for r in results):
-            return Commit.CONFLICT
-        self._memo.admitted(version, written, [d.task_key for d in settled if d.admitted])
-        for decision in settled:
-            self.reader.settled.add(decision.task_key)
-            self.reader.records.pop(decision.task_key, None)  # no longer waiting
-            self.reader.rejected.pop(decision.task_key, None)
-            self.reader.forget(decision.task_key)
-            if decision.admitted:
-                held = Held.of(decision.placements, decision.ports)
-                self.reader.grants[decision.task_key] = held
-                self.reader.granted[decision.task_key] = now
-                self.ledger.opened(decision.task_key, now, held)
-                if decision.task_key in terms:
-                    self.reader.terms[decision.task_key] = terms[decision.task_key]
-                    self.preempter.admitted(decision.task_key, terms[decision.task_key])
-        return Commit.COMMITTED
-
-    def refusal(self, decision: Decision, record: Mapping[str, Any], matrix: Matrix,
-                live: list[str], limits: UserLimits) -> str:
-        """Why a --no-wait job cannot start now, naming what is free or the limit."""
-        job = waiting_from_record(record, 0, decision.task_key)
-        if decision.reason == BUDGET:
-            used = self.ledger.month_used(job.user, self.clock()) / 3600
-            return (f"{job.user} used {used:,.1f} GPU-hours this month, their budget of "
-                    f"{limits.of(job.user).gpu_hours_per_month:,g} (the admin's 'hypertf auth "
-                    f"limits --gpu-hours-per-month'); running jobs go on, new ones wait "
-                    f"without --no-wait")
-        if decision.reason == USER_LIMIT:
-            held = matrix.held_per_user().get(job.user, 0)
-            cap = limits.gpu_limit(job.user, self.user_gpu_limit)
-            return (f"{job.user} holds {held} GPUs; this job's {job.request.gpus} more would "
-                    f"pass the limit of {cap} (hypertf_user_gpu_limit, or the admin's "
-                    f"'hypertf auth limits')")
-        why = cannot_place(job.request, matrix, live)
-        return why or (f"the GPUs it needs are promised to jobs ahead of it in the queue "
-                       f"({REASONS[PRIORITY]}); run it without --no-wait to wait in line")
 
     def publish(self, decisions: list[Decision], waiting: Mapping[str, Waiting],
                 reasons: Mapping[str, str] | None = None) -> None:

@@ -66,6 +66,127 @@ class _Running:
     keys: set[str] = field(default_factory=set)
 
 
+class RunningAttempts:
+    """The running attempts as the ledger counts them until they end: each one's user, start
+    and cells, and per user their sums (``_Running``), so a pass reads a user's decayed
+    usage in O(1). Weights are relative to ``t0`` (the ledger's start, kept across a
+    reload so a reload changes no sum)."""
+
+    def __init__(self, half_life_s: float, t0: float) -> None:
+        self.half_life_s = half_life_s
+        self.t0 = t0
+        self.attempts: dict[str, tuple[str, float, Held]] = {}  # key -> (user, start, held)
+        self._users: dict[str, _Running] = {}
+
+    def __contains__(self, task_key: str) -> bool:
+        return task_key in self.attempts
+
+    def opened(self, task_key: str, start: float, held: Held) -> None:
+        """An attempt admitted at ``start`` (its grant written then)."""
+        if task_key in self.attempts:
+            return
+        user = task_key.partition(".")[2]
+        gpus = sum(len(cells) for cells in held.gpus.values())
+        self.attempts[task_key] = (user, start, held)
+        mine = self._users.setdefault(user, _Running())
+        mine.gpus += gpus
+        mine.weight += gpus * self._weight(start)
+        mine.keys.add(task_key)
+
+    def _weight(self, start: float) -> float:
+        if self.half_life_s <= 0:
+            return 0.0
+        return math.exp2(max(-1000.0, min(1000.0, (start - self.t0) / self.half_life_s)))
+
+    def forget(self, task_key: str) -> None:
+        """``task_key``'s attempt ended (counted, or never to be)."""
+        user, start, held = self.attempts.pop(task_key)
+        gpus = sum(len(cells) for cells in held.gpus.values())
+        mine = self._users[user]
+        mine.gpus -= gpus
+        mine.weight -= gpus * self._weight(start)
+        mine.keys.discard(task_key)
+        if not mine.keys:
+            del self._users[user]
+
+    def cleared(self) -> dict[str, tuple[str, float, Held]]:
+        """Forget every attempt; returns them (opened again after the ledger's reload)."""
+        running = dict(self.attempts)
+        self.attempts, self._users = {}, {}
+        return running
+
+    def usage(self, user: str, now: float) -> float:
+        """Decayed GPU-seconds of ``user``'s running attempts so far."""
+        mine = self._users.get(user)
+        if mine is None:
+            return 0.0
+        if self.half_life_s <= 0:
+            return sum(accrued(self._gpus(key), self.attempts[key][1], now, 0)
+                       for key in mine.keys)
+        decayed = math.exp2(-(now - self.t0) / self.half_life_s) * mine.weight
+        return max(0.0, self.half_life_s / LN2 * (mine.gpus - decayed))
+
+    def month_used(self, user: str, now: float) -> float:
+        """GPU-seconds of ``user``'s running attempts in ``now``'s month."""
+        begin = month_start(now)
+        mine = self._users.get(user)
+        return sum(self._gpus(key) * max(0.0, now - max(self.attempts[key][1], begin))
+                   for key in (mine.keys if mine else ()))
+
+    def _gpus(self, task_key: str) -> int:
+        return sum(len(cells) for cells in self.attempts[task_key][2].gpus.values())
+
+
+class DayChunks:
+    """The chunks of the ledger's days as the keeper knows them: each day's highest chunk
+    index (from the names read at load, then the keeper's own writes) and the chunk that
+    takes the next attempts, so an ended attempt costs no listing and at most one read."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.days: dict[str, int] = {}  # day -> the highest chunk index stored
+        self.open_chunks: dict[str, tuple[Chunk, int]] = {}  # day -> its open chunk, version
+
+    def named(self, names: Iterable[str]) -> None:
+        """The chunks' names as listed under ``usage``."""
+        for name in names:
+            parsed = parse_chunk_name(name)
+            if parsed is not None:
+                self.days[parsed[0]] = max(self.days.get(parsed[0], 0), parsed[1])
+
+    def open(self, day: str) -> tuple[Chunk, int]:
+        """The chunk of ``day`` that takes the next attempts, and its version (-1: new)."""
+        known = self.open_chunks.get(day)
+        if known is not None:
+            return known
+        if day not in self.days:
+            return Chunk(day, 0), -1
+        index = self.days[day]
+        name = f"{day}.{index}"
+        try:
+            data, stat = self.store.client.get(self.store.layout.usage_chunk(name))
+            return Chunk.from_json(data, name), stat.version
+        except NoNodeError:
+            return Chunk(day, index), -1
+        except StoreError as err:
+            log.error("%s: the next attempts go into a new chunk", err)
+            return Chunk(day, index + 1), -1
+
+    def wrote(self, chunk: Chunk, version: int) -> None:
+        """``chunk`` committed at ``version``: the one open chunk now."""
+        self.open_chunks = {chunk.day: (chunk, version)}
+        self.days[chunk.day] = max(self.days.get(chunk.day, 0), chunk.index)
+
+    def forget_open(self) -> None:
+        """Read the open chunks again when next needed (the ledger changed under us)."""
+        self.open_chunks = {}
+
+    def compacted(self, day: str) -> None:
+        """``day``'s chunks were folded into its first."""
+        self.days[day] = 0
+        self.open_chunks.pop(day, None)
+
+
 class Ledger:
     """The keeper's ledger for one term: loaded once (the summary, the running grants),
     then kept by the keeper's own admissions (``opened``) and ends (``close``)."""
@@ -79,11 +200,8 @@ class Ledger:
         self.writable = True  # False: a root without ``usage`` (auth init not run again)
         self.summary = Summary()
         self._version = -1
-        self._t0 = clock()
-        self._running: dict[str, tuple[str, float, Held]] = {}  # key -> (user, start, held)
-        self._users: dict[str, _Running] = {}
-        self._days: dict[str, int] = {}  # day -> the highest chunk index stored
-        self._chunks: dict[str, tuple[Chunk, int]] = {}  # day -> its open chunk, version
+        self.running = RunningAttempts(half_life_s, clock())
+        self.chunks = DayChunks(store)
         self._maintained = 0.0
 
     # -- loading, and what the keeper admits -------------------------------------------
@@ -105,71 +223,31 @@ class Ledger:
             log.error("%s: the ledger starts again from nothing", err)
             self.summary = Summary()
         self._version = stat.version if stat is not None else -1
-        for name in names:
-            parsed = parse_chunk_name(name)
-            if parsed is not None:
-                self._days[parsed[0]] = max(self._days.get(parsed[0], 0), parsed[1])
+        self.chunks.named(names)
         for key, held in grants.items():
             self.opened(key, granted.get(key, now), held)
         self.loaded = True
 
     def opened(self, task_key: str, start: float, held: Held) -> None:
         """An attempt admitted at ``start`` (its grant written then)."""
-        if task_key in self._running:
-            return
-        user = task_key.partition(".")[2]
-        gpus = sum(len(cells) for cells in held.gpus.values())
-        self._running[task_key] = (user, start, held)
-        mine = self._users.setdefault(user, _Running())
-        mine.gpus += gpus
-        mine.weight += gpus * self._weight(start)
-        mine.keys.add(task_key)
-
-    def _weight(self, start: float) -> float:
-        if self.half_life_s <= 0:
-            return 0.0
-        return math.exp2(max(-1000.0, min(1000.0, (start - self._t0) / self.half_life_s)))
-
-    def _forget(self, task_key: str) -> None:
-        user, start, held = self._running.pop(task_key)
-        gpus = sum(len(cells) for cells in held.gpus.values())
-        mine = self._users[user]
-        mine.gpus -= gpus
-        mine.weight -= gpus * self._weight(start)
-        mine.keys.discard(task_key)
-        if not mine.keys:
-            del self._users[user]
+        self.running.opened(task_key, start, held)
 
     # -- what a pass reads ---------------------------------------------------------------
     def running_usage(self, user: str, now: float) -> float:
         """Decayed GPU-seconds of ``user``'s running attempts so far."""
-        mine = self._users.get(user)
-        if mine is None:
-            return 0.0
-        if self.half_life_s <= 0:
-            return sum(accrued(self._gpus(key), self._running[key][1], now, 0)
-                       for key in mine.keys)
-        decayed = math.exp2(-(now - self._t0) / self.half_life_s) * mine.weight
-        return max(0.0, self.half_life_s / LN2 * (mine.gpus - decayed))
+        return self.running.usage(user, now)
 
     def fairshare(self, users: Iterable[str], limits: UserLimits, now: float) -> Fairshare:
         """Each of ``users``' decayed usage (ended and running attempts) and share."""
         usage = {user: self.summary.decayed(user, now, self.half_life_s)
-                 + self.running_usage(user, now) for user in set(users)}
+                 + self.running.usage(user, now) for user in set(users)}
         return Fairshare(self.half_life_s, usage, shares=limits.share,
                          expected=self.summary.expected,
                          default_expected_s=self.summary.default_expected(DEFAULT_EXPECTED_S))
 
     def month_used(self, user: str, now: float) -> float:
         """GPU-seconds of ``user`` in ``now``'s month: ended attempts and running ones."""
-        begin = month_start(now)
-        mine = self._users.get(user)
-        running = sum(self._gpus(key) * max(0.0, now - max(self._running[key][1], begin))
-                      for key in (mine.keys if mine else ()))
-        return self.summary.month_used(user, now) + running
-
-    def _gpus(self, task_key: str) -> int:
-        return sum(len(cells) for cells in self._running[task_key][2].gpus.values())
+        return self.summary.month_used(user, now) + self.running.month_used(user, now)
 
     def over_budget(self, users: Iterable[str], limits: UserLimits, now: float
                     ) -> frozenset[str]:
@@ -201,9 +279,9 @@ class Ledger:
         jobs = {**known, **(self._job_records(missing) if missing else {})}
         attempts = []
         for key in keys:
-            if key not in self._running:  # a grant the ledger never saw start: from now
+            if key not in self.running:  # a grant the ledger never saw start: from now
                 self.opened(key, now, grants[key])
-            _, start, held = self._running[key]
+            _, start, held = self.running.attempts[key]
             placements = [(host, cells) for host, cells in held.gpus.items()]
             attempt = attempt_of(key, placements, start, gpu_models(records, held), jobs.get(key))
             attempts.append(Attempt(attempt.task_key, attempt.user, attempt.gpus,
@@ -211,7 +289,7 @@ class Ledger:
                                     _ended(jobs.get(key)), attempt.job_id, attempt.attempt,
                                     attempt.hosts_n))
         summary = self.summary.closed(attempts, now, self.half_life_s)
-        chunk, version = self._open_chunk(day_of(now))
+        chunk, version = self.chunks.open(day_of(now))
         writes: list[tuple[Chunk, int]] = []  # full chunks this batch added to
         changed = False
         size = len(chunk.to_json())  # then estimated: no encoding per attempt
@@ -240,20 +318,18 @@ class Ledger:
                   and type(r).__name__ not in ("RolledBackError", "RuntimeInconsistency")]
         if not failed:
             for key in keys:
-                self._forget(key)
+                self.running.forget(key)
             if self.writable:
                 self.summary = summary
                 self._version += 1
-                self._chunks = {chunk.day: (chunk, version + 1 if version >= 0 else 0)}
-                self._days[chunk.day] = max(self._days.get(chunk.day, 0), chunk.index)
-                self._days[chunk.day] = max(self._days.get(chunk.day, 0), chunk.index)
+                self.chunks.wrote(chunk, version + 1 if version >= 0 else 0)
             return keys
         index, error = failed[0]
         if index < len(keys) and isinstance(error, NoNodeError):
             key = keys[index]  # deleted by someone else: never counted twice
             log.warning("the grant of %s was deleted by another hand: its usage is not "
                         "counted", key)
-            self._forget(key)
+            self.running.forget(key)
             rest = [k for k in keys if k != key]
             return [key, *(self._close_batch(rest, grants, records, known) if rest else [])]
         if index >= len(keys) and isinstance(error, NoAuthError | NoNodeError):
@@ -279,28 +355,10 @@ class Ledger:
                 continue
         return found
 
-    def _open_chunk(self, day: str) -> tuple[Chunk, int]:
-        """The chunk of ``day`` that takes the next attempts, and its version (-1: new)."""
-        known = self._chunks.get(day)
-        if known is not None:
-            return known
-        if day not in self._days:
-            return Chunk(day, 0), -1
-        index = self._days[day]
-        name = f"{day}.{index}"
-        try:
-            data, stat = self.store.client.get(self.store.layout.usage_chunk(name))
-            return Chunk.from_json(data, name), stat.version
-        except NoNodeError:
-            return Chunk(day, index), -1
-        except StoreError as err:
-            log.error("%s: the next attempts go into a new chunk", err)
-            return Chunk(day, index + 1), -1
-
     def _reload(self) -> None:
         """Read the summary and the chunks' names again (after a conflict)."""
-        running = dict(self._running)
-        self._running, self._users, self._chunks = {}, {}, {}
+        running = self.running.cleared()
+        self.chunks.forget_open()
         self.load({}, {})
         for key, (_, start, held) in running.items():
             self.opened(key, start, held)
@@ -314,7 +372,7 @@ class Ledger:
             return 0
         self._maintained = now
         limit = day_of(now - DETAIL_DAYS * DAY_S)
-        due = sorted(d for d in self._days if self.summary.compacted < d < limit)
+        due = sorted(d for d in self.chunks.days if self.summary.compacted < d < limit)
         done = 0
         for day in due[:30]:
             if not self._compact(day):
@@ -324,7 +382,7 @@ class Ledger:
 
     def _compact(self, day: str) -> bool:
         client, layout = self.store.client, self.store.layout
-        names = [f"{day}.{i}" for i in range(self._days[day] + 1)]
+        names = [f"{day}.{i}" for i in range(self.chunks.days[day] + 1)]
         answers = get_many(client, [layout.usage_chunk(n) for n in names])
         chunks, versions = [], {}
         for name, answer in zip(names, answers, strict=True):
@@ -353,8 +411,7 @@ class Ledger:
             self._reload()
             return False
         self.summary, self._version = summary, self._version + 1
-        self._days[day] = 0
-        self._chunks.pop(day, None)
+        self.chunks.compacted(day)
         return True
 
 

@@ -204,6 +204,42 @@ def jobs_in(matrix: Matrix) -> set[str]:
 
 
 # -- the keeper's side ------------------------------------------------------------------
+class RunningPool:
+    """``running_jobs`` of the keeper's grants, each built once while the admin's limits stay
+    the same (a grant's terms and start never change): at 25,000 running jobs a pass costs
+    a lookup each, not a new ``Running`` each."""
+
+    def __init__(self) -> None:
+        self._pool: dict[str, Running | None] = {}  # grant -> as preemption sees it
+        self._limits: UserLimits | None = None  # the limits the pool was built with
+
+    def running(self, grants: Mapping[str, Held], granted: Mapping[str, float],
+                terms: Mapping[str, GrantTerms], limits: UserLimits, now: float,
+                notified: Collection[str]) -> list[Running]:
+        """The running jobs of ``grants`` but those ``notified`` (victims already)."""
+        if limits != self._limits:
+            self._pool, self._limits = {}, limits
+        pool = self._pool
+        new = {key: held for key, held in grants.items() if key not in pool}
+        if new:
+            built = {r.task_key: r for r in running_jobs(new, granted, terms, limits, (), now)}
+            pool.update({key: built.get(key) for key in new})
+        if len(pool) > len(grants):
+            for key in [k for k in pool if k not in grants]:
+                del pool[key]
+        return [job for key in grants
+                if (job := pool.get(key)) is not None and key not in notified]
+
+
+def order_of(store: Store, victim: str) -> int:
+    """A grant without terms (an older keeper's): its record's czxid, its queue place."""
+    try:
+        stat = store.client.exists(store.layout.job(victim))
+    except NoAuthError:
+        stat = None
+    return int(stat.czxid) if stat is not None else 0
+
+
 class Preempter:
     """One keeper term's preemption state: the notices (read once, then kept by its own
     writes), this pass's claims, each preemptor's displaced users until it is admitted, and
@@ -224,8 +260,7 @@ class Preempter:
         self.counts: dict[str, int] = {reason.value: 0 for reason in Reason}
         self.busy: set[str] = set()  # preemptors whose victims still hold GPUs
         self._failed: dict[str, float] = {}  # waiting key -> when it last found no victims
-        self._pool: dict[str, Running | None] = {}  # grant -> as preemption sees it
-        self._pool_limits: UserLimits | None = None  # the limits the pool was built with
+        self._pool = RunningPool()  # the grants as preemption sees them, kept across passes
 
     # -- reading ----------------------------------------------------------------------
     def load(self, terms: Mapping[str, GrantTerms], writes: bool = True) -> None:
@@ -322,7 +357,7 @@ class Preempter:
         made: list[Preemption] = []
         if self.settings.on and self.writable and any(
                 not d.admitted and not d.refused and d.reason in BLOCKED for d in decisions):
-            running = self._running(grants, granted, terms, limits, now)
+            running = self._pool.running(grants, granted, terms, limits, now, self.notices)
             self._failed = {k: t for k, t in self._failed.items()
                             if k in jobs and now - t < RETRY_S}
             failed: list[str] = []
@@ -335,26 +370,6 @@ class Preempter:
                 made = self._notify(made, terms, now)
         self.cleanup(grants, now)
         return made
-
-    def _running(self, grants: Mapping[str, Held], granted: Mapping[str, float],
-                 terms: Mapping[str, GrantTerms], limits: UserLimits, now: float,
-                 ) -> list[Running]:
-        """``running_jobs`` of the grants not notified, each built once while the admin's
-        limits stay the same (a grant's terms and start never change): at 25,000 running
-        jobs a pass costs a lookup each, not a new ``Running`` each."""
-        if limits != self._pool_limits:
-            self._pool, self._pool_limits = {}, limits
-        pool = self._pool
-        new = {key: held for key, held in grants.items() if key not in pool}
-        if new:
-            built = {r.task_key: r for r in running_jobs(new, granted, terms, limits, (), now)}
-            pool.update({key: built.get(key) for key in new})
-        if len(pool) > len(grants):
-            for key in [k for k in pool if k not in grants]:
-                del pool[key]
-        notified = self.notices
-        return [job for key in grants
-                if (job := pool.get(key)) is not None and key not in notified]
 
     def note_busy(self, grants: Mapping[str, Held], matrix: Matrix) -> None:
         """The preemptors whose victims still hold GPUs: a grant, or cells held or draining
@@ -377,7 +392,7 @@ class Preempter:
                 kept = terms.get(victim)
                 notice = Notice(victim, decision.task_key, now, now + self.settings.grace_s,
                                 decision.reasons[victim].value,
-                                kept.order if kept else self._order_of(victim),
+                                kept.order if kept else order_of(self.store, victim),
                                 min((kept.preemptions if kept else 0) + 1, 10_000))
                 tx.create(layout.preempt(victim), notice.to_json(), acl=acl)
                 notices.append(notice)
@@ -407,14 +422,6 @@ class Preempter:
                 self.displacing.get(decision.task_key, frozenset()) | decision.displaced
             self.busy.add(decision.task_key)
         return made
-
-    def _order_of(self, victim: str) -> int:
-        """A grant without terms (an older keeper's): its record's czxid, its queue place."""
-        try:
-            stat = self.store.client.exists(self.store.layout.job(victim))
-        except NoAuthError:
-            stat = None
-        return int(stat.czxid) if stat is not None else 0
 
     def cleanup(self, grants: Mapping[str, Held], now: float) -> None:
         """Delete the notices served (the victim's grant gone and its next attempt admitted)

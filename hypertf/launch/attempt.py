@@ -43,6 +43,7 @@ from hypertf.launch.remote import GroupResult
 from hypertf.launch.reporter import Reporter
 from hypertf.launch.taskstart import QUIET_ENV as QUIET_ENV  # re-exported: the benches, a test
 from hypertf.launch.taskstart import StartingJob, StartPlan, reporting_task
+from hypertf.launch.teardown import Teardown, hosts_of
 from hypertf.offload.taskspec import line as offload_line
 from hypertf.offload.taskspec import summarize
 
@@ -209,6 +210,7 @@ class Attempt:
         self.legacy_flags = False  # passed to the script (it reads them)
         self.result = JobState.FAILED  # succeeded, failed, interrupted or retried
         self.message = ""
+        self.teardown = Teardown(parts.fleet, self.inbox, self.run_dir, self.local, self.say)
 
     def say(self, line: str) -> None:
         self.parts.reporter.say(line)
@@ -237,7 +239,7 @@ class Attempt:
         return RunDir.of(self.job.inventory.node(host).settings.workdir, self.task_key)
 
     def _hosts(self) -> set[str]:
-        return {t.placement.host for t in self.tasks.values()}
+        return hosts_of(self.tasks)
 
     # -- the lifecycle --------------------------------------------------------------------
     def run(self, live: list[str], exclude: dict[str, set[int]],
@@ -377,73 +379,14 @@ class Attempt:
 
     # -- stop, release, report ------------------------------------------------------------
     def stop(self) -> GroupResult[dict[str, StopResult]]:
-        """TERM each task's process group, KILL after the grace period; every host at once.
-        A host whose node ended the run itself needs no stop."""
-        if not self.tasks:
-            return GroupResult()
-        hosts = sorted(self._hosts() - self.lost_hosts)
-        for host in sorted(self.lost_hosts):
-            self.say(f"hypertf: warning: {host} does not answer: its agent stops the job's "
-                     f"tasks there when it can reach ZooKeeper again (the lease is released)")
-        done = self._ended_by_nodes(hosts)
-        runs = {h: self.run_dir(h) for h in hosts if h not in done}
-        if self.preempted is not None:  # the notice's deadline, its file first
-            notice = self.preempted
-            ends = self.parts.fleet.stop(runs, notice.grace_left(time.time()), notice.deadline)
-        else:
-            ends = self.parts.fleet.stop(runs, self.job.request.grace)
-        self.ended.update(ends.succeeded)  # the stop's answer: logs, metrics, offload counts
-        results: GroupResult[dict[str, StopResult]] = GroupResult()
-        results.update({host: end.stopped for host, end in ends.succeeded.items()})
-        results.update(ends.failed)
-        results.update(done)
-        for host, value in results.succeeded.items():
-            for task in self.tasks.values():
-                if task.placement.host == host and task.file_name in value:
-                    task.stop_result = task.stop_result or value[task.file_name]
-        for host, err in results.failed.items():
-            self.say(f"hypertf: warning: could not stop tasks on {host} ({err}); its "
-                     f"agent stops them once the job's lease is released")
-        return results
-
-    def _ended_by_nodes(self, hosts: list[str]) -> dict[str, dict[str, StopResult]]:
-        """Hosts whose every task exited by itself: their watcher ends the run there and
-        says so right after the last exit (nothing of it left, logs attached), so they
-        need no stop. Waits briefly for that word; a host without it is stopped."""
-        finished = {host for host in hosts if all(
-            t.ended is not None for t in self.tasks.values() if t.placement.host == host)}
-        return self.inbox.ends_of(finished, self.tasks)
+        """Every task stopped (hypertf.launch.teardown), by the notice's deadline if any."""
+        return self.teardown.stop(self.tasks, self.lost_hosts, self.preempted,
+                                  self.job.request.grace)
 
     def collect_logs(self) -> None:
-        """Every task's log into the local copy of the run (hosts that answer; the stop's
-        answer carried them, and the metrics, unless they were large)."""
-        if not self.tasks:
-            return
-        make_private(self.local_dir)
-        on = {host: [t.file_name for t in self.tasks.values() if t.placement.host == host]
-              for host in self._hosts() - self.lost_hosts}
-        fleet = self.parts.fleet
-        fleet.fetch_logs({host: self.run_dir(host) for host in on}, on, self.local,
-                         {host: end.logs for host, end in self.ended.items()})
-        if self.offload_hosts:
-            self.collect_offload(on)
-        reporter = self.tasks.get(self.reporter)
-        if reporter and reporter.placement.host in on:
-            host = reporter.placement.host
-            if host in self.ended:  # the stop's answer said (None: no metrics file)
-                metrics = self.ended[host].metrics
-                if metrics and metrics.strip():
-                    Path(self.local.metrics).write_text(metrics)
-                return
-            fleet.fetch_metrics(host, self.run_dir(host), self.local)
-
-    def collect_offload(self, on: Iterable[str]) -> None:
-        """What each task's offload runner did, from its node's end-of-run answer (a host
-        that gave none, lost or not stopped, is left out of the counts)."""
-        for host in on:
-            per_task = self.ended[host].offload if host in self.ended else {}
-            self.offload |= {t.name: per_task[t.file_name] for t in self.tasks.values()
-                             if t.placement.host == host and t.file_name in per_task}
+        """Logs, metrics and offload counts brought back (hypertf.launch.teardown)."""
+        self.teardown.collect(self.tasks, self.lost_hosts,
+                              self.offload if self.offload_hosts else None)
 
     def finish(self) -> None:
         """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""
