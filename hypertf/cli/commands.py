@@ -39,15 +39,18 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def status(inventory: str, as_json: bool = False) -> int:
+def status(inventory: str, as_json: bool = False, direct: bool = False) -> int:
     from hypertf import store
     from hypertf.store import status as cluster_status
 
     inv = load_inventory(inventory)
     client = store.connect(inv.cluster)
     try:
-        report = cluster_status.collect(
-            client, inv, gpu_details=as_json or len(inv.nodes) <= cluster_status.COMPACT_FROM_HOSTS)
+        compact = not as_json and len(inv.nodes) > cluster_status.COMPACT_FROM_HOSTS
+        # a large cluster's compact view from the keeper's view, when it is whole
+        report = cluster_status.collect_view(client, inv) if compact and not direct else None
+        if report is None:
+            report = cluster_status.collect(client, inv, gpu_details=not compact)
     finally:
         store.close(client)
     if as_json:
@@ -104,7 +107,9 @@ def _job_row(job: JobRecord) -> tuple[str, ...]:
                           (JobState.CANCELLED, job.get("cancelled_by"), job.get("cancelled"))):
         if state == how and by:
             who = by.get("identity") or by.get("user", "?")
-            notes.append(f"{how} by {who} from {by.get('host', '?')} at {_clock(when)}")
+            command = f" ({by['command']})" if isinstance(by.get("command"), str) else ""
+            notes.append(f"{how} by {who}{command} from {by.get('host', '?')} at "
+                         f"{_clock(when)}")
     if job.get("attempt", 1) > 1:
         notes.append(f"attempt {job['attempt']} of {job['job_id']}")
     reason = _reason(job, state)
@@ -162,15 +167,16 @@ def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
     return 0
 
 
-def kill(inventory: str, task_key: str) -> int:
-    """End a running job, or take a waiting one out of the queue (owner or admin)."""
+def kill(inventory: str, task_key: str, command: str = "hypertf kill") -> int:
+    """End a running job, or take a waiting one out of the queue (owner or admin); the job
+    record names ``command``, so the launcher and ``hypertf jobs`` say which one it was."""
     from hypertf import store
     from hypertf.core.jobrecord import JobState
     from hypertf.store.allocation import kill as kill_job
     from hypertf.store.jobs import read_job
 
     with store.opened(load_inventory(inventory).cluster) as zk:
-        killed = kill_job(zk, task_key)
+        killed = kill_job(zk, task_key, command)
         state = (read_job(zk, task_key) or {}).get("state")
     if state == JobState.CANCELLED and killed:
         print(f"job {task_key}: cancelled; it left the queue and never started")
@@ -179,6 +185,11 @@ def kill(inventory: str, task_key: str) -> int:
                                      "stopped its tasks" if killed else
                                      f"was neither running nor waiting ({state or 'unknown'})"))
     return 0
+
+
+def cancel(inventory: str, task_key: str) -> int:
+    """``hypertf cancel``: ``kill`` under its own name."""
+    return kill(inventory, task_key, "hypertf cancel")
 
 
 def queue(inventory: str, as_json: bool = False, shares: bool = False) -> int:

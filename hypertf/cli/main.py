@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _verb(sub, "status", commands.status, "hosts x GPUs, agents and ZooKeeper health")
     _verb(sub, "jobs", commands.jobs, "recent jobs, newest first")
     _verb(sub, "kill", commands.kill, "stop a running job from anywhere (by task key)")
-    _verb(sub, "cancel", commands.kill,
+    _verb(sub, "cancel", commands.cancel,
           "end a waiting or running job (owner or admin), by task key")
     _verb(sub, "queue", commands.queue,
           "waiting jobs in admission order: position, priority, shape, waiting, reason")

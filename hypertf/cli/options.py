@@ -50,7 +50,10 @@ PRINT_DIR = VerbOption("print_dir", bool, False,
 HOST = VerbOption("host", str, None, "only this node (default: every GPU node)", "HOST")
 
 VERB_OPTIONS: dict[str, tuple[VerbOption, ...]] = {
-    "status": (_json("print one JSON object instead of the table"),),
+    "status": (_json("print one JSON object instead of the table (every agent record read, "
+                     "with every GPU's details)"),
+               VerbOption("direct", bool, False, "read every agent record and sync the matrix "
+                          "here instead of the keeper's view (used past 64 hosts)")),
     "jobs": (VerbOption("last", int, 20, "how many jobs (default 20)", "N"),
              _json("print the records as JSON")),
     "kill": (_task_key(),),

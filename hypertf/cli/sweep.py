@@ -198,7 +198,7 @@ def _cancel(sweep_id: str) -> int:
 
     inventory = sweeps.Sweep.load(sweep_id).inventory
     with store.opened(load_inventory(inventory).cluster) as zk:
-        ended = sweeps.cancel(sweep_id, lambda key: kill(zk, key))
+        ended = sweeps.cancel(sweep_id, lambda key: kill(zk, key, "hypertf sweep cancel"))
     print(f"sweep {sweep_id}: cancelled; {len(ended)} waiting or running trials ended"
           + (f" ({', '.join(ended)})" if ended else ""))
     return 0

@@ -54,19 +54,26 @@ def files_read_legacy_flags(paths: Iterable[Path]) -> bool:
 ROLELESS = "the tasks seem to have run without their roles (no cluster formed)"
 
 
-def roleless_ps_hint(facts: JobFacts) -> str:
-    """The fix when a parameter server exited 0 by itself: a ps only serves, so it ran
-    the script as a lone trainer, without its role (legacy flags read from a module the
-    scan missed, or not passed)."""
+ROLELESS_PS_ENDED = "a ps never exits by itself"
+ROLELESS_NONE_LISTENED = "a ps serves on its port, and none opened one"
+
+
+def roleless_ps_hint(facts: JobFacts, ps_ended: bool = True) -> str:
+    """The fix when a ps job's tasks ran the script without their roles: a parameter
+    server exited 0 by itself (``ps_ended``; a ps only serves, so it ran as a lone
+    trainer), or every worker exited 0 while no task ever opened its port (no ps served).
+    Either order of exits gets the same fix: legacy flags read from a module the scan
+    missed, or not passed."""
     flags = "--ps_hosts/--worker_hosts/--job_name/--task_index"
+    lead = ROLELESS_PS_ENDED if ps_ended else ROLELESS_NONE_LISTENED
     if facts.legacy_flags:
-        return (f"a ps never exits by itself; it was given {flags} (--job_name=ps), so the "
-                f"script's ps must start a server (tf.compat.v1.train.Server) and join() it")
+        return (f"{lead}; it was given {flags} (--job_name=ps), so the script's ps must "
+                f"start a server (tf.compat.v1.train.Server) and join() it")
     if facts.legacy_flags is False:
-        return (f"a ps never exits by itself; HyperTF passed no legacy flags: if the script "
-                f"(or a module it imports) reads {flags}, run it with --legacy-flags")
-    return (f"a ps never exits by itself; if the script (or a module it imports) reads "
-            f"{flags} and HyperTF did not pass them, run it with --legacy-flags")
+        return (f"{lead}; HyperTF passed no legacy flags: if the script (or a module it "
+                f"imports) reads {flags}, run it with --legacy-flags")
+    return (f"{lead}; if the script (or a module it imports) reads {flags} and HyperTF "
+            f"did not pass them, run it with --legacy-flags")
 
 
 # -- the script and its own modules: read, never run ----------------------------------------

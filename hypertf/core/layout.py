@@ -103,6 +103,11 @@ class Layout:
         """Ephemeral, of the keeper's session: the waiting jobs' positions and reasons."""
         return f"{self.keeper}/queue"
 
+    def status_view(self, index: int) -> str:
+        """Ephemeral, of the keeper's session: one shard of its view of the hosts, for
+        ``hypertf status`` (hypertf.core.hostview)."""
+        return f"{self.keeper}/status.{index}"
+
     def host(self, host: str) -> str:
         """A registered host's parent: only that host's agent (and the admin) may create in
         it, so no agent can make a record for another host."""

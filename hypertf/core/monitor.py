@@ -9,7 +9,9 @@ silent, the lease dropped, a clock tick) with the time; ``Monitor.feed`` returns
   chief when the chief does (workers and ps serve); legacy jobs (ps, no chief) when every
   worker has exited 0. The job has succeeded when every finisher exited 0;
 - a finisher's non-zero exit fails the job; so does any parameter server's end (the chief
-  would fail ~11 s later anyway); other servers' ends are warnings;
+  would fail ~11 s later anyway); other servers' ends are warnings. A ps job whose tasks
+  ran without their roles (no ps served) fails whichever exit comes first: a ps's exit 0, or
+  every worker's exit 0 while no task ever opened its port; both name --legacy-flags;
 - a port taken by someone else fails a task with ``Address already in use`` (or gRPC's
   words for it) before every task listens: a port clash, retried on fresh ports;
 - hangs raise no error: a start-up deadline (the port of every task that must listen,
@@ -218,6 +220,7 @@ class Monitor:
         placements: Sequence[Placement] = [t.placement for t in self.tasks.values()]
         self.finishers = specs.finishers(placements)
         self.fatal = specs.fatal_servers(placements)
+        self.legacy = specs.mode(placements) == "legacy"  # ps, no chief: the workers finish
         self.begun = now
         self.last_output = now
         self.idle_warned = False
@@ -293,7 +296,11 @@ class Monitor:
         elif task.exit_code == 0 and task.started is None:
             task.started = task.ended
         if all(self.tasks[name].exit_code == 0 for name in self.finishers):
-            if self.must_listen and not any(t.listened for t in self.tasks.values()):
+            unheard = bool(self.must_listen) and not any(t.listened for t in self.tasks.values())
+            if unheard and self.legacy:
+                # a ps job without a chief: the ps-first order fails in _ps_ended; so does this
+                return Decision(Verdict.FAILED, self._roleless_workers())
+            if unheard:
                 said.append(f"hypertf: note: no task of this job ever opened its port, so its "
                             f"{len(self.tasks)} tasks ran as separate copies of the script, "
                             f"not as one cluster: the script may not be distributed "
@@ -308,6 +315,16 @@ class Monitor:
             return self.failure(task, f"parameter server ended ({code})")
         return self.failure(task, f"parameter server ended ({code}): {diagnose.ROLELESS}",
                             hint=diagnose.roleless_ps_hint(self._facts))
+
+    def _roleless_workers(self) -> str:
+        """Every worker of a ps job (no chief) exited 0 and no task ever opened its port: no
+        ps served, so each task trained alone, without its role; the failure says so with
+        the hint _ps_ended gives when the ps's exit comes first."""
+        workers = [t.label for t in self.tasks.values() if t.name in self.finishers]
+        return (f"{', '.join(workers)} exited 0, but no "
+                f"task ever opened its port: {diagnose.ROLELESS}.\n  hint: "
+                f"{diagnose.roleless_ps_hint(self._facts, ps_ended=False)}"
+                f"\n  full logs: {self._logs_hint}")
 
     @staticmethod
     def _failed_by(task: TaskState) -> Verdict:

@@ -216,7 +216,8 @@ def refuse_train_only(values: Mapping[str, Any]) -> None:
     given = [o.flag for o in TRAIN_ONLY if values.get(o.name, o.default) not in
              (o.default, None, False)]
     if given:
-        raise UsageError(f"export: {', '.join(given)} apply only to 'hypertf train' "
+        raise UsageError(f"export: {', '.join(given)} "
+                         f"{'apply' if len(given) > 1 else 'applies'} only to 'hypertf train' "
                          f"(the target's scheduler does that part): leave "
                          f"{'them' if len(given) > 1 else 'it'} out (docs/kubernetes.md)")
 

@@ -94,6 +94,7 @@ class Admitter:
     _read_waiting: list[Waiting] | None = None
     _read_matrix: tuple[Matrix, MatrixVersion] | None = None
     _last_good: Matrix | None = None  # the last matrix read whole: fills a damaged shard
+    last_synced: Synced | None = None  # the last pass's sync (the status view's hosts)
     _damaged_at: float | None = None  # when the matrix first read damaged (monotonic)
     _memo: SyncMemo = field(default_factory=SyncMemo)  # what the last in-line sync went by
     # The registered hosts as the keeper role's watch keeps them (None: listed each pass).
@@ -122,7 +123,7 @@ class Admitter:
             self.preempter.load(self.reader.terms)  # once a term (again after a failure)
             done = self._sync()
             waiting = self.reader.waiting(done.leases)
-        self._last_good = done.matrix
+        self._last_good, self.last_synced = done.matrix, done
         self._load_ledger()
         self.drop_ended_grants(done.leases, done.records, done.ended)
         # The admission's first try reads none of these again (its commit checks the

@@ -77,6 +77,10 @@ class RecordCache(TreeFollow):
         self._read: set[str] = set()  # hosts read since the watch was set
         self._parsed: dict[str, tuple[bytes, AgentRecord]] = {}  # content -> record
         self._refused: dict[str, bytes] = {}  # hosts whose record did not parse (logged)
+        # The status view's (hypertf.keeper.statusview): when ZooKeeper last saw each record
+        # written (its mtime: never the agent's own clock), and why a record did not parse.
+        self.written: dict[str, float] = {}
+        self.unreadable: dict[str, str] = {}
 
     def follow(self, _hosts: Iterable[str] = ()) -> None:
         """Keep the records by the watch from the next ``records`` call on (every host
@@ -126,14 +130,24 @@ class RecordCache(TreeFollow):
             to_read = [host for host in hosts if host in stale or host not in done]
         else:
             to_read = hosts
-        raw = self.store.raw_records(to_read) if to_read else {}
+        raw = self.store.raw_records_written(to_read) if to_read else {}
+        written = self.written
         for host in to_read:
-            self._keep(host, raw.get(host))
+            data, at = raw.get(host, (None, 0.0))
+            if data is None:
+                written.pop(host, None)
+            else:
+                written[host] = at
+            self._keep(host, data)
         if watched:
             self._read.update(to_read)
         parsed = self._parsed
         self.seen_generation = self.generation
         return {host: known[1] for host in hosts if (known := parsed.get(host))}
+
+    def known(self) -> dict[str, AgentRecord]:
+        """Every record parsed as of the last ``records`` call (no read)."""
+        return {host: known[1] for host, known in self._parsed.items()}
 
     def _keep(self, host: str, data: bytes | None) -> None:
         """Parse ``data`` when its content changed (a heartbeat alone: only the heartbeat
@@ -144,6 +158,7 @@ class RecordCache(TreeFollow):
                 del self._parsed[host]
                 self.generation += 1
             self._refused.pop(host, None)
+            self.unreadable.pop(host, None)
             return
         content, beat = content_of(data)
         if known is not None and known[0] == content:
@@ -162,10 +177,12 @@ class RecordCache(TreeFollow):
                 log.error("%s: host %s counts as down until its agent writes a readable "
                           "record", err, host)
                 self._refused[host] = content
+                self.unreadable[host] = str(err)
             if known is not None:
                 del self._parsed[host]
                 self.generation += 1
             return
         self._refused.pop(host, None)
+        self.unreadable.pop(host, None)
         self._parsed[host] = (content, record)
         self.generation += 1

@@ -29,6 +29,7 @@ from hypertf.keeper.admitter import Admitter
 from hypertf.keeper.hostwatch import HostWatch
 from hypertf.keeper.preempter import PreemptSettings, preempt_settings
 from hypertf.keeper.prune import Pruner
+from hypertf.keeper.statusview import StatusPublisher
 from hypertf.store import LeaseState, Store
 from hypertf.store.allocation import watch_matrix
 
@@ -53,6 +54,7 @@ class KeeperRole:
         self.admitter = Admitter(zk, user_gpu_limit, user_queue_limit, host_gpus_max,
                                  port_bounds, half_life_s,
                                  preempt=preempt or PreemptSettings())
+        self.status_view = StatusPublisher(zk)
         self._wake = wake
         self._records_changed = records_changed
         self._hosts: HostWatch | None = None
@@ -69,8 +71,15 @@ class KeeperRole:
         return self
 
     def keep(self) -> list[Decision]:
-        """One pass: sync the matrix, admit or refuse waiting jobs (``Admitter.keep``)."""
-        return self.admitter.keep()
+        """One pass: sync the matrix, admit or refuse waiting jobs (``Admitter.keep``), then
+        publish what changed of the hosts for ``hypertf status`` (hypertf.keeper.statusview)."""
+        decisions = self.admitter.keep()
+        synced = self.admitter.last_synced
+        if synced is not None:
+            cache = self.admitter.cache
+            self.status_view.publish(synced.matrix, synced.version.shards, cache.known(),
+                                     cache.written, cache.unreadable, self._registered())
+        return decisions
 
     def stop(self) -> None:
         self.stopped = True

@@ -317,6 +317,7 @@ class Attempt:
                           idle_causes=job.request.idle_causes(self.legacy_flags,
                                                               job.ps_strategy),
                           facts=self.facts())
+        ended_by = ""  # who dropped the lease, read once from the record
         while True:
             event = inbox.next(timeout=0.2) or Event(EventKind.TICK)
             inbox.absorb(event)
@@ -330,8 +331,9 @@ class Attempt:
                 self.take_notice(event.why)
                 continue
             if inbox.lease_dropped and event.kind is not EventKind.SESSION_LOST:
+                ended_by = ended_by or self.parts.lease.ended_by(self.task_key)
                 event = Event(EventKind.LEASE_DROPPED, why=(
-                    f"job {self.task_key} was killed: its lease was dropped (hypertf kill); "
+                    f"job {self.task_key} was killed: its lease was dropped ({ended_by}); "
                     f"its tasks are stopped and its GPUs returned"))
             decision = monitor.feed(event, time.monotonic())
             for line in decision.say:

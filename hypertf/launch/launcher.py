@@ -178,24 +178,41 @@ class Job:
             for line in self.preflight.unconfined():
                 self.say(f"hypertf: notice: {line}")
             self.readiness, why = self.decide_readiness()
-            if self.readiness is not Readiness.TF:
-                self.say(f"hypertf: rendezvous: {self.readiness} ({READINESS_SAID[self.readiness]}"
-                         f"): {why}; --rendezvous tf|coordinator|none chooses")
+            mode_line = self.readiness_line(self.readiness, why)
+            if mode_line:
+                self.say(f"hypertf: {mode_line}")
             self.flags_announced = True
         return passed
+
+    def readiness_line(self, readiness: Readiness, why: str) -> str | None:
+        """The rendezvous mode, what it waits for and why, in one line (as the legacy-flags
+        line says its choice): a single task has no port that must open (no peer connects
+        to it, ``must_listen``), and TensorFlow's way is said only for a job of two or
+        more tasks (a single task's is nothing to say)."""
+        one_task = self.request.workers + self.request.ps + int(self.request.chief) < 2
+        if readiness is Readiness.TF and one_task:
+            return None
+        waits = ("a single task: no port must open before the start-up deadline"
+                 if one_task and readiness is not Readiness.NONE else READINESS_SAID[readiness])
+        if not self.request.rendezvous:  # the option is named once, not after itself
+            why = f"{why}; --rendezvous tf|coordinator|none chooses"
+        return f"rendezvous: {readiness} ({waits}): {why}"
 
     def decide_readiness(self) -> tuple[Readiness, str]:
         """What "started" waits for, and why: --rendezvous, else the script's own imports
         (read here when it is a file here, else as the nodes read it), else a
         KERAS_BACKEND=jax in the job's --env, else TensorFlow's way (every task's port)."""
         if self.request.rendezvous:
-            return Readiness(self.request.rendezvous), "--rendezvous"
+            chosen = Readiness(self.request.rendezvous)
+            return chosen, f"chosen by --rendezvous {chosen}"
         scan = self.preflight.local_scan
         why = scan.coordinator if scan is not None else self.preflight.script_coordinator
         if not why and self.request.env_vars().get("KERAS_BACKEND") == "jax":
             why = "the job's --env sets KERAS_BACKEND=jax"
+        if why is None:  # no node read the script (old nodes)
+            return Readiness.TF, "TensorFlow's way, the default (the script was not read)"
         if not why:
-            return Readiness.TF, ""
+            return Readiness.TF, "the script imports no jax, torch or keras on jax"
         return Readiness.COORDINATOR, f"the script {why[3:]}" if why.startswith("it ") else why
 
     def script_ps_strategy(self) -> bool | None:

@@ -23,7 +23,7 @@ from hypertf.core.jobrecord import JobState
 from hypertf.core.monitor import Event, EventKind
 from hypertf.store import Store
 from hypertf.store.allocation import release
-from hypertf.store.jobs import update_job
+from hypertf.store.jobs import read_job, update_job
 
 __all__ = ["JobLease", "StoreLease"]
 
@@ -39,6 +39,11 @@ class JobLease(Protocol):
         """From now on, the lease's end puts a ``lease-dropped`` event on ``events`` (the
         session's loss a ``session-lost``); the function returned ends the watch (the
         attempt's own release drops the lease)."""
+        ...
+
+    def ended_by(self, task_key: str) -> str:
+        """Who dropped the lease and with which command, as the record says ("hypertf
+        cancel by user.bob from ws1"); "hypertf kill or cancel" when it does not say."""
         ...
 
     def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
@@ -90,6 +95,17 @@ class StoreLease:
             client.remove_listener(on_state)
 
         return end
+
+    def ended_by(self, task_key: str) -> str:
+        try:
+            record = read_job(self.store, task_key) or {}
+        except (StoreError, KazooException, KazooTimeoutError):
+            record = {}
+        by = record.get("killed_by") or record.get("cancelled_by") or {}
+        command = by.get("command") if isinstance(by.get("command"), str) else None
+        who = by.get("identity") or by.get("user")
+        return (command or "hypertf kill or cancel") + (
+            f" by {who} from {by.get('host', '?')}" if isinstance(who, str) else "")
 
     def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
                 stopped_on: Sequence[str] | None) -> None:

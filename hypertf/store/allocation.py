@@ -430,11 +430,11 @@ def report_drained(store: Store, host: str, task_keys: Iterable[str]) -> None:
     until_committed(attempt, f"reporting drained jobs of {host}")
 
 
-def kill(store: Store, task_key: str) -> bool:
-    """End a job from anywhere: record who killed it (``cancelled`` while it waits in the
-    queue) and drop its lease, in one transaction. Its cells turn draining; the agents stop
-    its tasks and free them; its launcher sees the lease gone and exits. False if it was
-    neither running nor waiting.
+def kill(store: Store, task_key: str, command: str = "hypertf kill") -> bool:
+    """End a job from anywhere: record who killed it and by which ``command`` (``cancelled``
+    while it waits in the queue) and drop its lease, in one transaction. Its cells turn
+    draining; the agents stop its tasks and free them; its launcher sees the lease gone
+    and exits. False if it was neither running nor waiting.
 
     Only the job's owner and the admin may: ZooKeeper enforces it (DELETE on
     ``leases/<owner>``); the check here only makes the message clear."""
@@ -452,7 +452,8 @@ def kill(store: Store, task_key: str) -> bool:
         if store.client.exists(store.layout.lease(task_key)) is None:
             return False
         job = transitions.ended_by(decode(data, "job record"),
-                                   {**owner_info(), "identity": identity}, time.time())
+                                   {**owner_info(), "identity": identity,
+                                    "command": command}, time.time())
         tx = store.client.transaction()
         tx.set_data(store.layout.job(task_key), encode(job), version=stat.version)
         tx.delete(store.layout.lease(task_key))

@@ -204,6 +204,8 @@ RULES: dict[str, Rule] = {
     "keeper": Rule(keeper=R | C, why="only the keeper identity may take the keeper's lease"),
     "keeper_lease": Rule(keeper=R | W, why="the keeper's"),
     "queue_view": Rule(keeper=R | W, why="the keeper's"),
+    "status_view": Rule(keeper=R | W, why="the keeper's view of the hosts, for hypertf "
+                                           "status: only the keeper writes what it shows"),
     "grants": Rule(keeper=R | C | D, why="the keeper creates a job's grant when it admits "
                                          "it and deletes it once the job is over"),
     "grant": Rule(keeper=R | W, why="the one thing a launcher starts tasks on"),

@@ -47,9 +47,9 @@ def test_a_followed_record_is_read_on_change_only_and_a_keepalive_is_no_change(
         reads: list[list[str]] = []
 
         class Counted(Store):
-            def raw_records(self, hosts):
+            def raw_records_written(self, hosts):
                 reads.append(sorted(hosts))
-                return super().raw_records(hosts)
+                return super().raw_records_written(hosts)
 
         events: list[bool] = []
         cache = RecordCache(Counted(client, layout), changed=events.append)

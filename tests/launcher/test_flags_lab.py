@@ -31,13 +31,16 @@ def test_flags_defined_in_an_imported_module_reach_every_task_without_sync(lab, 
 
 def test_a_ps_that_ran_without_its_role_names_legacy_flags(lab, tmp_path):
     """Without the flags (--no-legacy-flags here; before the fix, the default) every task
-    trains alone and the ps exits 0: the failure says why, and names --legacy-flags."""
+    trains alone and exits 0: the failure says why, and names --legacy-flags, whichever
+    exit comes first (the ps's, or both workers' while no task ever listened: a race)."""
     done = hypertf("train", "-i", lab.inventory, "--script", SIBLING_FLAGS, "--worker", "2",
                    "--ps", "1", "--no-legacy-flags", cwd=tmp_path, timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
-    assert f"failed: parameter server ended (exit 0): {ROLELESS}." in out, out
-    assert ("hint: a ps never exits by itself; HyperTF passed no legacy flags: if the script "
-            "(or a module it imports) reads --ps_hosts/--worker_hosts/--job_name/--task_index, "
-            "run it with --legacy-flags") in out, out
+    assert (f"failed: parameter server ended (exit 0): {ROLELESS}." in out
+            or f"exited 0, but no task ever opened its port: {ROLELESS}." in out), out
+    assert ("HyperTF passed no legacy flags: if the script (or a module it imports) reads "
+            "--ps_hosts/--worker_hosts/--job_name/--task_index, run it with --legacy-flags"
+            ) in out, out
+    assert "may not be distributed" not in out, out
     assert all_free(lab.inventory)

@@ -59,7 +59,7 @@ def test_a_cancelled_waiter_and_a_killed_runner_are_named_so_everywhere(lab, tmp
                  "the detached launcher's last line")
         log = launcher_log(tmp_path, runner)
         last = log.strip().splitlines()[-1]
-        assert "killed" in last and "hypertf kill" in last, log
+        assert "killed" in last and "(hypertf kill by user." in last, log
         assert "failed" not in log and "error" not in log, log
         summary = json.loads((tmp_path / "runs" / runner / "summary.json").read_text())
         assert summary["result"] == "killed" and "hypertf kill" in summary["message"], summary

@@ -130,6 +130,9 @@ class FakeLease:
     def drop(self, task_key: str) -> None:  # 'hypertf kill'
         self.watching[task_key].put(Event(EventKind.LEASE_DROPPED))
 
+    def ended_by(self, task_key: str) -> str:
+        return "hypertf cancel by user.bob from ws1"
+
     def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
                 stopped_on: Sequence[str] | None) -> None:
         assert summary["task_key"] == task_key
@@ -236,7 +239,8 @@ def test_a_dropped_lease_is_a_kill_and_ctrl_c_an_interruption(
     job = job_of(inventory, tmp_path, fleet, lease, placer, said)
     fleet.on_start = lambda: lease.drop(job.attempts[-1].task_key)
     killed = attempt_of(job)
-    with pytest.raises(JobKilled, match="its lease was dropped"):
+    with pytest.raises(JobKilled, match=r"its lease was dropped \(hypertf cancel by user\.bob "
+                                        r"from ws1\)"):
         killed.run(list(HOSTS), {})
     assert fleet.stops == [["h1", "h2"]]
     assert lease.released[-1] == (killed.task_key, JobState.KILLED, ["h1", "h2"])

@@ -256,3 +256,48 @@ def test_preflight_answers_combine_to_unknown_when_a_node_did_not_say(tmp_path, 
     assert preflight.script_ps_strategy is False
     preflight.ps_strategy = {"h1": None, "h2": True}
     assert preflight.script_ps_strategy is True
+
+
+@pytest.mark.parametrize("order", [["ps0", "worker0", "worker1"], ["worker0", "worker1", "ps0"],
+                                   ["worker0", "ps0", "worker1"]])
+def test_every_order_of_roleless_exits_fails_naming_legacy_flags(order):
+    """Every task of a ps job exits 0 without its role (no flags passed, none listened): the
+    ps's exit coming first or the workers' both fail the job, say the tasks ran without their
+    roles and name --legacy-flags (before the fix, workers first: SUCCEEDED, a generic note)."""
+    monitor, _ = ps_job_monitor(JobFacts(legacy_flags=False))
+    host = {"worker0": "h0", "worker1": "h1", "ps0": "h2"}
+    for at, task in enumerate(order):
+        monitor.feed(Event("log", host[task], task=task, line="no cluster: training alone"),
+                     float(at))
+    decision = None
+    for at, task in enumerate(order, start=10):
+        decision = monitor.feed(Event("exit", host[task], task=task, code=0), float(at))
+        if decision.final:
+            break
+    assert decision is not None and decision.verdict is Verdict.FAILED, decision
+    assert ROLELESS in decision.message, decision.message
+    assert ("HyperTF passed no legacy flags: if the script (or a module it imports) reads "
+            "--ps_hosts/--worker_hosts/--job_name/--task_index, run it with --legacy-flags"
+            ) in decision.message, decision.message
+    assert not any("may not be distributed" in line for line in decision.say), decision.say
+
+
+def test_workers_first_roleless_end_names_the_workers():
+    monitor, _ = ps_job_monitor(JobFacts(legacy_flags=False))
+    monitor.feed(Event("exit", "h0", task="worker0", code=0), 1.0)
+    decision = monitor.feed(Event("exit", "h1", task="worker1", code=0), 2.0)
+    first, hint = decision.message.splitlines()[:2]
+    assert first == (f"worker:0@h0, worker:1@h1 exited 0, but no task ever opened its port: "
+                     f"{ROLELESS}.")
+    assert hint.startswith("  hint: a ps serves on its port, and none opened one; HyperTF passed "
+                           "no legacy flags"), hint
+    assert decision.message.endswith("full logs: runs/KEY/")
+
+
+def test_a_ps_job_whose_ps_listened_succeeds_when_its_workers_exit_0():
+    monitor, _ = ps_job_monitor(JobFacts(legacy_flags=True))
+    monitor.feed(Event("listening", "h2", task="ps0"), 0.5)
+    monitor.feed(Event("exit", "h0", task="worker0", code=0), 1.0)
+    decision = monitor.feed(Event("exit", "h1", task="worker1", code=0), 2.0)
+    assert decision.verdict is Verdict.SUCCEEDED, decision
+    assert not any("opened its port" in line for line in decision.say), decision.say

@@ -4,6 +4,8 @@ the coordinator on rank 0's granted port, torchrun's local and node ranks by hos
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 from hypertf.core import spec
 from hypertf.core.rendezvous import RENDEZVOUS_ENV, split_address
@@ -101,3 +103,46 @@ def test_a_nodes_reason_with_control_characters_is_not_known() -> None:
     assert honest.coordinator == "it imports jax"
     forged = PreflightAnswer.parse({"python": "p", "problems": [], "coordinator": "\x1b[2Jx"})
     assert forged.coordinator is None
+
+
+# -- the mode said at start (Job.announce_flags): one line, right for one task too ---------------
+ONE_HOST = ("all:\n  vars:\n    hypertf_zookeeper_hosts: 'zk.example:2181'\n"
+            "  children:\n    gpu_nodes:\n      hosts:\n        h1: {ansible_host: 10.0.0.1}\n")
+
+
+def _said(tmp_path: Path, source: str, **request: Any) -> list[str]:
+    """The lines that name the rendezvous, as a job says them before it starts."""
+    from hypertf.config.inventory import load_inventory
+    from hypertf.launch.launcher import Job
+    from hypertf.launch.request import TrainRequest
+
+    (tmp_path / "cluster.yml").write_text(ONE_HOST)
+    (tmp_path / "train.py").write_text(source)
+    said: list[str] = []
+    Job(load_inventory(tmp_path / "cluster.yml"),
+        TrainRequest(script=str(tmp_path / "train.py"), **request), said.append).announce_flags()
+    return [line for line in said if "rendezvous" in line]
+
+
+def test_a_one_task_coordinator_job_says_no_port_must_open(tmp_path: Path) -> None:
+    """must_listen is empty for one task: the line says so, not "rank 0's port must open"."""
+    assert _said(tmp_path, "import jax\n", workers=1) == [
+        "hypertf: rendezvous: coordinator (a single task: no port must open before the "
+        "start-up deadline): the script imports jax; --rendezvous tf|coordinator|none chooses"]
+
+
+def test_the_option_is_named_once_as_the_reason(tmp_path: Path) -> None:
+    assert _said(tmp_path, "import tensorflow\n", workers=2, rendezvous="none") == [
+        "hypertf: rendezvous: none (no port must open: the tasks are judged by their exits "
+        "alone): chosen by --rendezvous none"]
+    assert _said(tmp_path, "import tensorflow\n", workers=1, rendezvous="coordinator") == [
+        "hypertf: rendezvous: coordinator (a single task: no port must open before the "
+        "start-up deadline): chosen by --rendezvous coordinator"]
+
+
+def test_tensorflows_mode_is_said_in_one_line_for_two_tasks_or_more(tmp_path: Path) -> None:
+    assert _said(tmp_path, "import tensorflow\n", workers=2, ps=1) == [
+        "hypertf: rendezvous: tf (every task's port must open before the start-up deadline): "
+        "the script imports no jax, torch or keras on jax; --rendezvous tf|coordinator|none "
+        "chooses"]
+    assert _said(tmp_path, "import tensorflow\n", workers=1) == []  # one task: nothing to say

@@ -69,7 +69,7 @@ def test_export_refuses_a_train_only_option_saying_it_applies_only_to_train() ->
     done = hypertf("export", "--to", "jobset", "--image", "img", "--script", "x.py",
                    "--idle-fail")
     assert done.returncode == 2, done.stderr
-    assert "--idle-fail apply only to 'hypertf train'" in done.stderr, done.stderr
+    assert "--idle-fail applies only to 'hypertf train'" in done.stderr, done.stderr
 
 
 def record(key: str, state: str, **more: object) -> dict:

@@ -1,0 +1,31 @@
+"""The command that ended a job is in its record, and its launcher names it (issue 54
+item 8: a running job ``hypertf cancel`` ended was blamed on ``hypertf kill``)."""
+
+from __future__ import annotations
+
+from hypertf import store
+from hypertf.core.placement import Request, new_task_key
+from hypertf.core.scheduler import TaskSlot
+from hypertf.launch.lease import StoreLease
+from hypertf.store import Store, auth
+from hypertf.store.allocation import kill
+from hypertf.store.jobs import read_job
+from hypertf.store.waitqueue import enqueue
+
+
+def test_the_record_and_the_launcher_name_the_command_that_ended_the_job(secured, layout):
+    client = store.connect(secured)
+    try:
+        user = Store(client, layout)
+        lease = StoreLease(user, print)
+        for command in ("hypertf cancel", "hypertf kill", "hypertf sweep cancel"):
+            key = new_task_key(auth.login_user())
+            enqueue(user, key, Request((TaskSlot("worker", 0, 0),), ("n1",)), {})
+            assert kill(user, key, command)
+            by = (read_job(user, key) or {})["cancelled_by"]
+            assert by["command"] == command and by["identity"] == user.credential.identity
+            assert lease.ended_by(key) == (f"{command} by {by['identity']} from "
+                                           f"{by['host']}")
+        assert lease.ended_by(new_task_key(auth.login_user())) == "hypertf kill or cancel"
+    finally:
+        store.close(client)

@@ -1,0 +1,325 @@
+"""Issues 53 and 54 checked item by item: the items no other test proved. Real parts
+throughout (the Monitor, the Job's start-up announcement, the export renderers, the
+dashboard's HTTP server, the sweep board in a fresh Python); no ZooKeeper, no lab.
+
+- 53 item 2: the idle warning and "done" follow the rendezvous mode (coordinator, none);
+  the mode is decided from a module the script imports too, and said at start;
+- 53 item 4: ``--rendezvous`` survives a detached launcher's and a sweep's saved request;
+  Volcano's pods get the same contract from their stable hostnames (JobSet's is in
+  test_export.py);
+- 54 item 7: ``hypertf export`` of a TF1 ps script says nothing of --chief;
+- 54 item 10: the dashboard's ``/api/sweeps`` serves only its inventory's sweeps;
+- 54 item 11: recording a sweep's trial (TensorBoard's HParams, which import TensorFlow)
+  prints no TensorFlow C++ start-up banner.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kazoo.client import KazooClient
+
+from hypertf.config.inventory import Inventory, load_inventory
+from hypertf.core.errors import UsageError
+from hypertf.core.layout import Layout
+from hypertf.core.monitor import (
+    Decision,
+    Event,
+    EventKind,
+    Limits,
+    Monitor,
+    TaskState,
+    Verdict,
+)
+from hypertf.core.rendezvous import RENDEZVOUS_ENV, Readiness
+from hypertf.core.scheduler import Placement
+from hypertf.dashboard.server import Dashboard
+from hypertf.dashboard.source import ClusterSource
+from hypertf.export import ExportOptions, NodeSetup, export
+from hypertf.launch.launcher import Job
+from hypertf.launch.request import TrainRequest
+from hypertf.store.zkstore import Store
+from hypertf.sweep import driver as sweeps
+from hypertf.sweep.spec import SweepSpec, expand, parse_grid_option
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+BANNERS = ("oneDNN", "cpu_feature_guard", "TF_ENABLE_ONEDNN_OPTS", "absl::InitializeLog")
+
+
+# -- issue 53 item 2: the idle warning and "done" follow the mode -----------------------------
+class Run:
+    """A Monitor of ``count`` workers (worker:i on h<i>, port 20000+i), fed at chosen
+    seconds; what it said, and its first final decision."""
+
+    def __init__(self, count: int, limits: Limits) -> None:
+        tasks = {f"worker:{i}": TaskState(Placement("worker", i, f"h{i}", ()), 20000 + i)
+                 for i in range(count)}
+        self.monitor = Monitor(tasks, limits, now=0.0, logs_hint="runs/KEY/",
+                               idle_causes="a task waiting for a peer")
+        self.said: list[str] = []
+        self.decision = Decision()
+
+    def feed(self, at: float, kind: str, task: str = "", **fields: Any) -> Decision:
+        host = file = ""
+        if task:
+            host = self.monitor.tasks[task].placement.host
+            file = self.monitor.tasks[task].file_name
+        decision = self.monitor.feed(Event(EventKind(kind), host, task=file, **fields), at)
+        self.said += decision.say
+        if decision.final and not self.decision.final:
+            self.decision = decision
+        return decision
+
+    def ticks(self, start: int, until: int) -> None:
+        for second in range(start, until + 1):
+            if not self.decision.final:
+                self.feed(float(second), "tick")
+
+
+def test_a_coordinator_jobs_idle_warning_and_end_follow_its_mode() -> None:
+    """Coordinator mode: the idle clock starts once rank 0 listens and does not claim that
+    every task listens; a non-coordinator's exit 0 does not end the job, every task's
+    does; rank 0 listened, so no 'never opened its port' note."""
+    run = Run(2, Limits(start_timeout=5.0, idle_timeout=10.0, host_silence=1e9,
+                        readiness=Readiness.COORDINATOR))
+    run.feed(1.0, "listening", "worker:0")
+    run.ticks(1, 12)
+    warnings = [line for line in run.said if "warning:" in line]
+    assert len(warnings) == 1, run.said
+    assert "no task has written a line for 10 s" in warnings[0], warnings
+    assert "every task listens" not in warnings[0], warnings
+    assert not run.decision.final, run.decision.message
+    assert run.feed(13.0, "exit", "worker:1", code=0).verdict is Verdict.RUNNING
+    done = run.feed(14.0, "exit", "worker:0", code=0)
+    assert done.verdict is Verdict.SUCCEEDED
+    assert not any("note:" in line for line in run.said), run.said
+
+
+def test_a_job_said_to_need_no_port_has_no_deadline_and_is_judged_by_its_exits() -> None:
+    """--rendezvous none: no task ever listens; no start-up deadline at 5 s, the idle
+    clock runs from the start, the job ends when every task exited 0, with no note that
+    its tasks never formed a cluster (the user said so)."""
+    run = Run(2, Limits(start_timeout=5.0, idle_timeout=10.0, host_silence=1e9,
+                        readiness=Readiness.NONE))
+    run.feed(0.5, "log", "worker:0", line="epoch 1")
+    run.feed(0.5, "log", "worker:1", line="epoch 1")
+    run.ticks(1, 12)
+    assert not run.decision.final, run.decision.message
+    assert not any("start-up deadline" in line for line in run.said), run.said
+    assert any("no task has written a line for 10 s" in line for line in run.said), run.said
+    run.feed(20.0, "exit", "worker:0", code=0)
+    assert run.feed(21.0, "exit", "worker:1", code=0).verdict is Verdict.SUCCEEDED
+    assert not any("note:" in line for line in run.said), run.said
+
+
+def test_a_chief_is_the_coordinator_named_alone_at_the_deadline() -> None:
+    """With a chief, rank 0 is the chief: the coordinator deadline names it alone, with
+    what its initialize() should have done, and not the workers that never listened."""
+    tasks = {name: TaskState(Placement(role, index, f"h{n}", ()), 20000 + n)
+             for n, (name, role, index) in enumerate([("worker:0", "worker", 0),
+                                                       ("chief:0", "chief", 0),
+                                                       ("worker:1", "worker", 1)])}
+    monitor = Monitor(tasks, Limits(start_timeout=5.0, idle_timeout=None, host_silence=1e9,
+                                    readiness=Readiness.COORDINATOR), now=0.0)
+    decision = Decision()
+    for second in range(7):
+        decision = monitor.feed(Event(EventKind.TICK), float(second))
+        if decision.final:
+            break
+    assert decision.verdict is Verdict.RETRYABLE
+    first = decision.message.splitlines()[0]
+    assert first == "start-up deadline: chief:0@h1 not listening on its port after 5 s", first
+    assert "rank 0 is the coordinator" in decision.message
+    assert decision.hosts == {"h1"}
+
+
+# -- issue 53 item 2: the mode decided and said at start --------------------------------------
+@pytest.fixture
+def inventory(tmp_path: Path) -> Inventory:
+    path = tmp_path / "cluster.yml"
+    path.write_text("all:\n  vars:\n    hypertf_zookeeper_hosts: 'zk.example:2181'\n"
+                    "  children:\n    gpu_nodes:\n      hosts:\n"
+                    "        h1: {ansible_host: 10.0.0.1}\n")
+    return load_inventory(path)
+
+
+def started(inventory: Inventory, request: TrainRequest) -> tuple[Readiness, list[str]]:
+    """The mode a job decides before it starts, and its lines that name it."""
+    said: list[str] = []
+    job = Job(inventory, request, said.append)
+    job.announce_flags()
+    return job.readiness, [line for line in said if "rendezvous" in line]
+
+
+def test_the_mode_comes_from_a_module_the_script_imports_and_is_said_with_why(
+        tmp_path: Path, inventory: Inventory) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("import model\nmodel.fit()\n")
+    (code / "model.py").write_text("import jax\n\ndef fit():\n    pass\n")
+    mode, lines = started(inventory, TrainRequest(script=str(code / "train.py"), workers=2))
+    assert mode is Readiness.COORDINATOR
+    assert lines == ["hypertf: rendezvous: coordinator (only rank 0's port must open before "
+                     "the start-up deadline): the script imports jax; --rendezvous "
+                     "tf|coordinator|none chooses"], lines
+
+
+def test_keras_on_jax_by_env_the_option_and_tensorflow(tmp_path: Path,
+                                                       inventory: Inventory) -> None:
+    keras = tmp_path / "keras_fit.py"
+    keras.write_text("import keras\n")
+    on_jax = TrainRequest(script=str(keras), workers=2, env=("KERAS_BACKEND=jax",))
+    mode, lines = started(inventory, on_jax)
+    assert mode is Readiness.COORDINATOR
+    assert "the job's --env sets KERAS_BACKEND=jax" in lines[0], lines
+    mode, lines = started(inventory, TrainRequest(script=str(keras), workers=2))
+    assert mode is Readiness.TF  # Keras on TensorFlow: as before, and said in one line
+    assert lines == ["hypertf: rendezvous: tf (every task's port must open before the start-up "
+                     "deadline): the script imports no jax, torch or keras on jax; --rendezvous "
+                     "tf|coordinator|none chooses"], lines
+    mode, lines = started(inventory, TrainRequest(script=str(keras), workers=2,
+                                                  rendezvous="none"))
+    assert mode is Readiness.NONE
+    assert lines[0].startswith("hypertf: rendezvous: none (no port must open"), lines
+    with pytest.raises(UsageError, match="--rendezvous must be one of tf, coordinator, none"):
+        TrainRequest(script=str(keras), rendezvous="jax").validate()
+
+
+def test_train_help_offers_the_rendezvous_option() -> None:
+    done = subprocess.run([sys.executable, "-m", "hypertf.cli", "train", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "--rendezvous MODE" in text and "coordinator (rank 0's" in text, done.stdout
+
+
+# -- issue 53 item 4: the same for detached jobs, sweeps and exports --------------------------
+def test_the_mode_survives_a_detached_launchers_and_a_sweeps_saved_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    request = TrainRequest(script="t.py", workers=2, rendezvous="coordinator")
+    assert TrainRequest.from_json(json.loads(json.dumps(request.to_json()))) == request
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inv.yml").write_text("")
+    trials = expand(SweepSpec(script="t.py", train={}, grid=parse_grid_option(["lr=0.1"])))
+    sweep = sweeps.create("inv.yml", request, trials, None, "max", 1, None)
+    trial = sweeps.Driver(sweep, {}).trial_request(sweep.trials[0])
+    assert trial.rendezvous == "coordinator" and trial.args == ("--lr", "0.1")
+
+
+SETUP = NodeSetup(task_env=(), python_packages=(), python_packages_no_deps=(),
+                  tensorflow="tensorflow-cpu==2.19.1")
+
+
+def test_volcano_pods_get_the_rendezvous_from_their_stable_hostnames() -> None:
+    """Volcano's pods (one task each, the index from its annotation): the ranks from the
+    index, the coordinator worker 0's stable name and the port TF_CONFIG names."""
+    from hypertf.export import volcano
+
+    text, _notes = export(TrainRequest(script=str(EXAMPLES / "jax_distributed.py"),
+                                       workers=3),
+                          ExportOptions("volcano", image="r/i:1", name="v"), SETUP)
+    vj = list(yaml.safe_load_all(text))[-1]
+    (task,) = vj["spec"]["tasks"]
+    (container,) = task["template"]["spec"]["containers"]
+    hosts = [f"v-worker-{i}.v" for i in range(3)]
+    for index in range(3):
+        fields = {volcano.TASK_INDEX: str(index), volcano.RETRY_COUNT: "0"}
+        env: dict[str, str] = {}
+        for item in container["env"]:  # as the kubelet expands them, in order
+            if "valueFrom" in item:
+                env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+            else:
+                value = item["value"]
+                for name, known in env.items():
+                    value = value.replace(f"$({name})", known)
+                env[item["name"]] = value
+        assert set(RENDEZVOUS_ENV) <= set(env), sorted(set(RENDEZVOUS_ENV) - set(env))
+        assert env["RANK"] == env["JAX_PROCESS_ID"] == env["NODE_RANK"] == str(index)
+        assert env["KERAS_DISTRIBUTION_PROCESS_ID"] == str(index)
+        assert env["WORLD_SIZE"] == env["JAX_NUM_PROCESSES"] == "3"
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("0", "1")
+        coordinator = env["JAX_COORDINATOR_ADDRESS"]
+        assert coordinator.split(":")[0] == hosts[0], coordinator
+        assert f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" == coordinator
+        assert [a.split(":")[0] for a in env["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")] \
+            == hosts
+
+
+# -- issue 54 item 7: export of a TF1 ps script ---------------------------------------------
+def test_export_of_a_tf1_ps_script_says_nothing_of_chief(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import json, os
+        import tensorflow.compat.v1 as tf
+        cluster = tf.train.ClusterSpec(json.loads(os.environ["TF_CONFIG"])["cluster"])
+        server = tf.train.Server(cluster, job_name="worker", task_index=0)
+        """))
+    _text, notes = export(TrainRequest(script=str(script), workers=2, ps=1),
+                          ExportOptions("volcano", image="r/i:1"), SETUP)
+    said = "\n".join(notes)
+    assert "ps and no chief: the job ends when every worker has exited 0" in said, said
+    assert "--chief" not in said and "needs --chief" not in said, said
+    (tmp_path / "model.py").write_text(
+        "import tensorflow as tf\ns = tf.distribute.experimental.ParameterServerStrategy\n")
+    script.write_text("import model\n")
+    _text, notes = export(TrainRequest(script=str(script), workers=2, ps=1),
+                          ExportOptions("volcano", image="r/i:1"), SETUP)
+    assert "a TF2 ParameterServerStrategy script needs --chief" in "\n".join(notes), notes
+
+
+# -- issue 54 item 10: the dashboard's /api/sweeps ------------------------------------------
+def test_the_dashboards_api_serves_only_its_inventorys_sweeps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inventory: Inventory) -> None:
+    monkeypatch.chdir(tmp_path)
+    trials = expand(SweepSpec(script="t.py", train={}, grid=parse_grid_option(["lr=0.1"])))
+    other = tmp_path / "other.yml"
+    other.write_text("")
+    ours = sweeps.create(str(inventory.path), TrainRequest(script="t.py"), trials, None, "max",
+                         1, None).sweep_id
+    theirs = sweeps.create(str(other), TrainRequest(script="t.py"), trials, None, "max", 1,
+                           None).sweep_id
+    # /api/sweeps reads local files only: a client never started (no ZooKeeper asked)
+    store = Store(KazooClient(hosts="127.0.0.1:1"), Layout("/hypertf"))
+    with Dashboard(ClusterSource(inventory, store, viewer=""), port=0) as server:
+        server.start()
+        try:
+            with urllib.request.urlopen(server.url + "api/sweeps", timeout=10) as answer:
+                rows = json.load(answer)
+        finally:
+            server.shutdown()
+    assert [row["sweep"] for row in rows] == [ours], (rows, theirs)
+    assert Path(rows[0]["inventory"]).resolve() == Path(inventory.path).resolve()
+
+
+# -- issue 54 item 11: no TensorFlow banner from a sweep's board ------------------------------
+def test_recording_a_trial_prints_no_tensorflow_banner(tmp_path: Path) -> None:
+    """record_trial imports TensorBoard's HParams API, which imports TensorFlow: in a fresh
+    Python (as the sweep driver is) its C++ start-up banners must not reach stderr."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorflow")
+    code = textwrap.dedent(f"""\
+        from pathlib import Path
+        from hypertf.sweep import board
+        trials = [{{"index": 0, "params": {{"lr": 0.1}}, "metric": 0.5, "label": "lr=0.1"}}]
+        run = board.record_trial(Path({str(tmp_path)!r}), "score", trials, trials[0])
+        import sys
+        assert "tensorflow" in sys.modules, "TensorFlow was not imported: nothing proved"
+        print(run)
+        """)
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("trial-0"), done.stdout
+    banners = [line for line in done.stderr.splitlines() if any(b in line for b in BANNERS)]
+    assert not banners, done.stderr
