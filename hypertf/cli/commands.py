@@ -192,7 +192,8 @@ def cancel(inventory: str, task_key: str) -> int:
     return kill(inventory, task_key, "hypertf cancel")
 
 
-def queue(inventory: str, as_json: bool = False, shares: bool = False) -> int:
+def queue(inventory: str, as_json: bool = False, shares: bool = False,
+          direct: bool = False) -> int:
     """The waiting jobs in admission order, like squeue: position, reason, waiting time;
     with ``shares``, each user's fair share (like sshare)."""
     from hypertf import store
@@ -205,7 +206,9 @@ def queue(inventory: str, as_json: bool = False, shares: bool = False) -> int:
         if shares:
             rows = queueview.shares(zk, half_life_s)
         else:
-            rows = queueview.collect(zk, inv.cluster.user_gpu_limit, half_life_s=half_life_s)
+            view = None if direct else queueview.collect_view(zk)
+            rows = view if view is not None else queueview.collect(
+                zk, inv.cluster.user_gpu_limit, half_life_s=half_life_s)
     if as_json:
         print(json.dumps(rows, indent=2))
     else:

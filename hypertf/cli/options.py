@@ -60,7 +60,9 @@ VERB_OPTIONS: dict[str, tuple[VerbOption, ...]] = {
     "cancel": (_task_key(),),
     "queue": (_json("print the rows as JSON"),
               VerbOption("shares", bool, False, "each user's fair share instead: share, "
-                         "decayed usage, GPUs held, factor, this month's GPU-hours")),
+                         "decayed usage, GPUs held, factor, this month's GPU-hours"),
+              VerbOption("direct", bool, False, "run the keeper's admission pass here on "
+                         "what ZooKeeper holds instead of reading the keeper's view")),
     "usage": (VerbOption("since", str, None, "from this day, YYYY-MM-DD (default: the first "
                          "of this month, UTC)", "DATE"),
               VerbOption("until", str, None, "up to this day, included (default: today)",

@@ -286,11 +286,12 @@ def encode(payload: Mapping[str, Any], fmt: int = FORMAT) -> bytes:
 
 
 def decode(data: bytes, what: str, fmt: int = FORMAT,
-           limit: int = MAX_ZNODE_BYTES) -> dict[str, Any]:
+           limit: int = MAX_ZNODE_BYTES, walk: bool = True) -> dict[str, Any]:
     """Parse a record, refusing formats this version does not know (``fmt``: the one).
     Every record is hostile input: one over ``limit`` bytes, nested deeper than MAX_DEPTH
     or not JSON is a StoreError like any unreadable record (never a RecursionError that
-    would stop the reader for everyone)."""
+    would stop the reader for everyone). ``walk`` False: the caller checks the shape of
+    every value itself (a matrix shard: flat rows), so the depth walk is left out."""
     if len(data) > limit:
         raise StoreError(f"ZooKeeper holds an unreadable {what}: {len(data):,} bytes, "
                          f"over the {limit:,} one may have")
@@ -299,7 +300,7 @@ def decode(data: bytes, what: str, fmt: int = FORMAT,
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         reason = "nested too deeply" if isinstance(err, RecursionError) else err
         raise StoreError(f"ZooKeeper holds an unreadable {what}: {reason}") from None
-    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and too_deep(payload):
+    if walk and data.count(b"[") + data.count(b"{") > MAX_DEPTH and too_deep(payload):
         raise StoreError(f"ZooKeeper holds an unreadable {what}: nested deeper than "
                          f"{MAX_DEPTH} levels")
     if not isinstance(payload, dict):

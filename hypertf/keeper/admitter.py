@@ -24,6 +24,7 @@ from typing import Any
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import ForceRetryError
 
+from hypertf.core import errors
 from hypertf.core.admission import Decision, Waiting, admission_pass, clamped
 from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS, Fairshare
 from hypertf.core.limits import UserLimits
@@ -271,7 +272,8 @@ class Admitter:
                 reasons: Mapping[str, str] | None = None) -> None:
         """``keeper/queue``: an ephemeral of the keeper's session, rewritten on change;
         ``reasons`` over the pass's (the preemption's ``Preempting``, ``Requeued``)."""
-        data = encode(view_of(decisions, waiting, reasons, self.preempter.counts))
+        data = encode_view(view_of(decisions, waiting, reasons, self.preempter.counts,
+                                   self.reader.records))
         if data == self.published:
             return
         path = self.store.layout.queue_view
@@ -288,22 +290,51 @@ class Admitter:
         self.published = data
 
 
+SCRIPT_SHOWN = 200  # a waiting job's script in the view: what ``hypertf queue`` prints
+VIEW_BYTES_MAX = 512 * 1024  # past it the view keeps the first entries and says how many
+
+
 def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting],
             reasons: Mapping[str, str] | None = None,
-            preemptions: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """What waiters and ``hypertf queue`` show: every job still waiting, in order; and
-    ``preemptions_total`` (per reason, this keeper's term: hypertf_preemptions_total)."""
+            preemptions: Mapping[str, int] | None = None,
+            records: Mapping[str, tuple[Mapping[str, Any], int]] | None = None,
+            ) -> dict[str, Any]:
+    """What waiters and ``hypertf queue`` show: every job still waiting, in order (with
+    ``records``, the waiting jobs' records the keeper read: each one's shape, script and
+    creation, so the command reads this view alone); and ``preemptions_total`` (per
+    reason, this keeper's term: hypertf_preemptions_total)."""
     entries: list[dict[str, Any]] = []
     shown = reasons or {}
     for d in decisions:
         if d.admitted or d.refused:
             continue
         job = waiting[d.task_key]
-        entries.append({"task_key": d.task_key, "position": len(entries) + 1,
-                        "reason": shown.get(d.task_key, d.reason), "priority": job.priority,
-                        "gpus": job.request.gpus})
+        entry = {"task_key": d.task_key, "position": len(entries) + 1,
+                 "reason": shown.get(d.task_key, d.reason), "priority": job.priority,
+                 "gpus": job.request.gpus}
+        record = records.get(d.task_key) if records is not None else None
+        if record is not None:
+            created, script = record[0].get("created"), record[0].get("script", "")
+            entry.update(shape=job.request.describe(),
+                         script=script[:SCRIPT_SHOWN] if isinstance(script, str) else "",
+                         created=created if type(created) in (int, float) else None)
+        entries.append(entry)
     view: dict[str, Any] = {"waiting": entries}
     if preemptions is not None:
         view["preemptions_total"] = dict(preemptions)
     return view
 
+
+def encode_view(view: dict[str, Any]) -> bytes:
+    """The view's bytes, within VIEW_BYTES_MAX: a queue too long for one znode keeps its
+    first entries (``truncated``: how many there are), so the pass never fails on it."""
+    entries: list[Any] = view["waiting"]
+    keep, extra = len(entries), dict[str, int]()
+    while True:
+        try:
+            data = encode({**view, "waiting": entries[:keep], **extra})
+        except errors.StoreError:  # past ZooKeeper's bound
+            data = b""
+        if (data and len(data) <= VIEW_BYTES_MAX) or keep == 0:
+            return data or encode({"waiting": [], "truncated": len(entries)})
+        keep, extra = keep // 2, {"truncated": len(entries)}
