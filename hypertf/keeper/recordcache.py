@@ -81,6 +81,7 @@ class RecordCache(TreeFollow):
         # written (its mtime: never the agent's own clock), and why a record did not parse.
         self.written: dict[str, float] = {}
         self.unreadable: dict[str, str] = {}
+        self._touched: set[str] = set()  # hosts read since ``touched()`` was last called
 
     def follow(self, _hosts: Iterable[str] = ()) -> None:
         """Keep the records by the watch from the next ``records`` call on (every host
@@ -132,6 +133,7 @@ class RecordCache(TreeFollow):
             to_read = hosts
         raw = self.store.raw_records_written(to_read) if to_read else {}
         written = self.written
+        self._touched.update(to_read)
         for host in to_read:
             data, at = raw.get(host, (None, 0.0))
             if data is None:
@@ -145,9 +147,11 @@ class RecordCache(TreeFollow):
         self.seen_generation = self.generation
         return {host: known[1] for host in hosts if (known := parsed.get(host))}
 
-    def known(self) -> dict[str, AgentRecord]:
-        """Every record parsed as of the last ``records`` call (no read)."""
-        return {host: known[1] for host, known in self._parsed.items()}
+    def touched(self) -> set[str]:
+        """The hosts whose record was read (came, changed, went, or a keep-alive) since
+        the last call: what the status view looks at again."""
+        touched, self._touched = self._touched, set()
+        return touched
 
     def _keep(self, host: str, data: bytes | None) -> None:
         """Parse ``data`` when its content changed (a heartbeat alone: only the heartbeat

@@ -77,8 +77,9 @@ class KeeperRole:
         synced = self.admitter.last_synced
         if synced is not None:
             cache = self.admitter.cache
-            self.status_view.publish(synced.matrix, synced.version.shards, cache.known(),
-                                     cache.written, cache.unreadable, self._registered())
+            self.status_view.publish(synced.matrix, synced.version, synced.records,
+                                     cache.written, cache.unreadable, self._registered(),
+                                     cache.touched())
         return decisions
 
     def stop(self) -> None:

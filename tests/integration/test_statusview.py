@@ -8,6 +8,7 @@ import io
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -47,7 +48,7 @@ def big(secured, layout, fake_agents, tmp_path):
                  "hypertf_zk_root": secured.zk_root},
         "children": {"gpu_nodes": {"hosts": {
             name: {"ansible_host": f"127.0.0.{i + 2}"} for i, name in enumerate(names)}}}}}))
-    return path, agents
+    return path, agents, odd
 
 
 def shown(report: dict) -> dict:
@@ -59,7 +60,7 @@ def shown(report: dict) -> dict:
 
 def test_status_from_the_keepers_view_shows_what_the_records_show(big, secured, layout,
                                                                    keeper):
-    path, _ = big
+    path, agents, odd = big
     inventory = load_inventory(path)
     client = store.connect(secured)
     thread = keeper()
@@ -75,6 +76,13 @@ def test_status_from_the_keepers_view_shows_what_the_records_show(big, secured, 
         assert by_name["n03"]["agent"] == "down"
         assert all(h["heartbeat_age_s"] <= REFRESH_S + 5 for h in view["hosts"]
                    if h["agent"] == "up")
+
+        # A record that changes shows at the keeper's next passes (its shard alone).
+        agents.set(layout.resource("n01"), replace(odd, gpus=[
+            odd.gpus[0], replace(odd.gpus[1], reason="fell off the bus")]).to_json())
+        wait_for(lambda: [h["gpus"][1].get("reason") for h in status.collect_view(
+            client, inventory)["hosts"] if h["name"] == "n01"] == ["fell off the bus"], 10,
+            "the new reason in the view")
 
         # A job admitted now shows in the view at the keeper's next passes.
         user = Store(client, layout)
@@ -103,7 +111,7 @@ def test_status_from_the_keepers_view_shows_what_the_records_show(big, secured, 
 
 
 def test_the_command_uses_the_view_past_64_hosts_and_direct_on_request(big, keeper):
-    path, _ = big
+    path, *_ = big
     keeper()
     inventory = load_inventory(path)
     client = store.connect(load_inventory(path).cluster)
@@ -126,7 +134,7 @@ def test_the_command_uses_the_view_past_64_hosts_and_direct_on_request(big, keep
 @pytest.mark.parametrize("identity", ["user", "agent"])
 def test_only_the_keeper_writes_the_view(big, secured, layout, keeper, identity):
     """A user's or an agent's own valid credential can neither change nor plant a shard."""
-    path, _ = big
+    path, *_ = big
     keeper()
     inventory = load_inventory(path)
     admin = store.connect(secured, identity="admin")
