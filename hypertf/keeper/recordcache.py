@@ -81,7 +81,10 @@ class RecordCache(TreeFollow):
         # written (its mtime: never the agent's own clock), and why a record did not parse.
         self.written: dict[str, float] = {}
         self.unreadable: dict[str, str] = {}
-        self._touched: set[str] = set()  # hosts read since ``touched()`` was last called
+        # hosts whose record came, went or changed (beyond its heartbeat) since the last
+        # ``touched()``, and those whose only change was a keep-alive
+        self._touched: set[str] = set()
+        self._beats: set[str] = set()
 
     def follow(self, _hosts: Iterable[str] = ()) -> None:
         """Keep the records by the watch from the next ``records`` call on (every host
@@ -133,29 +136,33 @@ class RecordCache(TreeFollow):
             to_read = hosts
         raw = self.store.raw_records_written(to_read) if to_read else {}
         written = self.written
-        self._touched.update(to_read)
         for host in to_read:
             data, at = raw.get(host, (None, 0.0))
             if data is None:
                 written.pop(host, None)
             else:
                 written[host] = at
-            self._keep(host, data)
+            if self._keep(host, data):
+                self._beats.add(host)
+            else:
+                self._touched.add(host)
         if watched:
             self._read.update(to_read)
         parsed = self._parsed
         self.seen_generation = self.generation
         return {host: known[1] for host in hosts if (known := parsed.get(host))}
 
-    def touched(self) -> set[str]:
-        """The hosts whose record was read (came, changed, went, or a keep-alive) since
-        the last call: what the status view looks at again."""
+    def touched(self) -> tuple[set[str], set[str]]:
+        """Since the last call: the hosts whose record came, went or changed, and those
+        whose record only had a keep-alive (its ``written`` moved): what the status view
+        looks at again."""
         touched, self._touched = self._touched, set()
-        return touched
+        beats, self._beats = self._beats - touched, set()
+        return touched, beats
 
-    def _keep(self, host: str, data: bytes | None) -> None:
+    def _keep(self, host: str, data: bytes | None) -> bool:
         """Parse ``data`` when its content changed (a heartbeat alone: only the heartbeat
-        is taken); None removes the host's record."""
+        is taken); None removes the host's record. True when only the heartbeat moved."""
         known = self._parsed.get(host)
         if data is None:
             if known is not None:
@@ -163,12 +170,12 @@ class RecordCache(TreeFollow):
                 self.generation += 1
             self._refused.pop(host, None)
             self.unreadable.pop(host, None)
-            return
+            return False
         content, beat = content_of(data)
         if known is not None and known[0] == content:
             if beat is not None and beat != known[1].heartbeat:
                 self._parsed[host] = (content, replace(known[1], heartbeat=beat))
-            return
+            return True
         try:
             record = AgentRecord.from_json(data)
             if self.gpus_max and record.gpu > self.gpus_max:
@@ -185,8 +192,9 @@ class RecordCache(TreeFollow):
             if known is not None:
                 del self._parsed[host]
                 self.generation += 1
-            return
+            return False
         self._refused.pop(host, None)
         self.unreadable.pop(host, None)
         self._parsed[host] = (content, record)
         self.generation += 1
+        return False

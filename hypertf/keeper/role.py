@@ -79,7 +79,7 @@ class KeeperRole:
             cache = self.admitter.cache
             self.status_view.publish(synced.matrix, synced.version, synced.records,
                                      cache.written, cache.unreadable, self._registered(),
-                                     cache.touched())
+                                     *cache.touched())
         return decisions
 
     def stop(self) -> None:
