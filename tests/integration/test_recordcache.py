@@ -68,12 +68,17 @@ def test_a_followed_record_is_read_on_change_only_and_a_keepalive_is_no_change(
             wait_for(lambda: expect(cache.records(hosts)), 10, f"{host}'s change")
             assert all(read == [host] for read in reads), reads
 
-        # a keep-alive: the heartbeat alone changes; kept, but not a change of content
+        # a keep-alive: the heartbeat alone changes; its time is kept (``written``, by
+        # ZooKeeper's clock), the parsed record is not touched: not a change of content
         beat = time.time() + 100
         old = record_of(agents, layout, "n1")
+        before, parsed = cache.written["n1"], cache.records(hosts)["n1"]
+        cache.touched()
+        time.sleep(0.01)  # a later mtime
         after(lambda: agents.set(layout.resource("n1"), replace(old, heartbeat=beat).to_json()),
-              "n1", lambda found: found["n1"].heartbeat == beat)
-        assert cache.generation == generation
+              "n1", lambda _found: cache.written["n1"] > before)
+        assert cache.generation == generation and cache.records(hosts)["n1"] is parsed
+        assert cache.touched() == (set(), {"n1"}), "a keep-alive, not a change"
         # a change of content, a record that goes, one that comes
         after(lambda: agents.set(layout.resource("n1"),
                                  replace(old, gpu_avail_list=[0]).to_json()),
