@@ -122,6 +122,9 @@ class Admitter:
             done = self._sync()
         else:
             self.preempter.load(self.reader.terms)  # once a term (again after a failure)
+            known = self.leases.known()
+            if known is not None:  # new records' reads share the sync's round trip
+                self.reader.prefetch(known)
             done = self._sync()
             waiting = self.reader.waiting(done.leases)
         self._last_good, self.last_synced = done.matrix, done

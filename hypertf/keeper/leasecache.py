@@ -55,6 +55,12 @@ class LeaseCache(TreeFollow):
             self._keys = listed
             return set(listed)
 
+    def known(self) -> set[str] | None:
+        """The live lease keys when the watch keeps them; None when ``leases()`` would
+        list the folders (the keeper then reads nothing ahead of its pass)."""
+        with self._lock:
+            return set(self._keys) if self._following and self._watching else None
+
     def _on_event(self, kind: int, path: str) -> None:
         user, _, key = path[len(self._prefix):].partition("/")
         if not key or "/" in key or kind not in (CREATED, DELETED):

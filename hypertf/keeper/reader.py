@@ -63,6 +63,7 @@ class QueueReader:
         default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
     _full_at: float = 0.0
+    _prefetched: dict[str, Any] = field(default_factory=dict)  # reads ``prefetch`` sent
 
     read_once: bool = False  # a first read: the running jobs' grants come from grants/
 
@@ -89,6 +90,25 @@ class QueueReader:
             if terms is not None:
                 self.terms[key] = terms
 
+    def prefetch(self, leases: set[str]) -> None:
+        """Send now the reads that the next ``waiting`` would make of new and changed
+        records among ``leases`` (without waiting for their answers), so that they share
+        a round trip with what the pass reads next (the sync's read of the matrix: ZooKeeper
+        answers a session's requests in order). ``waiting`` takes their answers, and reads
+        again a record whose watch fired meanwhile; nothing else changes here."""
+        if not self.writes or not self.read_once or time.monotonic() >= self._full_at:
+            return  # a one-off reader, a first read or a full one: ``waiting`` reads
+        keys = [key for key in sorted(leases - self.settled)
+                if key not in self._prefetched and (key not in self._known
+                                                   or key in self._dirty)]
+        if not keys:
+            return
+        self._dirty.difference_update(keys)  # a watch that fires from now on: read again
+        client, layout = self.store.client, self.store.layout
+        with pipelined(client):
+            for key in keys:
+                self._prefetched[key] = client.get_async(layout.job(key), watch=self._changed)
+
     def waiting(self, leases: set[str] | None = None) -> list[Waiting]:
         """The waiting jobs among the ``leases`` (read here when not given).
 
@@ -109,13 +129,19 @@ class QueueReader:
         keys = sorted(leases - self.settled)
         self._known = {key: known for key, known in self._known.items() if key in leases}
         now = time.monotonic()
+        prefetched, self._prefetched = self._prefetched, {}
         if now >= self._full_at:
             self._full_at = now + FULL_READ_S
             fresh = keys
         else:
-            fresh = [key for key in keys if key not in self._known or key in self._dirty]
+            fresh = [key for key in keys if key not in self._known or key in self._dirty
+                     or key in prefetched]
+        again = self._dirty.intersection(fresh)  # changed since it was prefetched, if it was
         self._dirty.difference_update(fresh)
-        for key, answer in self._read(fresh):
+        read = [key for key in fresh if key not in prefetched or key in again]
+        answers = self._answers([(key, prefetched[key]) for key in fresh
+                                 if key in prefetched and key not in again])
+        for key, answer in answers + self._read(read):
             if isinstance(answer, NoNodeError):
                 self._known.pop(key, None)
                 continue  # not written yet (the launcher's transaction)
@@ -152,12 +178,20 @@ class QueueReader:
         with pipelined(client):
             pending = [(key, client.get_async(layout.job(key), watch=self._changed))
                        for key in keys]
+        return self._answers(pending)
+
+    def _answers(self, pending: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """Each read's answer (a missing record: its NoNodeError); when one fails (the
+        connection), every record of ``pending`` is read again by the next pass."""
         answers: list[tuple[str, Any]] = []
         for key, result in pending:
             try:
                 answers.append((key, result.get(timeout=30)))
             except NoNodeError as err:
                 answers.append((key, err))
+            except Exception:
+                self._dirty.update(key for key, _ in pending)
+                raise
         return answers
 
     def forget(self, key: str) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
-from kazoo.protocol.states import EventType, WatchedEvent
+from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 from kazoo.retry import ForceRetryError
 
 from hypertf.core import jobtransitions as transitions
@@ -56,7 +56,7 @@ from hypertf.store import (
     owner_of,
     until_committed,
 )
-from hypertf.store.zkclient import pipelined
+from hypertf.store.zkclient import pipelined, unwatch_tree, watch_tree
 
 log = logging.getLogger(__name__)
 
@@ -255,10 +255,60 @@ def overwrite_matrix(store: Store, matrix: Matrix) -> None:
 
 
 def watch_matrix(store: Store, wake: Callable[..., Any]) -> None:
-    """Call ``wake`` whenever a shard of the matrix changes (a DataWatch on each)."""
+    """Call ``wake`` whenever a shard of the matrix changes, until it returns False: one
+    persistent recursive watch on the matrix (``MatrixWatch``), so a change costs no read;
+    on a server without them (before ZooKeeper 3.6), a DataWatch on each shard, which
+    reads the shard again at each change."""
+    if MatrixWatch(store, wake).start():
+        return
     _, version = read_matrix(store, hosts=())
     for i in range(version.shards):
         store.client.DataWatch(store.layout.matrix_shard(i), wake)
+
+
+class MatrixWatch:
+    """``watch_matrix``'s persistent recursive watch on the matrix's folder. The keeper's
+    own admissions and syncs change a shard or two at every pass, and a DataWatch read the
+    shard again each time (~1.7 reads a pass at 32 submitters, in kazoo's callback
+    thread, ahead of the record watches' callbacks). The watch lives on the connection:
+    after a reconnect it is set again and ``wake`` called (a change meanwhile is not
+    named). It ends when ``wake`` returns False (the keeper's term ended)."""
+
+    def __init__(self, store: Store, wake: Callable[..., Any]) -> None:
+        self.client = store.client
+        self.path = store.layout.matrix
+        self.wake = wake
+        self.ended = False
+
+    def start(self) -> bool:
+        """Set the watch; False when the server has no persistent watches."""
+        if not watch_tree(self.client, self.path, self._changed):
+            return False
+        self.client.add_listener(self._state)
+        return True
+
+    def _changed(self, _kind: int, _path: str) -> None:
+        """From kazoo's connection thread: only the wake (it only takes note)."""
+        if not self.ended and self.wake() is False:
+            self._end()
+
+    def _end(self) -> None:
+        self.ended = True
+        unwatch_tree(self.client, self.path)
+        self.client.remove_listener(self._state)
+
+    def _state(self, state: str) -> None:
+        if state == KazooState.CONNECTED and not self.ended:
+            self.client.handler.spawn(self._again)  # a listener must not block
+
+    def _again(self) -> None:
+        """After a reconnect: set it again, then look again (a change meanwhile went
+        unnamed; one from now on is named)."""
+        if self.ended:
+            return
+        watch_tree(self.client, self.path, self._changed)
+        if self.wake() is False:
+            self._end()
 
 
 def watch_shard_of(store: Store, host: str, wake: Callable[..., Any]) -> None:
@@ -365,12 +415,62 @@ def wait_settled(store: Store, task_key: str, timeout: float,
         changed.wait(min(left, 1.0))
 
 
+class GrantWatch:
+    """A watch on a job's grant, set by the launcher's read of it (``watch_grant``): the
+    keeper's deletion of the grant sets ``gone``; any other event (the grant changed, the
+    session expired) makes it ``unknown``, and ``wait_settled`` then asks ZooKeeper as if
+    there were none. Saves the release a request and a round trip: the watch is set by the
+    read the launcher makes anyway, when it is admitted."""
+
+    def __init__(self) -> None:
+        self.gone = threading.Event()
+        self.unknown = False
+
+    def __call__(self, event: WatchedEvent) -> None:
+        if event.type != EventType.DELETED:
+            self.unknown = True
+        self.gone.set()
+
+
+GRANT_WATCHES_KEPT = 1024  # per client: a watch nobody waits on is forgotten past this
+_grant_watches: weakref.WeakKeyDictionary[KazooClient, dict[str, GrantWatch]] = \
+    weakref.WeakKeyDictionary()
+_grant_watches_lock = threading.Lock()
+
+
+def watch_grant(store: Store, task_key: str) -> GrantWatch:
+    """A watch to set on the read of ``task_key``'s grant, kept for this client's
+    ``release`` (hypertf.store.waitqueue.wait_for_admission reads the grant with it);
+    ``forget_grant_watch`` when the read found no grant (no watch was set then)."""
+    watch = GrantWatch()
+    with _grant_watches_lock:
+        kept = _grant_watches.setdefault(store.client, {})
+        kept.pop(task_key, None)
+        kept[task_key] = watch
+        while len(kept) > GRANT_WATCHES_KEPT:
+            del kept[next(iter(kept))]  # the oldest: its release asks ZooKeeper instead
+    return watch
+
+
+def forget_grant_watch(store: Store, task_key: str) -> GrantWatch | None:
+    with _grant_watches_lock:
+        return _grant_watches.get(store.client, {}).pop(task_key, None)
+
+
 def _grant_dropped(store: Store, task_key: str, timeout: float) -> bool:
     """Whether the keeper dropped the job's grant within ``timeout``: it does so only in
     the pass whose sync freed or drained every cell of the job, so a grant that existed
     and went says the matrix is settled, with a watch on this job's znode alone (a watch
-    on the shards fired for every client at every admission). False when there was none
+    on the shards fired for every client at every admission): the watch its launcher set
+    when it read the grant (``watch_grant``), else one set here. False when there was none
     (never admitted, or dropped before): the matrix is read then."""
+    known = forget_grant_watch(store, task_key)
+    if known is not None and not known.unknown:
+        if known.gone.wait(timeout):
+            if not known.unknown:
+                return True
+        else:
+            return False
     gone = threading.Event()
 
     def deleted(event: WatchedEvent) -> None:

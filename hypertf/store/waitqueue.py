@@ -27,6 +27,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, cast
@@ -56,9 +57,12 @@ from hypertf.core.requestcheck import (
 from hypertf.store import Store, decode, encode, owner_of, until_committed
 from hypertf.store.allocation import (
     check_registered,
+    forget_grant_watch,
     owner_info,
+    watch_grant,
 )
 from hypertf.store.jobs import read_job
+from hypertf.store.zkclient import answer, pipelined
 
 log = logging.getLogger(__name__)
 QUEUED = JobState.QUEUED
@@ -97,14 +101,27 @@ def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, 
                              request_to_json(request, priority, exclude_ports, wait,
                                              resumes),
                              request.policy, record, time.time())
-    tx = store.client.transaction()
+    client, job_path = store.client, store.layout.job(task_key)
+    tx = client.transaction()
     tx.create(store.layout.lease(task_key), encode(owner), acl=store.acls.lease(),
               ephemeral=True)
-    tx.create(store.layout.job(task_key), encode(job), acl=store.acls.job())
-    errors = [r for r in tx.commit() if isinstance(r, Exception)]
+    tx.create(job_path, encode(job), acl=store.acls.job())
+    # The waiter's watch on its record, sent with the transaction (ZooKeeper answers a
+    # session's requests in order: it sees the record created): one round trip, and
+    # wait_for_admission sets none of its own (_Watched).
+    watched = _Watched()  # nothing fired yet
+    with pipelined(client):
+        committed = tx.commit_async()
+        stat_read = client.exists_async(job_path, watch=watched.changed)
+    errors = [r for r in answer(client, committed, tx.commit) if isinstance(r, Exception)]
     if errors:
         check_registered(store, owner_of(task_key))  # the likely cause, named
         raise StoreError(f"ZooKeeper refused to queue job {task_key}: {errors}")
+    stat = answer(client, stat_read,
+                  lambda: client.exists(job_path, watch=watched.changed))
+    if stat is None or stat.version > 0:
+        watched.fired.add(job_path)  # changed already (or gone): the waiter reads it
+    _armed(store, task_key, watched)
 
 
 def submit(store: Store, request: Request, task_key: str,
@@ -125,12 +142,50 @@ def submit(store: Store, request: Request, task_key: str,
         raise
 
 
-def read_grant(store: Store, task_key: str) -> Grant | None:
+class _Watched:
+    """What a waiter's watches noted: the paths that changed, and a wake-up."""
+
+    def __init__(self, *fired: str) -> None:
+        self.fired = set(fired)
+        self.wake = threading.Event()
+
+    def changed(self, event: WatchedEvent) -> None:
+        self.fired.add(event.path)
+        self.wake.set()
+
+
+WAITERS_KEPT = 1024  # per client: watches set by enqueue that no waiter took (yet)
+_waiters: weakref.WeakKeyDictionary[Any, dict[str, _Watched]] = weakref.WeakKeyDictionary()
+_waiters_lock = threading.Lock()
+
+
+def _armed(store: Store, task_key: str, watched: _Watched | None = None) -> _Watched | None:
+    """Keep (with ``watched``) or take the watch ``enqueue`` set on ``task_key``'s record,
+    for this client's ``wait_for_admission``."""
+    with _waiters_lock:
+        kept = _waiters.setdefault(store.client, {})
+        if watched is None:
+            return kept.pop(task_key, None)
+        kept[task_key] = watched
+        while len(kept) > WAITERS_KEPT:
+            del kept[next(iter(kept))]  # its waiter, if any, sets a watch of its own
+        return watched
+
+
+def read_grant(store: Store, task_key: str, watched: bool = False) -> Grant | None:
     """The keeper's grant of ``task_key`` (None: it granted nothing). The one thing a
-    launcher starts tasks on: only the keeper's identity writes ``grants/``."""
+    launcher starts tasks on: only the keeper's identity writes ``grants/``. ``watched``:
+    the read sets a watch on the grant, for this client's ``release`` to learn of its
+    deletion (hypertf.store.allocation.watch_grant)."""
+    path = store.layout.grant(task_key)
     try:
-        data, _ = store.client.get(store.layout.grant(task_key))
+        if watched:
+            data, _ = store.client.get(path, watch=watch_grant(store, task_key))
+        else:
+            data, _ = store.client.get(path)
     except NoNodeError:
+        if watched:
+            forget_grant_watch(store, task_key)
         return None
     try:
         return grant_from_json(data, task_key)
@@ -213,24 +268,22 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
     may write those); raises Cancelled when the lease goes.
 
     Few requests, since every submitter pays them at every job: a one-shot watch on its
-    own record (set with ``exists``: the record is as it created it), then, each time the
-    watch fires, a read of the grant (the keeper's admission writes both) and, without
-    one, of the record with a new watch (a refusal, a cancel, and ``lost`` when the lease
-    went without one are written there). Only a job still waiting after VIEW_AFTER_S
-    reads and watches the queue's view (its position) and checks its lease every
-    LEASE_CHECK_S (a root without a keeper marks no lost job)."""
-    fired: set[str] = set()
-    wake = threading.Event()
+    own record (set with ``exists`` in ``enqueue``'s round trip, or here when this client
+    did not enqueue it: the record is as it created it), then, each time the watch fires,
+    a read of the grant (the keeper's admission writes both; the read leaves a watch on
+    it for ``release``) and, without one, of the record with a new watch (a refusal, a
+    cancel, and ``lost`` when the lease went without one are written there). Only a job
+    still waiting after VIEW_AFTER_S reads and watches the queue's view (its position)
+    and checks its lease every LEASE_CHECK_S (a root without a keeper marks no lost
+    job)."""
     job_path, view_path = store.layout.job(task_key), store.layout.queue_view
-
-    def changed(event: WatchedEvent) -> None:
-        fired.add(event.path)
-        wake.set()
-
+    watched = _armed(store, task_key)  # the watch enqueue set with its transaction
+    first = watched is None
+    if watched is None:
+        watched = _Watched(job_path)
+    fired, wake, changed = watched.fired, watched.wake, watched.changed
     since = time.monotonic()
     lease_checked = since
-    fired.add(job_path)
-    first = True
     watching_view = False
     shown: tuple[int, int, str] | None = None
     while True:
@@ -253,15 +306,16 @@ def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
                 fired.add(job_path)  # changed already: read it
         elif job_path in fired and not lease_gone:
             # the grant first: the keeper writes it with the record's admission, and it is
-            # what a launcher starts on (one read per admitted job instead of two)
-            grant = read_grant(store, task_key)
+            # what a launcher starts on (one read per admitted job instead of two); its
+            # watch tells the release when the keeper dropped it
+            grant = read_grant(store, task_key, watched=True)
             if grant is not None:
                 return grant
         if job_path in fired:
             fired.discard(job_path)
             record = read_job(store, task_key, watch=changed) or JobRecord()
             if _admission_end(record, task_key, lease_gone) is not None:
-                grant = read_grant(store, task_key)
+                grant = read_grant(store, task_key, watched=True)
                 if grant is None:
                     raise NotAllowed(f"job {task_key}'s record says it was admitted, but the "
                                      f"keeper granted it nothing (the record was written by "

@@ -192,6 +192,19 @@ def pipelined(client: KazooClient) -> contextlib.AbstractContextManager[None]:
     return batch() if batch is not None else contextlib.nullcontext()
 
 
+def answer(client: KazooClient, result: Any, again: Callable[[], Any]) -> Any:
+    """The answer to an asynchronous request sent in a ``pipelined`` block, as patient as
+    the client's synchronous calls: after a connection loss (or no answer within the
+    client's ``patience_s``) the request is made again by ``again``, the synchronous call
+    (which waits out the outage in the same session). A write made again may find itself
+    applied: every HyperTF write is version-checked or idempotent (see the module)."""
+    patience = getattr(client, "patience_s", None)
+    try:
+        return result.get(timeout=patience)
+    except (*RIDDEN_OUT, client.handler.timeout_exception):
+        return again()
+
+
 class MultiRead:
     """ZooKeeper's multi-read (opcode 22, ZooKeeper 3.6 and later), which kazoo lacks: many
     getData (or, with ``children``, getChildren) in one request and one answer, each its
