@@ -7,7 +7,8 @@ matrix, one small entry per host: its agent's state, when ZooKeeper last saw its
 written, its addresses, driver and confinement, its row of cells, the GPUs whose record says
 something (a reason, a process), its reserved ports and its unreadable record's error.
 
-Freshness: a shard is rewritten at once when anything shown but the heartbeat changed, and
+Freshness: a shard is rewritten when anything shown but the heartbeat changed (within a
+second: the keeper writes shards at most once a second, hypertf.keeper.statusview), and
 when only its agents' keep-alives moved, at most every ``REFRESH_S`` (at 25,000 hosts every
 shard has a keep-alive within seconds: a rewrite per keep-alive would double ZooKeeper's
 writes). So "seen N s ago" read from the view is at most ``REFRESH_S`` older than the truth;
