@@ -3,8 +3,8 @@
 After each pass the keeper has every record parsed and the matrix synced; ``StatusPublisher``
 turns the hosts that changed into their entries and rewrites only the shards they are in: a
 shard whose shown content changed within ``WRITE_EVERY_S``, one whose agents only wrote
-keep-alives at most every ``REFRESH_S``. A pass with nothing new costs a walk over the matrix's rows by identity
-(a row the sync did not touch is the same list) and nothing else.
+keep-alives at most every ``REFRESH_S``. A host of a changed shard whose record (the same
+object) and row are as before is not built again.
 
 Publishing never fails a pass: a write that ZooKeeper refuses is tried again at the next
 one, and a reader without a whole view reads the records directly.
@@ -56,6 +56,9 @@ class StatusPublisher:
         self.count = count  # the shards published (the matrix's)
         self.views: dict[str, HostView] = {}
         self._shards: dict[int, set[str]] = {}
+        # what each host's entry was built from: its record (the cache keeps one object per
+        # content) and its ports; its row is compared with the entry's
+        self._inputs: dict[str, tuple[AgentRecord | None, dict[str, str] | None]] = {}
         self._versions: Mapping[int, int] = {}  # the matrix shards' versions last seen
         self._registered: frozenset[str] | None = None
         self._listed: list[str] | None = None  # the registered hosts' list last handed in
@@ -123,10 +126,15 @@ class StatusPublisher:
             self._shards[shard].discard(host)
             return shard
         record = records.get(host)
+        old = self.views.get(host)
+        built = self._inputs.get(host)
+        if (old is not None and built is not None and built[0] is record
+                and built[1] == ports and old.row == (row or []) and host not in unreadable):
+            return None  # its shard was rewritten by another host's change (or an admin's)
+        self._inputs[host] = (record, ports)
         view = host_view(record, written.get(host) if record else None, list(row or []),
                          ports or {}, _cpu_jobs(row or [], ports or {}),
                          unreadable.get(host, ""))
-        old = self.views.get(host)
         self.views[host] = view
         self._shards.setdefault(shard, set()).add(host)
         if old is None or _with_written(old, None) != _with_written(view, None):
