@@ -40,7 +40,7 @@ from hypertf.keeper.recordcache import RecordCache
 from hypertf.keeper.screen import INVALID, Screen
 from hypertf.keeper.sync import Synced, SyncMemo, sync
 from hypertf.store import AgentRecord, Store, encode, until_committed
-from hypertf.store.allocation import MatrixDamaged, MatrixVersion, read_matrix
+from hypertf.store.allocation import MatrixDamaged, MatrixVersion, ShardCache, read_matrix
 
 log = logging.getLogger(__name__)
 REPAIR_AFTER_S = 2.0  # a matrix that reads damaged this long is rewritten by the keeper
@@ -104,6 +104,7 @@ class Admitter:
     def __post_init__(self) -> None:
         self.reader = QueueReader(self.store)
         self.cache = RecordCache(self.store, gpus_max=self.host_gpus_max)
+        self.shards = ShardCache()  # the matrix between passes (enabled by the role's watch)
         self.leases = LeaseCache(self.store)
         self.screen = Screen(self.user_gpu_limit, self.user_queue_limit, self.port_bounds)
         self.ledger = Ledger(self.store, self.half_life_s, self.clock)
@@ -151,7 +152,7 @@ class Admitter:
             done = sync(self.store, grants, self.cache, self._last_good,
                         repair=due, memo=self._memo,
                         registered_hosts=self.hosts, live_leases=self.leases.leases,
-                        drain=forced, mark=self.preempter.mark_gone)
+                        drain=forced, mark=self.preempter.mark_gone, shards=self.shards)
         except MatrixDamaged:
             if self._damaged_at is None:
                 self._damaged_at = time.monotonic()
@@ -210,7 +211,7 @@ class Admitter:
         """One pass; returns the decisions (admitted and refused ones committed)."""
         def attempt(_retries: int) -> list[Decision]:
             seen, self._read_matrix = self._read_matrix, None
-            matrix, version = seen or read_matrix(self.store)
+            matrix, version = seen or read_matrix(self.store, cache=self.shards)
             waiting, self._read_waiting = self._read_waiting, None
             if waiting is None:
                 waiting = self.reader.waiting()

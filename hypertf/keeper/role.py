@@ -67,7 +67,7 @@ class KeeperRole:
         self.admitter.cache.changed = self._on_record
         self._hosts = HostWatch(client, layout, self._poke, follow=self.admitter.cache.follow)
         self.admitter.hosts = self._registered
-        watch_matrix(self.store, self._poke)
+        watch_matrix(self.store, self._poke, self.admitter.shards)
         return self
 
     def keep(self) -> list[Decision]:

@@ -29,7 +29,13 @@ from hypertf.store import (
     auth,
     until_committed,
 )
-from hypertf.store.allocation import MatrixDamaged, MatrixVersion, read_matrix, written_version
+from hypertf.store.allocation import (
+    MatrixDamaged,
+    MatrixVersion,
+    ShardCache,
+    read_matrix,
+    written_version,
+)
 from hypertf.store.jobs import mark_lost, read_jobs
 
 log = logging.getLogger(__name__)
@@ -95,7 +101,8 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
          registered_hosts: Callable[[], list[str]] | None = None,
          live_leases: Callable[[], set[str]] | None = None,
          drain: Collection[str] = (),
-         mark: Callable[[str], None] | None = None) -> Synced:
+         mark: Callable[[str], None] | None = None,
+         shards: ShardCache | None = None) -> Synced:
     """``sync_matrix``, saying also the stored versions and the leases read (after the
     matrix: a job admitted in between is in both), which the keeper's admission goes by.
     Cells an agent reported drained (its record's ``drained``: it saw the job's processes
@@ -108,10 +115,11 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
     ``drain``: live jobs whose cells turn draining all the same (preempted ones past their
     notice's deadline: hypertf.keeper.preempter; leave them out of ``grants``, or they are
     restored); ``mark``: how a job found without its lease and release is recorded
-    (default ``lost``)."""
+    (default ``lost``); ``shards``: the keeper's shards kept between passes (only those
+    that changed are read)."""
     def attempt(_retries: int) -> tuple[Synced, set[str]]:
         try:
-            matrix, version = read_matrix(store)
+            matrix, version = read_matrix(store, cache=shards)
         except MatrixDamaged as err:
             if not repair:
                 raise

@@ -103,16 +103,73 @@ class MatrixVersion:
 _shard_counts: weakref.WeakKeyDictionary[KazooClient, int] = weakref.WeakKeyDictionary()
 
 
+class ShardCache:
+    """The keeper's shards between passes: a read with it gets the index and only the
+    shards the matrix's watch named since the last read (``changed``), every shard after
+    a (re)connect (``invalidate``), a reshard or while it is not ``enabled`` (no persistent
+    watch). At 25,000 hosts that is one or two shards a pass instead of 196 (~40 ms).
+
+    The matrix handed out shares its rows with the shards kept here: no caller changes a
+    row in place (every Matrix method copies the rows it changes)."""
+
+    def __init__(self) -> None:
+        self.enabled = False  # set by the keeper once its persistent watch is on
+        self.parts: dict[int, tuple[Matrix, int]] = {}  # shard -> (content, version)
+        self._dirty: set[int] = set()
+        self._whole = True
+        self._lock = threading.Lock()
+
+    def changed(self, path: str) -> None:
+        """The watch's event (kazoo's thread): the shard it names is read again."""
+        tail = path.rpartition("/")[2]
+        with self._lock:
+            if tail.isdigit():
+                self._dirty.add(int(tail))
+            else:
+                self._whole = True  # the index (a reshard), or the folder itself
+
+    def invalidate(self) -> None:
+        """Every shard read again at the next read (a reconnect: events were lost)."""
+        with self._lock:
+            self._whole = True
+
+    def wanted(self, count: int) -> list[int]:
+        """The shards to read now (the others are as kept)."""
+        with self._lock:
+            whole, dirty = self._whole or not self.enabled, self._dirty
+            self._dirty = set()
+            if self.enabled:  # not before the watch is on: its first read is whole
+                self._whole = False
+        if whole or any(i not in self.parts for i in range(count)):
+            self.parts = {i: kept for i, kept in self.parts.items() if i < count}
+            return list(range(count))
+        return sorted(i for i in dirty if i < count)
+
+
 def read_matrix(store: Store, hosts: Iterable[str] | None = None,
-                watch: Callable[..., Any] | None = None) -> tuple[Matrix, MatrixVersion]:
+                watch: Callable[..., Any] | None = None,
+                cache: ShardCache | None = None) -> tuple[Matrix, MatrixVersion]:
     """The stored matrix (the admin's ``auth init`` creates it) and the versions it was read
     at: the parent and every shard (with ``hosts``, only their shards: the matrix returned
     then holds the rows of those shards, the others' are left out), pipelined, in one
-    round trip once this client knows the shard count. ``watch``: set on each shard read."""
+    round trip once this client knows the shard count. ``watch``: set on each shard read.
+    ``cache`` (the keeper's): only the shards that changed are read."""
+    try:
+        return _read_matrix(store, hosts, watch, cache)
+    except BaseException:
+        if cache is not None:
+            cache.invalidate()  # a shard it should have read may not have been kept
+        raise
+
+
+def _read_matrix(store: Store, hosts: Iterable[str] | None,
+                 watch: Callable[..., Any] | None,
+                 cache: ShardCache | None) -> tuple[Matrix, MatrixVersion]:
     client, layout = store.client, store.layout
     count = _shard_counts.get(client)
     for _ in range(5):
-        wanted = [] if count is None else (
+        wanted: Iterable[int] = [] if count is None else (
+            cache.wanted(count) if cache is not None and hosts is None else
             range(count) if hosts is None else sorted({shard_of(h, count) for h in hosts}))
         with pipelined(client):
             index_read = client.get_async(layout.matrix)
@@ -126,6 +183,8 @@ def read_matrix(store: Store, hosts: Iterable[str] | None = None,
         index = _index_of(data, layout.root)
         if index.shards != count:
             count = _shard_counts[client] = index.shards
+            if cache is not None:
+                cache.invalidate()
             continue  # a first read, or resharded meanwhile: read the shards it names
         parts, versions = [], {}
         for i, result in pending:
@@ -135,9 +194,16 @@ def read_matrix(store: Store, hosts: Iterable[str] | None = None,
                 continue  # resharded between the two reads: the next try sees it
             parts.append(_shard(part, i, layout.root))
             versions[i] = part_stat.version
+            if cache is not None:
+                cache.parts[i] = (parts[-1], part_stat.version)
         if len(versions) < len(pending):
             count = None
+            if cache is not None:
+                cache.invalidate()
             continue
+        if cache is not None and hosts is None:
+            parts = [cache.parts[i][0] for i in range(count)]
+            versions = {i: cache.parts[i][1] for i in range(count)}
         return joined(parts), MatrixVersion(stat.version, count, versions)
     raise MatrixDamaged(damaged_message(layout.root, "shards its index names are missing"))
 
@@ -254,12 +320,16 @@ def overwrite_matrix(store: Store, matrix: Matrix) -> None:
     until_committed(attempt, "writing the matrix")
 
 
-def watch_matrix(store: Store, wake: Callable[..., Any]) -> None:
+def watch_matrix(store: Store, wake: Callable[..., Any],
+                 shards: ShardCache | None = None) -> None:
     """Call ``wake`` whenever a shard of the matrix changes, until it returns False: one
     persistent recursive watch on the matrix (``MatrixWatch``), so a change costs no read;
     on a server without them (before ZooKeeper 3.6), a DataWatch on each shard, which
-    reads the shard again at each change."""
-    if MatrixWatch(store, wake).start():
+    reads the shard again at each change. ``shards`` (the keeper's cache) learns which
+    shard changed, and is enabled only with the persistent watch."""
+    if MatrixWatch(store, wake, shards).start():
+        if shards is not None:
+            shards.enabled = True
         return
     _, version = read_matrix(store, hosts=())
     for i in range(version.shards):
@@ -274,10 +344,12 @@ class MatrixWatch:
     after a reconnect it is set again and ``wake`` called (a change meanwhile is not
     named). It ends when ``wake`` returns False (the keeper's term ended)."""
 
-    def __init__(self, store: Store, wake: Callable[..., Any]) -> None:
+    def __init__(self, store: Store, wake: Callable[..., Any],
+                 shards: ShardCache | None = None) -> None:
         self.client = store.client
         self.path = store.layout.matrix
         self.wake = wake
+        self.shards = shards
         self.ended = False
 
     def start(self) -> bool:
@@ -287,13 +359,17 @@ class MatrixWatch:
         self.client.add_listener(self._state)
         return True
 
-    def _changed(self, _kind: int, _path: str) -> None:
+    def _changed(self, _kind: int, path: str) -> None:
         """From kazoo's connection thread: only the wake (it only takes note)."""
+        if self.shards is not None:
+            self.shards.changed(path)
         if not self.ended and self.wake() is False:
             self._end()
 
     def _end(self) -> None:
         self.ended = True
+        if self.shards is not None:
+            self.shards.enabled = False
         unwatch_tree(self.client, self.path)
         self.client.remove_listener(self._state)
 
@@ -307,6 +383,8 @@ class MatrixWatch:
         if self.ended:
             return
         watch_tree(self.client, self.path, self._changed)
+        if self.shards is not None:
+            self.shards.invalidate()  # changes while disconnected went unnamed
         if self.wake() is False:
             self._end()
 
