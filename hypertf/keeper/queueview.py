@@ -18,6 +18,7 @@ from hypertf.core.admission import Decision, admission_pass, clamped
 from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS, factor_table
 from hypertf.core.jobrecord import JobState
 from hypertf.core.layout import owner_of
+from hypertf.keeper.admitter import SCRIPT_SHOWN, shown_text
 from hypertf.keeper.ledger import Ledger
 from hypertf.keeper.preempter import Preempter, PreemptSettings
 from hypertf.keeper.reader import QueueReader, read_limits
@@ -57,7 +58,8 @@ def collect_view(store: Store) -> list[dict[str, Any]] | None:
         created = entry["created"] if type(entry["created"]) in (int, float) else now
         rows.append({"position": len(rows) + 1, "task_key": key, "user": owner_of(key),
                      "priority": entry.get("priority", 0), "shape": str(entry["shape"]),
-                     "gpus": entry.get("gpus", 0), "script": str(entry["script"]),
+                     "gpus": entry.get("gpus", 0),
+                     "script": shown_text(entry["script"], SCRIPT_SHOWN),
                      "queued": created, "waiting_s": round(now - created, 1),
                      "reason": str(entry.get("reason", ""))})
     for key, record in sorted(read_jobs(store, new).items()):
@@ -70,7 +72,7 @@ def collect_view(store: Store) -> list[dict[str, Any]] | None:
         rows.append({"position": len(rows) + 1, "task_key": key, "user": owner_of(key),
                      "priority": priority if type(priority) is int else 0,
                      "shape": "", "gpus": 0,
-                     "script": script if isinstance(script, str) else "",
+                     "script": shown_text(script, SCRIPT_SHOWN),
                      "queued": created, "waiting_s": round(now - created, 1),
                      "reason": NEW})
     return rows

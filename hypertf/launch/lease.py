@@ -102,10 +102,10 @@ class StoreLease:
         except (StoreError, KazooException, KazooTimeoutError):
             record = {}
         by = record.get("killed_by") or record.get("cancelled_by") or {}
-        command = by.get("command") if isinstance(by.get("command"), str) else None
-        who = by.get("identity") or by.get("user")
+        command, who = _printable(by.get("command")), _printable(by.get("identity")
+                                                                 or by.get("user"))
         return (command or "hypertf kill or cancel") + (
-            f" by {who} from {by.get('host', '?')}" if isinstance(who, str) else "")
+            f" by {who} from {_printable(by.get('host')) or '?'}" if who else "")
 
     def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
                 stopped_on: Sequence[str] | None) -> None:
@@ -122,3 +122,9 @@ class StoreLease:
             self.say(f"hypertf: warning: could not reach ZooKeeper to release job "
                      f"{task_key} ({err or type(err).__name__}); its lease ends with "
                      f"this session and the next sync returns the GPUs")
+
+
+def _printable(value: object, limit: int = 64) -> str:
+    """A field of the job record that the killer wrote: printed only as plain text."""
+    return "".join(c for c in value[:limit] if c.isprintable()) if isinstance(value, str) \
+        else ""

@@ -27,5 +27,9 @@ def test_the_record_and_the_launcher_name_the_command_that_ended_the_job(secured
             assert lease.ended_by(key) == (f"{command} by {by['identity']} from "
                                            f"{by['host']}")
         assert lease.ended_by(new_task_key(auth.login_user())) == "hypertf kill or cancel"
+        key = new_task_key(auth.login_user())  # the killer's own text: printed plain
+        enqueue(user, key, Request((TaskSlot("worker", 0, 0),), ("n1",)), {})
+        assert kill(user, key, "hypertf kill\x1b]0;owned\x07")
+        assert lease.ended_by(key).startswith("hypertf kill]0;owned by ")
     finally:
         store.close(client)

@@ -57,7 +57,7 @@ def test_a_job_the_keeper_has_not_seen_shows_as_new_after_the_others(secured, la
     try:
         seen, new = (new_task_key(auth.login_user()) for _ in range(2))
         enqueue(user, seen, gpus(3), {"script": "a.py"})
-        enqueue(user, new, gpus(1), {"script": "b.py"}, priority=2)
+        enqueue(user, new, gpus(1), {"script": "b\x1b[2J.py"}, priority=2)
         entry = {"task_key": seen, "position": 1, "reason": "Resources", "priority": 0,
                  "gpus": 3, "shape": "3 worker (1 GPU each): 3 GPUs in all",
                  "script": "a.py", "created": 1.0}
@@ -66,7 +66,8 @@ def test_a_job_the_keeper_has_not_seen_shows_as_new_after_the_others(secured, la
         assert rows is not None
         assert [(r["task_key"], r["position"], r["reason"]) for r in rows] == \
             [(seen, 1, "Resources"), (new, 2, queueview.NEW)]
-        assert rows[1]["script"] == "b.py" and rows[1]["priority"] == 2
+        assert rows[1]["script"] == "b[2J.py", "a user's escape sequence is not printed"
+        assert rows[1]["priority"] == 2
 
         # An older keeper's view (no shapes), or one cut short: the pass runs here.
         zk.set(layout.queue_view, encode({"waiting": [{"task_key": seen, "position": 1}]}))
