@@ -17,7 +17,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, ZookeeperError
+from kazoo.exceptions import (
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    ZookeeperError,
+)
 
 from hypertf.core.hostview import REFRESH_S, HostView, encode_shard, host_view
 from hypertf.core.matrix import Cell, Matrix, job_of, shard_of
@@ -49,6 +55,7 @@ class StatusPublisher:
     def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.clock = clock
+        self.off = ""  # why this term publishes nothing (a root it may not write)
         self._reset(0)
 
     def _reset(self, count: int) -> None:
@@ -75,6 +82,8 @@ class StatusPublisher:
         """Rewrite the shards whose hosts changed since the last call; returns how many.
         ``touched``: the hosts whose record came, went or changed since the last call;
         ``beats``: those whose record only had a keep-alive (only ``written`` moved)."""
+        if self.off:
+            return 0  # said once: no request a pass on a root it may not write
         shards = version.shards
         if shards != self.count:
             self._reset(shards)
@@ -130,6 +139,9 @@ class StatusPublisher:
         built = self._inputs.get(host)
         if (old is not None and built is not None and built[0] is record
                 and built[1] == ports and old.row == (row or []) and host not in unreadable):
+            if old.up and old.written != written.get(host):  # a keep-alive meanwhile
+                old.written = written.get(host)
+                self._stale.add(shard)
             return None  # its shard was rewritten by another host's change (or an admin's)
         self._inputs[host] = (record, ports)
         view = host_view(record, written.get(host) if record else None, list(row or []),
@@ -166,6 +178,13 @@ class StatusPublisher:
                                   acl=self.store.acls.of("status_view"), ephemeral=True)
             except NodeExistsError:
                 continue  # an older keeper's session still holds it: the next pass
+            except (NoAuthError, NoNodeError) as err:  # a root this keeper may not write
+                self.off = (f"cannot create {self.store.layout.status_view(shard)} "
+                            f"({type(err).__name__}): 'hypertf auth init' as the admin "
+                            f"brings the root's rules up to date; until then hypertf "
+                            f"status reads every record")
+                log.warning("the keeper publishes no status view: %s", self.off)
+                return done
             except (KazooException, ZookeeperError) as err:
                 log.debug("cannot publish the status view's shard %d: %s", shard, err)
                 continue

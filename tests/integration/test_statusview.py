@@ -21,6 +21,8 @@ from hypertf.core.hostview import REFRESH_S
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.records import AgentRecord, GpuInfo
 from hypertf.core.scheduler import TaskSlot
+from hypertf.keeper.statusview import StatusPublisher
+from hypertf.keeper.sync import sync
 from hypertf.store import Store, auth, status
 from hypertf.store.allocation import release
 from hypertf.store.waitqueue import submit
@@ -149,4 +151,26 @@ def test_only_the_keeper_writes_the_view(big, secured, layout, keeper, identity)
         assert status.collect_view(admin, inventory) is not None
     finally:
         store.close(thief)
+        store.close(admin)
+
+
+def test_a_keeper_that_may_not_write_the_view_says_so_once_and_stops_trying(
+        secured, layout, fake_agents):
+    """A root whose rules this keeper's credential does not meet (here: a user's, standing in
+    for a root secured by an older HyperTF): one warning, then no request a pass; the
+    command reads every record."""
+    fake_agents({"n1": 1, "n2": 1})
+    admin = store.connect(secured, identity="admin")
+    user = store.connect(secured)
+    try:
+        synced = sync(Store(admin, layout))
+        publisher = StatusPublisher(Store(user, layout))
+        args = (synced.matrix, synced.version, synced.records, {}, {}, ["n1", "n2"], set())
+        assert publisher.publish(*args) == 0
+        assert "NoAuthError" in publisher.off and "hypertf auth init" in publisher.off
+        sent = user.last_zxid
+        assert publisher.publish(*args) == 0 and user.last_zxid == sent
+        assert not [n for n in admin.get_children(layout.keeper) if n.startswith("status.")]
+    finally:
+        store.close(user)
         store.close(admin)
