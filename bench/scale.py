@@ -236,6 +236,16 @@ def cli(inventory: str, *argv: str) -> float:
     return elapsed
 
 
+def whole_commands(rows: dict[str, float], inventory: str, verb: str, reps: int,
+                   direct: str) -> None:
+    """``hypertf VERB`` as a user runs it (the keeper's view) and with ``--direct`` (what
+    ``direct`` says it does), each the median of ``reps`` runs."""
+    rows[f"`hypertf {verb}`, the whole command (new process)"] = statistics.median(
+        cli(inventory, verb) for _ in range(reps))
+    rows[f"`hypertf {verb} --direct` ({direct})"] = statistics.median(
+        cli(inventory, verb, "--direct") for _ in range(reps))
+
+
 def profile_command(inventory: str, *argv: str) -> None:
     """Where one whole ``hypertf`` command's time goes: the command under cProfile (which
     inflates every part), its largest cumulative entries printed."""
@@ -390,11 +400,8 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
             largest["the status view's largest shard"] = max(
                 len(client.get(layout.status_view(i))[0]) for i in range(version.shards))
             cli(inventory_path, "status")  # warm the page cache for the imports
-            rows["`hypertf status`, the whole command (new process)"] = statistics.median(
-                cli(inventory_path, "status") for _ in range(args.reps))
-            rows["`hypertf status --direct` (every record read, as before issue 55)"] = \
-                statistics.median(cli(inventory_path, "status", "--direct")
-                                  for _ in range(args.reps))
+            whole_commands(rows, inventory_path, "status", args.reps,
+                           "every record read, as before issue 55")
             if args.profile and largest_size:
                 profile_command(inventory_path, "status")
             keeper.stop()
@@ -435,11 +442,8 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
             return
         rows["queue: collect"] = timed(lambda: queueview.collect(user))
         rows["queue: render"] = timed(lambda: queueview.render(queueview.collect(user)), 1)
-        rows["`hypertf queue`, the whole command (new process)"] = statistics.median(
-            cli(inventory_path, "queue") for _ in range(args.reps))
-        rows["`hypertf queue --direct` (the pass run in the command, as before issue 55)"] = \
-            statistics.median(cli(inventory_path, "queue", "--direct")
-                              for _ in range(args.reps))
+        whole_commands(rows, inventory_path, "queue", args.reps,
+                       "the pass run in the command, as before issue 55")
         if args.profile and largest_size:
             profile_command(inventory_path, "queue")
 

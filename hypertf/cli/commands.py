@@ -134,7 +134,9 @@ def printable(text: str) -> str:
     """A cell as it may reach a terminal: every record is written by its owner (or their
     launcher), and another user's ``hypertf jobs`` prints it, so a control character (an
     escape sequence that retitles, clears or rewrites the terminal) shows as '?'."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+    from hypertf.core.records import plain_text
+
+    return plain_text(text, instead="?")
 
 
 def job_table(found: list[JobRecord]) -> list[str]:

@@ -24,14 +24,13 @@ Pure: the keeper encodes (hypertf.keeper.statusview), the command decodes
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hypertf.core.errors import StoreError
-from hypertf.core.matrix import Cell
-from hypertf.core.records import AgentRecord, GpuInfo, encode
+from hypertf.core.matrix import Cell, job_of
+from hypertf.core.records import AgentRecord, GpuInfo, decode, encode
 
 VIEW_FORMAT = 1
 REFRESH_S = 15.0  # a shard whose only change is keep-alives: rewritten at most this often
@@ -77,6 +76,14 @@ def host_view(record: AgentRecord | None, written: float | None, row: list[Cell]
                     gpu_driver=dict(record.gpu_driver), confine=record.confine[:TEXT_SHOWN],
                     row=row, gpus=gpus, ports=len(ports), cpu_jobs=cpu_jobs,
                     trespasses=[asdict(t) for t in record.trespasses[:TRESPASSES_SHOWN]])
+
+
+def cpu_jobs(row: Sequence[Cell], ports: Mapping[str, str]) -> list[str]:
+    """Jobs with ports on a host but no GPU of it: parameter servers, offload hosts."""
+    if not ports:
+        return []
+    return sorted({key for cell in ports.values() if (key := job_of(str(cell)))}
+                  - {key for cell in row if (key := job_of(cell))})
 
 
 def runs(row: Sequence[Cell]) -> list[list[Any]]:
@@ -194,14 +201,8 @@ def decode_shard(data: bytes) -> tuple[int, int, dict[str, HostView] | None]:
     StoreError for anything else than what ``encode_shard`` writes. Only the keeper writes
     a shard, and every entry's shape is checked here, so the records' generic walk for
     nesting depth (a third of a status at 25,000 hosts) is left out."""
-    if len(data) > SHARD_BYTES_MAX + 1024:
-        raise StoreError("the keeper's status view has a shard over its bound")
-    try:
-        payload = json.loads(data)
-    except (ValueError, RecursionError) as err:
-        raise StoreError(f"the keeper's status view is unreadable: {err}") from None
-    if type(payload) is not dict or payload.get("format") != VIEW_FORMAT:
-        raise StoreError("the keeper's status view is in a format this HyperTF does not read")
+    payload = decode(data, "keeper's status view", fmt=VIEW_FORMAT,
+                     limit=SHARD_BYTES_MAX + 1024, walk=False)
     shard, count = payload.get("shard"), payload.get("of")
     if type(shard) is not int or type(count) is not int or not 0 <= shard < count:
         raise StoreError("the keeper's status view names no shard")

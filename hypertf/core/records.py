@@ -319,6 +319,17 @@ def decode(data: bytes, what: str, fmt: int = FORMAT,
 
 
 
+def plain_text(value: object, limit: int | None = None, instead: str = "") -> str:
+    """Text a record's writer chose, as another user's terminal may show it: at most
+    ``limit`` characters, each control character (an escape sequence that retitles, clears
+    or rewrites the terminal) replaced by ``instead``; "" for anything but text."""
+    if not isinstance(value, str):
+        return ""
+    text = value if limit is None else value[:limit]
+    return text if text.isprintable() else "".join(c if c.isprintable() else instead
+                                                   for c in text)
+
+
 def too_deep(payload: object, limit: int = MAX_DEPTH) -> bool:
     """Whether ``payload`` nests lists and objects deeper than ``limit`` (a walk with its
     own stack: a reader that recursed would be the thing it guards)."""

@@ -31,7 +31,7 @@ from typing import Any, TypeGuard
 from hypertf.core.errors import StoreError
 from hypertf.core.fairshare import DAY_S, accrued, decay
 from hypertf.core.layout import is_task_key, owner_of
-from hypertf.core.records import decode, encode
+from hypertf.core.records import decode, encode, plain_text
 
 # A day's chunk is closed past this: each attempt's end rewrites the open chunk, so it is
 # kept small (about 110 attempts; ZooKeeper's limit is 1 MiB).
@@ -83,8 +83,7 @@ def model_name(name: object) -> str:
     agent reports it: a hostile one must not put an escape sequence in everyone's report)."""
     if not isinstance(name, str) or not name.strip():
         return UNKNOWN_MODEL
-    text = "".join(c if c.isprintable() else "?" for c in name.strip())
-    return text[:MAX_MODEL]
+    return plain_text(name.strip(), instead="?")[:MAX_MODEL]
 
 
 @dataclass(frozen=True)
@@ -385,6 +384,4 @@ def _time(value: object) -> TypeGuard[float]:
 
 def _words(value: object) -> str:
     """Text for people from a record its owner writes: printable, short."""
-    if not isinstance(value, str):
-        return ""
-    return "".join(c if c.isprintable() else "?" for c in value[:64])
+    return plain_text(value, 64, instead="?")

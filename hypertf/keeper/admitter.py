@@ -30,6 +30,7 @@ from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS, Fairshare
 from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.preemption import Standing
+from hypertf.core.records import plain_text
 from hypertf.core.requestcheck import PortBounds
 from hypertf.keeper.commit import Commit, Committer
 from hypertf.keeper.leasecache import LeaseCache
@@ -320,20 +321,13 @@ def view_of(decisions: list[Decision], waiting: Mapping[str, Waiting],
         if record is not None:
             created, script = record[0].get("created"), record[0].get("script", "")
             entry.update(shape=job.request.describe(),
-                         script=shown_text(script, SCRIPT_SHOWN),
+                         script=plain_text(script, SCRIPT_SHOWN),
                          created=created if type(created) in (int, float) else None)
         entries.append(entry)
     view: dict[str, Any] = {"waiting": entries}
     if preemptions is not None:
         view["preemptions_total"] = dict(preemptions)
     return view
-
-
-def shown_text(value: object, limit: int) -> str:
-    """A user's text that others' terminals print (a script's name): printable characters
-    only (no escape sequences), at most ``limit``."""
-    return "".join(c for c in value[:limit] if c.isprintable()) if isinstance(value, str) \
-        else ""
 
 
 def encode_view(view: dict[str, Any]) -> bytes:

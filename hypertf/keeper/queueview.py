@@ -18,7 +18,8 @@ from hypertf.core.admission import Decision, admission_pass, clamped
 from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS, factor_table
 from hypertf.core.jobrecord import JobState
 from hypertf.core.layout import owner_of
-from hypertf.keeper.admitter import SCRIPT_SHOWN, shown_text
+from hypertf.core.records import plain_text
+from hypertf.keeper.admitter import SCRIPT_SHOWN
 from hypertf.keeper.ledger import Ledger
 from hypertf.keeper.preempter import Preempter, PreemptSettings
 from hypertf.keeper.reader import QueueReader, read_limits
@@ -54,28 +55,29 @@ def collect_view(store: Store) -> list[dict[str, Any]] | None:
     now = time.time()
     rows: list[dict[str, Any]] = []
     for entry in entries:
-        key = str(entry["task_key"])
         created = entry["created"] if type(entry["created"]) in (int, float) else now
-        rows.append({"position": len(rows) + 1, "task_key": key, "user": owner_of(key),
-                     "priority": entry.get("priority", 0), "shape": str(entry["shape"]),
-                     "gpus": entry.get("gpus", 0),
-                     "script": shown_text(entry["script"], SCRIPT_SHOWN),
-                     "queued": created, "waiting_s": round(now - created, 1),
-                     "reason": str(entry.get("reason", ""))})
+        rows.append(_row(len(rows) + 1, str(entry["task_key"]), entry.get("priority", 0),
+                         str(entry["shape"]), entry.get("gpus", 0),
+                         plain_text(entry["script"], SCRIPT_SHOWN), created, now,
+                         str(entry.get("reason", ""))))
     for key, record in sorted(read_jobs(store, new).items()):
         if record.get("state") != JobState.QUEUED:
             continue  # admitted, refused or ended since the listing
-        stamp = record.get("created")
-        created = float(stamp) if isinstance(stamp, (int, float)) else now
-        script, asked = record.get("script", ""), record.get("queue")
+        stamp, asked = record.get("created"), record.get("queue")
         priority = asked.get("priority", 0) if isinstance(asked, dict) else 0
-        rows.append({"position": len(rows) + 1, "task_key": key, "user": owner_of(key),
-                     "priority": priority if type(priority) is int else 0,
-                     "shape": "", "gpus": 0,
-                     "script": shown_text(script, SCRIPT_SHOWN),
-                     "queued": created, "waiting_s": round(now - created, 1),
-                     "reason": NEW})
+        rows.append(_row(len(rows) + 1, key, priority if type(priority) is int else 0, "", 0,
+                         plain_text(record.get("script", ""), SCRIPT_SHOWN),
+                         float(stamp) if isinstance(stamp, (int, float)) else now, now, NEW))
     return rows
+
+
+def _row(position: int, key: str, priority: Any, shape: str, gpus: Any, script: Any,
+         created: float, now: float, reason: str, **more: str) -> dict[str, Any]:
+    """One waiting job as ``hypertf queue`` lists it (``--json``'s fields)."""
+    return {"position": position, "task_key": key, "user": owner_of(key),
+            "priority": priority, "shape": shape, "gpus": gpus, "script": script,
+            "queued": created, "waiting_s": round(now - created, 1), "reason": reason,
+            **more}
 
 
 def collect(store: Store, user_gpu_limit: int = 0, user_queue_limit: int = 0,
@@ -111,19 +113,15 @@ def collect(store: Store, user_gpu_limit: int = 0, user_queue_limit: int = 0,
     for decision in decisions:
         job = by_key[decision.task_key]
         record, _ = reader.records[decision.task_key]
-        created = float(record.get("created", now))
-        rows.append({"position": decision.position, "task_key": job.task_key,
-                     "user": job.user, "priority": job.priority,
-                     "shape": job.request.describe(), "gpus": job.request.gpus,
-                     "script": record.get("script", ""), "queued": created,
-                     "waiting_s": round(now - created, 1),
-                     "reason": shown.get(job.task_key, decision.reason or STARTING),
-                     **({"refused": refused[job.task_key]} if job.task_key in refused else {})})
+        rows.append(_row(decision.position, job.task_key, job.priority, job.request.describe(),
+                         job.request.gpus, record.get("script", ""),
+                         float(record.get("created", now)), now,
+                         shown.get(job.task_key, decision.reason or STARTING),
+                         **({"refused": refused[job.task_key]} if job.task_key in refused
+                            else {})))
     now_rows = len(rows)
     for i, (key, (_, _, why)) in enumerate(sorted(reader.rejected.items()), start=1):
-        rows.append({"position": now_rows + i, "task_key": key, "user": key.partition(".")[2],
-                     "priority": 0, "shape": "", "gpus": 0, "script": "", "queued": now,
-                     "waiting_s": 0.0, "reason": INVALID, "refused": why})
+        rows.append(_row(now_rows + i, key, 0, "", 0, "", now, now, INVALID, refused=why))
     return rows
 
 

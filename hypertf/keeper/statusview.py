@@ -25,8 +25,8 @@ from kazoo.exceptions import (
     ZookeeperError,
 )
 
-from hypertf.core.hostview import REFRESH_S, HostView, encode_shard, host_view
-from hypertf.core.matrix import Cell, Matrix, job_of, shard_of
+from hypertf.core.hostview import REFRESH_S, HostView, cpu_jobs, encode_shard, host_view
+from hypertf.core.matrix import Matrix, shard_of
 from hypertf.core.records import AgentRecord
 from hypertf.store import Store
 from hypertf.store.allocation import MatrixVersion
@@ -145,7 +145,7 @@ class StatusPublisher:
             return None  # its shard was rewritten by another host's change (or an admin's)
         self._inputs[host] = (record, ports)
         view = host_view(record, written.get(host) if record else None, list(row or []),
-                         ports or {}, _cpu_jobs(row or [], ports or {}),
+                         ports or {}, cpu_jobs(row or [], ports or {}),
                          unreadable.get(host, ""))
         self.views[host] = view
         self._shards.setdefault(shard, set()).add(host)
@@ -197,10 +197,3 @@ class StatusPublisher:
 def _with_written(view: HostView, written: float | None) -> HostView:
     return replace(view, written=written)
 
-
-def _cpu_jobs(row: list[Cell], ports: Mapping[str, str]) -> list[str]:
-    """Jobs with ports here but no GPU of this host: parameter servers, offload hosts."""
-    if not ports:
-        return []
-    return sorted({key for cell in ports.values() if (key := job_of(str(cell)))}
-                  - {key for cell in row if (key := job_of(cell))})

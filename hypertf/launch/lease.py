@@ -21,6 +21,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from hypertf.core.errors import StoreError
 from hypertf.core.jobrecord import JobState
 from hypertf.core.monitor import Event, EventKind
+from hypertf.core.records import plain_text
 from hypertf.store import Store
 from hypertf.store.allocation import release
 from hypertf.store.jobs import read_job, update_job
@@ -102,10 +103,10 @@ class StoreLease:
         except (StoreError, KazooException, KazooTimeoutError):
             record = {}
         by = record.get("killed_by") or record.get("cancelled_by") or {}
-        command, who = _printable(by.get("command")), _printable(by.get("identity")
-                                                                 or by.get("user"))
+        command = plain_text(by.get("command"), 64)  # the killer's words: plain text
+        who = plain_text(by.get("identity") or by.get("user"), 64)
         return (command or "hypertf kill or cancel") + (
-            f" by {who} from {_printable(by.get('host')) or '?'}" if who else "")
+            f" by {who} from {plain_text(by.get('host'), 64) or '?'}" if who else "")
 
     def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
                 stopped_on: Sequence[str] | None) -> None:
@@ -123,8 +124,3 @@ class StoreLease:
                      f"{task_key} ({err or type(err).__name__}); its lease ends with "
                      f"this session and the next sync returns the GPUs")
 
-
-def _printable(value: object, limit: int = 64) -> str:
-    """A field of the job record that the killer wrote: printed only as plain text."""
-    return "".join(c for c in value[:limit] if c.isprintable()) if isinstance(value, str) \
-        else ""

@@ -14,14 +14,14 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from hypertf.config.inventory import Inventory
 from hypertf.core.errors import StoreError
-from hypertf.core.hostview import REFRESH_S, HostView, decode_shard
+from hypertf.core.hostview import REFRESH_S, HostView, cpu_jobs, decode_shard
 from hypertf.core.matrix import Cell, GpuState, job_of, state_of, synced
 from hypertf.store import AgentRecord, GpuInfo, Layout, Store, fourletter
 from hypertf.store.allocation import read_matrix
@@ -85,39 +85,65 @@ def collect(client: KazooClient, inventory: Inventory,
     leases = zk.leases()
     matrix = synced(stored, records, leases)
     now = time.time()
-    hosts = []
     entries = _GpuEntries(gpu_details)
+    hosts = []
     for name, node in inventory.nodes.items():
         record = records.get(name)
-        gpus = entries.row(matrix.gpus.get(name, []), details.get(name, {}))
-        ports = matrix.ports.get(name, {})
-        hosts.append({
-            "name": name,
-            "address": node.address,
-            "agent": AgentState.UP if record else AgentState.DOWN,
-            # by ZooKeeper's clock (when the record was written), not the agent's
-            "heartbeat_age_s": round(max(0.0, now - written[name]), 1) if record else None,
-            "data_addr": record.data_addr if record else None,
-            "mgmt_addr": record.mgmt_addr if record else None,
-            "gpu_source": record.gpu_source if record else None,
-            "gpu_driver": record.gpu_driver if record else {},
-            # what the node enforces (hypertf.node.confine); '' from an older agent
-            "confine": (record.confine or "unknown (an older agent)") if record else None,
-            "gpus": gpus,
-            "ports_reserved": len(ports),
-            # jobs here without a GPU of this host: parameter servers, offload hosts
-            **({"unreadable": unreadable[name]} if name in unreadable else {}),
-            "cpu_jobs": sorted({key for cell in ports.values() if (key := job_of(str(cell)))}
-                               - {g["task_key"] for g in gpus}) if ports else [],
-        })
+        row, ports = matrix.gpus.get(name, []), matrix.ports.get(name, {})
+        hosts.append(_host_row(name, node.address, record, written.get(name, now), now,
+                               entries.row(row, details.get(name, {})), len(ports),
+                               cpu_jobs(row, ports), unreadable.get(name, "")))
+    return _report(inventory, layout.root, hosts, leases, trespasses)
+
+
+class _Shown(Protocol):
+    """What a host's row shows of its agent: its record's fields, or the keeper's view's."""
+
+    @property
+    def data_addr(self) -> str | None: ...
+    @property
+    def mgmt_addr(self) -> str | None: ...
+    @property
+    def gpu_source(self) -> str | None: ...
+    @property
+    def gpu_driver(self) -> dict[str, str]: ...
+    @property
+    def confine(self) -> str | None: ...
+
+
+def _host_row(name: str, address: str, shown: _Shown | None, written: float, now: float,
+              gpus: list[dict[str, Any]], ports: int, cpu: list[str],
+              unreadable: str) -> dict[str, Any]:
+    """One host of the report (``shown`` None: its agent is down)."""
+    return {
+        "name": name, "address": address,
+        "agent": AgentState.UP if shown else AgentState.DOWN,
+        # by ZooKeeper's clock (when the record was written), not the agent's
+        "heartbeat_age_s": round(max(0.0, now - written), 1) if shown else None,
+        "data_addr": shown.data_addr if shown else None,
+        "mgmt_addr": shown.mgmt_addr if shown else None,
+        "gpu_source": shown.gpu_source if shown else None,
+        "gpu_driver": shown.gpu_driver if shown else {},
+        # what the node enforces (hypertf.node.confine); '' from an older agent
+        "confine": (shown.confine or "unknown (an older agent)") if shown else None,
+        "gpus": gpus, "ports_reserved": ports,
+        **({"unreadable": unreadable} if unreadable else {}),
+        # jobs here without a GPU of this host: parameter servers, offload hosts
+        "cpu_jobs": cpu,
+    }
+
+
+def _report(inventory: Inventory, root: str, hosts: list[dict[str, Any]], leases: set[str],
+            trespasses: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
     return {
         "inventory": str(inventory.path),
-        "zookeeper": {"hosts": inventory.cluster.zookeeper_hosts, "root": layout.root,
+        "zookeeper": {"hosts": inventory.cluster.zookeeper_hosts, "root": root,
                       "servers": _zookeeper_health(inventory.cluster.zookeeper_hosts)},
         "hosts": hosts,
         "jobs": sorted(leases),
         # processes on GPUs their job was not granted, as each host's agent reports them
         "trespasses": trespasses,
+        **more,
     }
 
 
@@ -165,33 +191,15 @@ def _from_view(zk: Store, inventory: Inventory, views: dict[str, HostView], shar
     hosts = []
     for name, node in inventory.nodes.items():
         view = views.get(name) or HostView(up=False)
-        up = view.up
-        gpus = entries.row(view.row, view.gpus)
-        hosts.append({
-            "name": name, "address": node.address,
-            "agent": AgentState.UP if up else AgentState.DOWN,
-            "heartbeat_age_s": round(max(0.0, now - (view.written or now)), 1) if up else None,
-            "data_addr": view.data_addr if up else None,
-            "mgmt_addr": view.mgmt_addr if up else None,
-            "gpu_source": view.gpu_source if up else None,
-            "gpu_driver": view.gpu_driver if up else {},
-            "confine": (view.confine or "unknown (an older agent)") if up else None,
-            "gpus": gpus, "ports_reserved": view.ports,
-            **({"unreadable": view.unreadable} if view.unreadable else {}),
-            "cpu_jobs": view.cpu_jobs,
-        })
-    return {
-        "inventory": str(inventory.path),
-        "zookeeper": {"hosts": inventory.cluster.zookeeper_hosts, "root": zk.layout.root,
-                      "servers": _zookeeper_health(inventory.cluster.zookeeper_hosts)},
-        "hosts": hosts,
-        "jobs": sorted(leases),
-        "trespasses": [{"host": name, **t} for name, view in sorted(views.items())
-                       for t in view.trespasses],
-        # where the hosts came from: the keeper's view, its shards written so long ago
-        "view": {"shards": shards, "newest_s": round(max(0.0, now - newest), 1),
-                 "oldest_s": round(max(0.0, now - oldest), 1)},
-    }
+        hosts.append(_host_row(name, node.address, view if view.up else None,
+                               view.written or now, now, entries.row(view.row, view.gpus),
+                               view.ports, view.cpu_jobs, view.unreadable))
+    trespasses = [{"host": name, **t} for name, view in sorted(views.items())
+                  for t in view.trespasses]
+    # where the hosts came from: the keeper's view, its shards written so long ago
+    return _report(inventory, zk.layout.root, hosts, leases, trespasses,
+                   view={"shards": shards, "newest_s": round(max(0.0, now - newest), 1),
+                         "oldest_s": round(max(0.0, now - oldest), 1)})
 
 
 _NUMBER = (int, float)
