@@ -11,6 +11,7 @@ preempted, whom it displaced), so a new keeper decides as the old one would have
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -70,11 +71,48 @@ class GrantTerms:
         return cls(priority, order, count, frozenset(displaced), resumes)
 
 
+@dataclass(frozen=True)
+class RecordStamp:
+    """Which job record the admission wrote beside the grant: its znode's version after
+    the write and the SHA-256 of its bytes. The launcher that queued the job can then
+    rebuild the record (its own queued record, admitted at ``admitted`` with the grant's
+    placements) and know it, version included, without reading it back: its next write
+    to it (``starting``, the release) saves a request. A rebuild whose digest differs is
+    not believed: the launcher reads the record as before."""
+
+    version: int
+    sha256: str
+    admitted: float
+
+    @classmethod
+    def of(cls, data: bytes, version: int, admitted: float) -> RecordStamp:
+        return cls(version, hashlib.sha256(data).hexdigest(), admitted)
+
+    def matches(self, data: bytes) -> bool:
+        return hashlib.sha256(data).hexdigest() == self.sha256
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"version": self.version, "sha256": self.sha256}
+
+    @classmethod
+    def from_plain(cls, value: object, admitted: object) -> RecordStamp | None:
+        """The stamp a grant holds; None for none (an older keeper's grant) or a damaged one."""
+        if not isinstance(value, dict) or not isinstance(admitted, (int, float)):
+            return None
+        version, digest = value.get("version"), value.get("sha256")
+        if type(version) is not int or version < 1 or not isinstance(digest, str) \
+                or len(digest) != 64:
+            return None
+        return cls(version, digest, float(admitted))
+
+
 def grant_to_json(task_key: str, placements: Sequence[Placement], ports: Mapping[str, int],
-                  when: float | None = None, terms: GrantTerms | None = None) -> bytes:
+                  when: float | None = None, terms: GrantTerms | None = None,
+                  record: RecordStamp | None = None) -> bytes:
     return encode({"task_key": task_key, "placements": placements_json(placements, ports),
                    "granted": time.time() if when is None else when,
-                   **({"terms": terms.to_plain()} if terms is not None else {})})
+                   **({"terms": terms.to_plain()} if terms is not None else {}),
+                   **({"record": record.to_plain()} if record is not None else {})})
 
 
 def terms_of_grant(data: bytes) -> GrantTerms | None:
@@ -88,6 +126,11 @@ def terms_of_grant(data: bytes) -> GrantTerms | None:
 def grant_from_json(data: bytes, task_key: str) -> Grant:
     """The grant stored for ``task_key``; ValueError when it is damaged or names another
     job (the keeper wrote it, so this is a bug or a thief of the keeper's credential)."""
+    return grant_and_stamp(data, task_key)[0]
+
+
+def grant_and_stamp(data: bytes, task_key: str) -> tuple[Grant, RecordStamp | None]:
+    """``grant_from_json``, with the stamp of the record its admission wrote (if any)."""
     try:
         payload = decode(data, "grant")
         if payload.get("task_key") != task_key:
@@ -96,7 +139,8 @@ def grant_from_json(data: bytes, task_key: str) -> Grant:
         ports = ports_of(payload)
     except (KeyError, TypeError, ValueError, AttributeError, StoreError) as err:
         raise ValueError(f"the grant of {task_key} is damaged ({err})") from None
-    return Grant(task_key, placements, ports)
+    stamp = RecordStamp.from_plain(payload.get("record"), payload.get("granted"))
+    return Grant(task_key, placements, ports), stamp
 
 
 def held_of_grant(grant: Grant) -> Held:

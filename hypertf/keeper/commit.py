@@ -17,7 +17,7 @@ from kazoo.exceptions import NoAuthError, NodeExistsError
 
 from hypertf.core import jobtransitions as transitions
 from hypertf.core.admission import BUDGET, PRIORITY, USER_LIMIT, Decision, Waiting
-from hypertf.core.grants import GrantTerms, grant_to_json
+from hypertf.core.grants import GrantTerms, RecordStamp, grant_to_json
 from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import cannot_place
@@ -104,7 +104,9 @@ class Committer:
                 terms[key] = self.preempter.terms_for(job)
             tx.create(self.store.layout.grant(key),
                       grant_to_json(key, decision.placements, decision.ports, now,
-                                    terms.get(key)),
+                                    terms.get(key),
+                                    RecordStamp.of(data, record_version + 1, now)
+                                    if record_version >= 0 else None),
                       acl=self.store.acls.grant())
             ops += [key, key, key]
             size += 2 * len(data)

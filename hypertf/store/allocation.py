@@ -53,6 +53,7 @@ from hypertf.store import (
     auth,
     decode,
     encode,
+    knownrecords,
     owner_of,
     until_committed,
 )
@@ -437,24 +438,30 @@ def release(store: Store, task_key: str, state: str = "released",
     for their agents to confirm; this waits up to ``wait_s`` for the keeper to have done
     so, so that a command that ends here leaves the matrix as it says."""
     lease_gone = False  # learnt from a transaction that failed on its delete
+    # the record as this client last wrote it (knownrecords): the first try needs no read
+    guess = knownrecords.take(store, task_key)
 
     def attempt(_retries: int) -> tuple[bool, list[str] | None]:
-        nonlocal lease_gone
-        try:
-            data, job_stat = store.client.get(store.layout.job(task_key))
-        except NoNodeError:
-            data, job_stat = b"", None
-        if lease_gone and job_stat is None:
+        nonlocal lease_gone, guess
+        job: dict[str, Any] | None = None
+        if guess is not None:
+            job, version, guess = guess.record, guess.version, None
+        else:
+            try:
+                data, job_stat = store.client.get(store.layout.job(task_key))
+                job, version = decode(data, "job record"), job_stat.version
+            except NoNodeError:
+                pass
+        if lease_gone and job is None:
             return False, None
         tx = store.client.transaction()
         hosts = None
-        if job_stat is not None:
-            job = decode(data, "job record")
+        if job is not None:
             hosts = sorted({str(p.get("host")) for p in job.get("placements") or ()
                             if isinstance(p, dict)})
             ended = transitions.released(job, state, extra or {}, stopped_on, lease_gone,
                                          time.time())
-            tx.set_data(store.layout.job(task_key), encode(ended), version=job_stat.version)
+            tx.set_data(store.layout.job(task_key), encode(ended), version=version)
         if not lease_gone:
             tx.delete(store.layout.lease(task_key))
         results = tx.commit()

@@ -29,7 +29,7 @@ from hypertf.core import jobtransitions as transitions
 from hypertf.core.errors import StoreError
 from hypertf.core.jobrecord import LIVE_STATES, JobRecord, JobState
 from hypertf.core.layout import is_task_key
-from hypertf.store import Store, decode, encode, until_committed
+from hypertf.store import Store, decode, encode, knownrecords, until_committed
 from hypertf.store.zkclient import get_many
 
 READ_CHUNK = 1024  # records one read round trip asks for (4 multi-reads): see read_folder
@@ -164,13 +164,23 @@ def read_jobs(store: Store, task_keys: Iterable[str]) -> dict[str, JobRecord]:
 def update_job(store: Store, task_key: str, **changes: Any) -> None:
     """Merge ``changes`` into the job record, version-checked; a state recorded by someone
     else (``killed``, ``lost``) is never overwritten."""
+    # the record as this client last wrote it (knownrecords): the first try needs no read
+    guess = knownrecords.take(store, task_key)
+
     def attempt(_retries: int) -> None:
-        data, stat = store.client.get(store.layout.job(task_key))
-        job = transitions.changed(decode(data, "job record"), changes)
+        nonlocal guess
+        if guess is not None:
+            record, version, guess = guess.record, guess.version, None
+        else:
+            data, stat = store.client.get(store.layout.job(task_key))
+            record, version = decode(data, "job record"), stat.version
+        job = transitions.changed(record, changes)
         try:
-            store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
+            written = store.client.set(store.layout.job(task_key), encode(job),
+                                       version=version)
         except BadVersionError:
             raise ForceRetryError() from None
+        knownrecords.remember(store, task_key, dict(job), written.version)
 
     until_committed(attempt, f"updating job {task_key}")
 

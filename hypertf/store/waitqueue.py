@@ -48,13 +48,13 @@ from hypertf.core.admission import (
     USER_LIMIT,
 )
 from hypertf.core.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
-from hypertf.core.grants import grant_from_json
+from hypertf.core.grants import grant_and_stamp
 from hypertf.core.jobrecord import JobRecord, JobState, Owner, RefusedKind
 from hypertf.core.placement import Grant, Request, compact_hosts
 from hypertf.core.requestcheck import (
     DEFAULT_PORT_RANGE,
 )
-from hypertf.store import Store, decode, encode, owner_of, until_committed
+from hypertf.store import Store, decode, encode, knownrecords, owner_of, until_committed
 from hypertf.store.allocation import (
     check_registered,
     forget_grant_watch,
@@ -102,10 +102,11 @@ def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, 
                                              resumes),
                              request.policy, record, time.time())
     client, job_path = store.client, store.layout.job(task_key)
+    data = encode(job)
     tx = client.transaction()
     tx.create(store.layout.lease(task_key), encode(owner), acl=store.acls.lease(),
               ephemeral=True)
-    tx.create(job_path, encode(job), acl=store.acls.job())
+    tx.create(job_path, data, acl=store.acls.job())
     # The waiter's watch on its record, sent with the transaction (ZooKeeper answers a
     # session's requests in order: it sees the record created): one round trip, and
     # wait_for_admission sets none of its own (_Watched).
@@ -122,6 +123,7 @@ def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, 
     if stat is None or stat.version > 0:
         watched.fired.add(job_path)  # changed already (or gone): the waiter reads it
     _armed(store, task_key, watched)
+    knownrecords.remember(store, task_key, decode(data, "job record"), 0)  # as created: version 0
 
 
 def submit(store: Store, request: Request, task_key: str,
@@ -188,9 +190,11 @@ def read_grant(store: Store, task_key: str, watched: bool = False) -> Grant | No
             forget_grant_watch(store, task_key)
         return None
     try:
-        return grant_from_json(data, task_key)
+        grant, stamp = grant_and_stamp(data, task_key)
     except ValueError as err:
         raise StoreError(f"{err}: the job does not start; ask the cluster admin") from None
+    knownrecords.admitted(store, task_key, grant, stamp)  # the record the admission wrote
+    return grant
 
 
 def set_held(store: Store, task_key: str, held: bool) -> None:

@@ -50,6 +50,7 @@ from kazoo.protocol.serialization import (
 from kazoo.protocol.states import KeeperState, ZnodeStat
 
 from hypertf.store.kazooprivate import KazooPrivate
+from hypertf.store.pollhandler import PollHandler
 
 RIDDEN_OUT = (ConnectionLoss, OperationTimeoutError)
 
@@ -59,6 +60,7 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
 
     def __init__(self, *args: Any, patience_s: float | None = None,
                  on_pause: Callable[[str], None] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("handler", PollHandler())  # a poll per wait, not an epoll's life
         super().__init__(*args, **kwargs)
         self.patience_s = patience_s
         self.on_pause = on_pause
