@@ -13,12 +13,9 @@ import threading
 import time
 from typing import Any
 
-from kazoo.client import KazooClient
-
 from hypertf import store
 from hypertf.core.matrix import FREE, Matrix
-from hypertf.core.placement import Request, new_task_key
-from hypertf.core.scheduler import TaskSlot
+from hypertf.core.placement import new_task_key
 from hypertf.keeper.reader import QueueReader
 from hypertf.store import Store
 from hypertf.store.allocation import (
@@ -32,25 +29,7 @@ from hypertf.store.allocation import (
 )
 from hypertf.store.waitqueue import enqueue, set_held, submit
 from tests.conftest import wait_for
-
-HOSTS = ("n1", "n2")
-
-
-def one_gpu() -> Request:
-    return Request(slots=(TaskSlot("worker", 0, 1),), hosts=HOSTS)
-
-
-def spy_exists(client: KazooClient) -> list[str]:
-    """The paths this client's synchronous ``exists`` is asked about from now on."""
-    asked: list[str] = []
-    plain = client.exists
-
-    def exists(path: str, watch: Any = None) -> Any:
-        asked.append(path)
-        return plain(path, watch=watch)
-
-    client.exists = exists  # type: ignore[method-assign]
-    return asked
+from tests.integration.zkspy import HOSTS, one_gpu, spy
 
 
 def test_a_cycle_sets_no_watch_of_its_own(zk, layout, fake_agents, keeper):
@@ -60,7 +39,7 @@ def test_a_cycle_sets_no_watch_of_its_own(zk, layout, fake_agents, keeper):
     fake_agents({"n1": 1, "n2": 1})
     keeper()
     launcher = Store(zk, layout)
-    asked = spy_exists(zk)
+    asked = spy(zk, "exists")
     for _ in range(3):
         key = new_task_key("root")
         grant = submit(launcher, one_gpu(), key)

@@ -13,32 +13,13 @@ from kazoo.client import KazooClient
 from hypertf import store
 from hypertf.core.grants import RecordStamp, grant_to_json
 from hypertf.core.jobrecord import JobState
-from hypertf.core.placement import Request, new_task_key
+from hypertf.core.placement import new_task_key
 from hypertf.core.records import decode
-from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store, knownrecords
 from hypertf.store.allocation import kill, release
 from hypertf.store.jobs import update_job
 from hypertf.store.waitqueue import read_grant, submit
-
-HOSTS = ("n1", "n2")
-
-
-def one_gpu() -> Request:
-    return Request(slots=(TaskSlot("worker", 0, 1),), hosts=HOSTS)
-
-
-def spy_gets(client: KazooClient) -> list[str]:
-    """The paths this client's synchronous ``get`` reads from now on."""
-    asked: list[str] = []
-    plain = client.get
-
-    def get(path: str, watch: Any = None) -> Any:
-        asked.append(path)
-        return plain(path, watch=watch)
-
-    client.get = get  # type: ignore[method-assign]
-    return asked
+from tests.integration.zkspy import one_gpu, spy
 
 
 def record(zk: KazooClient, path: str) -> dict[str, Any]:
@@ -51,7 +32,7 @@ def test_a_cycle_writes_its_record_without_reading_it(zk, layout, fake_agents, k
     fake_agents({"n1": 1, "n2": 1})
     keeper()
     launcher = Store(zk, layout)
-    gets = spy_gets(zk)
+    gets = spy(zk, "get")
     key = new_task_key("root")
     grant = submit(launcher, one_gpu(), key)
     update_job(launcher, key, state=JobState.STARTING)
@@ -78,7 +59,7 @@ def test_another_write_in_between_is_read_and_kept(zk, secured, layout, fake_age
         update_job(Store(other, layout), key, note="from elsewhere")
     finally:
         store.close(other)
-    gets = spy_gets(zk)
+    gets = spy(zk, "get")
     assert release(launcher, key) is True
     assert layout.job(key) in gets
     ended = record(zk, layout.job(key))
@@ -110,7 +91,7 @@ def test_a_stamp_that_does_not_match_is_not_believed(zk, layout, fake_agents, ke
     zk.set(layout.grant(key), grant_to_json(
         key, grant.placements, grant.ports, 1.0, record=RecordStamp.of(b"other", version, 1.0)))
     assert read_grant(launcher, key) is not None  # learns nothing: the digest differs
-    gets = spy_gets(zk)
+    gets = spy(zk, "get")
     assert release(launcher, key) is True
     assert layout.job(key) in gets
     assert record(zk, layout.job(key))["state"] == JobState.RELEASED
