@@ -80,7 +80,13 @@ MAX_REQUEST_HOSTS = 100_000  # a record is its owner's to write: never expand pa
 def compact_hosts(hosts: Sequence[str]) -> list[str]:
     """Hosts in order, each run of 3 or more consecutive numbers of one prefix and width
     written as an Ansible-style range (``node[00000:09999]``; host names hold no ``[``):
-    a waiting job's record names every host it may use, 10,000 names are 120 KB."""
+    a waiting job's record names every host it may use, 10,000 names are 120 KB. A
+    launcher asks it for the same inventory at every job: the answers are kept."""
+    return list(_compacted(tuple(hosts)))
+
+
+@functools.lru_cache(maxsize=32)
+def _compacted(hosts: tuple[str, ...]) -> tuple[str, ...]:
     out: list[str] = []
     i = 0
     while i < len(hosts):
@@ -99,7 +105,7 @@ def compact_hosts(hosts: Sequence[str]) -> list[str]:
         else:
             out.extend(hosts[i:j])
         i = j
-    return out
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=64)

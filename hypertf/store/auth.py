@@ -22,6 +22,7 @@ it) in one directory per cluster, which the inventory names (``hypertf_zk_creden
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import os
 import re
@@ -149,11 +150,12 @@ class Credential:
         return (f"# HyperTF ZooKeeper credential of {self.identity}: keep it secret (0600).\n"
                 + yaml.safe_dump(fields, sort_keys=False))
 
-    @property
+    # computed once: every znode a client creates names them in its ACL (a SHA-1 each)
+    @functools.cached_property
     def digest_id(self) -> str:
         return str(make_digest_acl_credential(self.identity, self.secret))
 
-    @property
+    @functools.cached_property
     def member_id(self) -> str:
         return str(make_digest_acl_credential("member", self.member_secret))
 

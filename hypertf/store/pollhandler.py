@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import select
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,10 +28,17 @@ __all__ = ["PollHandler"]
 
 _READ = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR | select.POLLNVAL
 _WRITE = select.POLLOUT | select.POLLHUP | select.POLLERR | select.POLLNVAL
+KEPT_POLLS = 8  # per thread: kazoo's connection thread asks about three sets
 
 
 class PollHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo has no hints
-    """SequentialThreadingHandler whose ``select`` waits with ``select.poll``."""
+    """SequentialThreadingHandler whose ``select`` waits with ``select.poll``: one poll
+    object per set of descriptors and thread, kept (kazoo asks about the same two or three
+    sets over and over), so a wait is one system call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._polls = threading.local()  # a poll object may not be polled by two threads
 
     def select(self, rlist: Sequence[Any], wlist: Sequence[Any], xlist: Sequence[Any],
                timeout: float | None = None) -> tuple[list[Any], list[Any], list[Any]]:
@@ -41,20 +49,34 @@ class PollHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo ha
                 raise TypeError("timeout must be a number")
             if timeout < 0:
                 raise ValueError("timeout must be non-negative")
-        masks: dict[int, int] = {}
-        for fileobj in rlist:
-            fd = fileobj_to_fd(fileobj)
-            masks[fd] = masks.get(fd, 0) | select.POLLIN | select.POLLPRI
-        for fileobj in wlist:
-            fd = fileobj_to_fd(fileobj)
-            masks[fd] = masks.get(fd, 0) | select.POLLOUT
-        poller = select.poll()
-        for fd, mask in masks.items():
-            poller.register(fd, mask)
+        rfds = [fileobj_to_fd(fileobj) for fileobj in rlist]
+        wfds = [fileobj_to_fd(fileobj) for fileobj in wlist]
         # poll's unit is the millisecond: rounded up, so a short wait is not a busy loop
-        ready = dict(poller.poll(None if timeout is None else math.ceil(timeout * 1000)))
+        ready = self._poller(tuple(rfds), tuple(wfds)).poll(
+            None if timeout is None else math.ceil(timeout * 1000))
         if not ready:
             return [], [], []
-        readable = [f for f in rlist if ready.get(fileobj_to_fd(f), 0) & _READ]
-        writable = [f for f in wlist if ready.get(fileobj_to_fd(f), 0) & _WRITE]
-        return readable, writable, []
+        events = dict(ready)
+        return ([f for f, fd in zip(rlist, rfds, strict=True) if events.get(fd, 0) & _READ],
+                [f for f, fd in zip(wlist, wfds, strict=True) if events.get(fd, 0) & _WRITE],
+                [])
+
+    def _poller(self, rfds: tuple[int, ...], wfds: tuple[int, ...]) -> Any:
+        """This thread's poll object for these descriptors (a descriptor number reused by
+        a new socket is the same question to poll)."""
+        kept: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] = \
+            self._polls.__dict__.setdefault("kept", {})
+        poller = kept.get((rfds, wfds))
+        if poller is None:
+            masks: dict[int, int] = {}
+            for fd in rfds:
+                masks[fd] = masks.get(fd, 0) | select.POLLIN | select.POLLPRI
+            for fd in wfds:
+                masks[fd] = masks.get(fd, 0) | select.POLLOUT
+            poller = select.poll()
+            for fd, mask in masks.items():
+                poller.register(fd, mask)
+            if len(kept) >= KEPT_POLLS:
+                kept.clear()
+            kept[(rfds, wfds)] = poller
+        return poller

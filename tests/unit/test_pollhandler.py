@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import threading
 import time
 
 import pytest
@@ -74,3 +75,28 @@ def test_a_descriptor_past_1024(pair):
     finally:
         os.close(high)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_threads_wait_at_once_on_one_handler(pair):
+    """Each thread polls with its own kept poll object (one may not be polled twice at
+    once); a kept one answers again for the same descriptors."""
+    a, b = pair
+    handler = PollHandler()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            for _ in range(5):
+                handler.select([a], [], [], 0.02)
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=wait) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    b.send(b"x")
+    assert handler.select([a], [], [], 0.01)[0] == [a]
+    assert handler.select([a], [], [], 0.01)[0] == [a]

