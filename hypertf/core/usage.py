@@ -21,6 +21,7 @@ Every value is decoded with bounds: the keeper wrote it, but a reader trusts not
 from __future__ import annotations
 
 import calendar
+import functools
 import json
 import math
 import time
@@ -31,7 +32,7 @@ from typing import Any, TypeGuard
 from hypertf.core.errors import StoreError
 from hypertf.core.fairshare import DAY_S, accrued, decay
 from hypertf.core.layout import is_task_key, owner_of
-from hypertf.core.records import decode, encode, plain_text
+from hypertf.core.records import MAX_ZNODE_BYTES, decode, encode, plain_text
 
 # A day's chunk is closed past this: each attempt's end rewrites the open chunk, so it is
 # kept small (about 110 attempts; ZooKeeper's limit is 1 MiB).
@@ -127,6 +128,12 @@ class Attempt:
                 "hosts": list(self.hosts), "hosts_n": self.hosts_n or len(self.hosts),
                 "start": round(self.start, 3),
                 "end": None if self.end is None else round(self.end, 3), "ended": self.ended}
+
+    @functools.cached_property
+    def text(self) -> str:
+        """``to_json`` as compact JSON, made once: the keeper writes the day's chunk with
+        every one of its attempts at each close (hypertf.keeper.ledger)."""
+        return json.dumps(self.to_json(), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, value: object) -> Attempt:
@@ -296,7 +303,7 @@ class Chunk:
 
     def grown_by(self, attempt: Attempt, rows: int) -> int:
         """About how many bytes ``attempt`` and its ``rows`` of totals add when encoded."""
-        return len(json.dumps(attempt.to_json(), separators=(",", ":"))) + 48 * rows
+        return len(attempt.text) + 48 * rows
 
     def rows(self) -> Iterable[tuple[str, str, str, float]]:
         """(day, user, model, GPU-seconds) of every total."""
@@ -306,11 +313,22 @@ class Chunk:
                     yield day, user, model, gpu_s
 
     def to_json(self) -> bytes:
-        return encode({"day": self.day, "totals": {
-            d: {u: {m: round(v, 3) for m, v in sorted(models.items())}
-                for u, models in sorted(users.items())}
-            for d, users in sorted(self.totals.items())},
-            "attempts": [a.to_json() for a in self.attempts]})
+        return self.encoded
+
+    @functools.cached_property
+    def encoded(self) -> bytes:
+        """The chunk's bytes, made once per chunk (the ledger sizes the chunk it adds to
+        and then writes it), with each attempt's kept ``text``: a close re-encodes only
+        the totals. The same bytes as ``encode`` of the whole."""
+        totals = {d: {u: {m: round(v, 3) for m, v in sorted(models.items())}
+                      for u, models in sorted(users.items())}
+                  for d, users in sorted(self.totals.items())}
+        head = encode({"day": self.day, "totals": totals, "attempts": []})
+        data = b"%s%s]}" % (head[:-2], ",".join(a.text for a in self.attempts).encode())
+        if len(data) > MAX_ZNODE_BYTES:  # refused as encode refuses it (CHUNK_BYTES is far)
+            return encode({"day": self.day, "totals": totals,
+                           "attempts": [a.to_json() for a in self.attempts]})
+        return data
 
     @classmethod
     def from_json(cls, data: bytes, name: str) -> Chunk:

@@ -128,6 +128,24 @@ def test_chunks_round_trip_and_compact_into_totals() -> None:
                                      ("2026-11-26", "bob", "H100", 3600.0)]
 
 
+def test_a_chunk_is_the_same_bytes_as_its_whole_encoding() -> None:
+    """The chunk's bytes are built from each attempt's kept text (a close re-encodes only
+    the totals): byte for byte what encoding the whole chunk gives, escapes included."""
+    now = MIDNIGHT + 7200
+    chunk = Chunk("2026-11-26")
+    for n, (user, end) in enumerate((("bob", None), ("ann", MIDNIGHT + 60), ("zoë", now))):
+        one = attempt(user, n + 1, MIDNIGHT, end, n=n)
+        chunk = chunk.added(one.per_day(now), one)
+    whole = encode({"day": chunk.day, "totals": {
+        d: {u: {m: round(v, 3) for m, v in sorted(models.items())}
+            for u, models in sorted(users.items())}
+        for d, users in sorted(chunk.totals.items())},
+        "attempts": [a.to_json() for a in chunk.attempts]})
+    assert chunk.to_json() == whole and chunk.to_json() is chunk.to_json()
+    assert Chunk("2026-11-26").to_json() == encode({"day": "2026-11-26", "totals": {},
+                                                      "attempts": []})
+
+
 def test_the_ledger_stays_bounded_at_1000_jobs_a_day_for_a_year() -> None:
     """1,000 attempts a day of 50 users on 2 models, each on 2 hosts: a chunk of detail
     stays under CHUNK_BYTES (so a day is about 10 chunks), a compacted day is a few KB, and a
