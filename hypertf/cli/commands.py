@@ -466,10 +466,18 @@ def train(inventory: str, request: TrainRequest, detach: bool = False) -> int:
 
         return start_detached(inventory, request)
     with _collector_paused():  # the launcher's imports (kazoo, paramiko) and the inventory
-        from hypertf.launch.launcher import train as run_job
-
         started = time.monotonic()
         inv = load_inventory(inventory)
-    run_job(inv, request, say=lambda line: print(line, flush=True),
-            inventory_s=time.monotonic() - started)
+        inventory_s = time.monotonic() - started
+        # the SSH connections (and the nodes' start) begin now, overlapping the imports
+        from hypertf.launch.prestart import connect_early
+
+        sessions = connect_early(inv, request)
+        try:
+            from hypertf.launch.launcher import train as run_job
+        except BaseException:  # Ctrl-C among the imports: leave nothing open
+            sessions.close()
+            raise
+    run_job(inv, request, say=lambda line: print(line, flush=True), inventory_s=inventory_s,
+            sessions=sessions)
     return 0

@@ -31,7 +31,6 @@ from hypertf.core.preemption import requeue_delay
 from hypertf.core.records import AgentRecord
 from hypertf.core.rendezvous import READINESS_SAID, Readiness
 from hypertf.core.rundir import checkpoint_dir
-from hypertf.core.scheduler import Policy
 from hypertf.core.timeline import Timeline
 from hypertf.launch.attempt import (
     Attempt,
@@ -49,7 +48,8 @@ from hypertf.launch.attempt import (
 from hypertf.launch.fleet import SshFleet
 from hypertf.launch.lease import StoreLease
 from hypertf.launch.placer import KeeperPlacer, StoreWaitQueue
-from hypertf.launch.preflight import EARLY_PREFLIGHT_HOSTS, Preflight, script_path
+from hypertf.launch.preflight import Preflight, script_path
+from hypertf.launch.prestart import likely_hosts
 from hypertf.launch.reporter import Reporter
 from hypertf.launch.request import LegacyFlags, TrainRequest
 from hypertf.launch.roster import Roster
@@ -93,7 +93,7 @@ class Job:
 
     def __init__(self, inventory: Inventory, request: TrainRequest,
                  say: Callable[[str], None] = print, first_key: str | None = None,
-                 parts: Parts | None = None) -> None:
+                 parts: Parts | None = None, sessions: Sessions | None = None) -> None:
         request.validate()
         self.inventory = inventory
         self.request = request
@@ -105,7 +105,8 @@ class Job:
         self.layout = Layout(inventory.cluster.zk_root)
         self.owner = auth.job_owner()
         self.store: Store | None = None  # the job's ZooKeeper client and root, once connected
-        self.sessions = Sessions(inventory)
+        # the SSH sessions: a cold launch's, begun before this module was imported (prestart)
+        self.sessions = sessions if sessions is not None else Sessions(inventory)
         self.preflight = Preflight(inventory, request, self.sessions, self.timeline)
         self.records: dict[str, AgentRecord] = {}  # the live agents' (the roster refreshes it)
         self.lost_session = threading.Event()
@@ -121,18 +122,6 @@ class Job:
         self.first_key = first_key  # a detached launcher's key, chosen by its parent
 
     # -- plan ---------------------------------------------------------------------------
-    def likely_hosts(self) -> list[str]:
-        """The hosts this job surely uses, known before ZooKeeper is asked: every GPU node
-        of a small inventory that has no more nodes than the job has tasks, placed round
-        robin (a GPU per server per round reaches each node). Otherwise none: the dry run
-        names them later (``KeeperPlacer.place``)."""
-        nodes = list(self.inventory.nodes)
-        tasks = len(self.request.slots(cpu_only=False)) - self.request.offload_hosts
-        if self.request.policy != Policy.ROUND_ROBIN or len(nodes) > min(
-                tasks, EARLY_PREFLIGHT_HOSTS):
-            return []
-        return nodes
-
     def plan(self) -> list[str]:
         """Connect, and find the candidate hosts (inventory GPU nodes with a live agent);
         the parts each attempt is handed are made here, unless the job was given them."""
@@ -254,7 +243,7 @@ class Job:
         every attempt stops and releases what it took whatever goes wrong."""
         with interrupted_by_signals():
             try:
-                self.sessions.connect_soon(self.likely_hosts())
+                self.sessions.connect_soon(likely_hosts(self.inventory, self.request))
                 outcome = self.run_attempts(self.plan())
                 self.result, self.message = JobState.SUCCEEDED, outcome.message
             except HyperTFError as err:
@@ -339,10 +328,17 @@ class Job:
 
 
 def train(inventory: Inventory, request: TrainRequest, say: Callable[[str], None] = print,
-          first_key: str | None = None, inventory_s: float = 0.0) -> JobSummary:
+          first_key: str | None = None, inventory_s: float = 0.0,
+          sessions: Sessions | None = None) -> JobSummary:
     """Run one job to the end; returns the summary, raises JobFailed on failure.
-    ``inventory_s``: how long reading the inventory took (the timeline's first phase)."""
-    job = Job(inventory, request, say, first_key)
+    ``inventory_s``: how long reading the inventory took (the timeline's first phase);
+    ``sessions``: the SSH sessions a cold launch began (prestart), the job's from now on."""
+    try:
+        job = Job(inventory, request, say, first_key, sessions=sessions)
+    except BaseException:  # a request refused: the sessions are closed all the same
+        if sessions is not None:
+            sessions.close()
+        raise
     if inventory_s:
         job.timeline.add("inventory", job.timeline.origin - inventory_s, job.timeline.origin)
     try:
