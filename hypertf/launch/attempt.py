@@ -391,11 +391,17 @@ class Attempt:
                               self.offload if self.offload_hosts else None)
 
     def finish(self) -> None:
-        """Stop every task, release (GPUs first; logs wait), collect logs, write the summary."""
+        """Stop every task, release (GPUs first: the logs are collected while the keeper
+        frees them), write the summary."""
         if self._unwatch is not None:
             self._unwatch()  # the release below drops the lease: no kill to hear of
         stopped: GroupResult[dict[str, StopResult]] = GroupResult()
         timeline, lease = self.parts.reporter.timeline, self.parts.lease
+
+        def logs() -> None:
+            with timeline.phase("logs"):
+                self.collect_logs()
+
         try:
             with timeline.phase("stop"):
                 stopped = self.stop()
@@ -404,11 +410,13 @@ class Attempt:
             with timeline.phase("release"):
                 if self.grant is not None:
                     lease.release(self.task_key, self.result, summary_of(self),
-                                  confirmed_dead(self.tasks.values(), stopped, self.grant))
+                                  confirmed_dead(self.tasks.values(), stopped, self.grant),
+                                  meanwhile=logs)
                 elif self.task_key in self.parts.placer.queued:  # left the queue: nothing ran
-                    lease.release(self.task_key, self.result, summary_of(self), None)
-            with timeline.phase("logs"):
-                self.collect_logs()
+                    lease.release(self.task_key, self.result, summary_of(self), None,
+                                  meanwhile=logs)
+                else:
+                    logs()
             if self.tasks:
                 make_private(self.local_dir)
                 write_private(Path(self.local.summary), json.dumps(summary_of(self), indent=2))

@@ -48,10 +48,13 @@ class JobLease(Protocol):
         ...
 
     def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
-                stopped_on: Sequence[str] | None) -> None:
+                stopped_on: Sequence[str] | None,
+                meanwhile: Callable[[], object] | None = None) -> None:
         """The GPUs back (those on ``stopped_on``; None: every host, nothing ran), the
         record ended with ``result`` and ``summary``; a store out of reach is said, not
-        raised: the lease ends with the session anyway."""
+        raised: the lease ends with the session anyway. ``meanwhile`` (the logs) runs
+        once the record and lease are written, while the keeper frees the GPUs, or after
+        a failure to write them: always once."""
         ...
 
 
@@ -109,8 +112,17 @@ class StoreLease:
             f" by {who} from {plain_text(by.get('host'), 64) or '?'}" if who else "")
 
     def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
-                stopped_on: Sequence[str] | None) -> None:
+                stopped_on: Sequence[str] | None,
+                meanwhile: Callable[[], object] | None = None) -> None:
         client = self.store.client
+        ran = False
+
+        def once() -> None:
+            nonlocal ran
+            if meanwhile is not None and not ran:
+                ran = True
+                meanwhile()
+
         deadline = time.monotonic() + self.connect_wait_s
         while not client.connected and time.monotonic() < deadline:
             time.sleep(0.2)  # calls on a disconnected client would queue and block
@@ -118,9 +130,11 @@ class StoreLease:
             if not client.connected:
                 raise StoreError("not connected")
             release(self.store, task_key, state=result, extra={"summary": summary},
-                    stopped_on=stopped_on)
+                    stopped_on=stopped_on, meanwhile=once)
         except (StoreError, KazooException, KazooTimeoutError) as err:
             self.say(f"hypertf: warning: could not reach ZooKeeper to release job "
                      f"{task_key} ({err or type(err).__name__}); its lease ends with "
                      f"this session and the next sync returns the GPUs")
+        finally:
+            once()
 

@@ -429,14 +429,17 @@ def plan(store: Store, request: Request) -> list[Placement]:
 
 def release(store: Store, task_key: str, state: str = "released",
             extra: Mapping[str, Any] | None = None,
-            stopped_on: Sequence[str] | None = None, wait_s: float = 10.0) -> bool:
+            stopped_on: Sequence[str] | None = None, wait_s: float = 10.0,
+            meanwhile: Callable[[], object] | None = None) -> bool:
     """Give back what ``task_key`` holds; idempotent. True if its lease was still there.
 
     Records the end (``state``, ``extra``) and ``stopped_on`` (the hosts where the caller
     has seen the job's processes dead; None: every host, nothing ran) and drops the lease,
     in one transaction. The keeper frees the cells on those hosts and drains the others
     for their agents to confirm; this waits up to ``wait_s`` for the keeper to have done
-    so, so that a command that ends here leaves the matrix as it says."""
+    so, so that a command that ends here leaves the matrix as it says. ``meanwhile`` (the
+    launcher's log collection) runs between the transaction and that wait, while the
+    keeper works; it runs even if the wait is not made."""
     lease_gone = False  # learnt from a transaction that failed on its delete
     # the record as this client last wrote it (knownrecords): the first try needs no read
     guess = knownrecords.take(store, task_key)
@@ -472,8 +475,12 @@ def release(store: Store, task_key: str, state: str = "released",
         raise ForceRetryError()  # or the record changed between the read and the write
 
     released, hosts = until_committed(attempt, f"releasing {task_key}")
-    if released and wait_s > 0:
-        wait_settled(store, task_key, wait_s, hosts)
+    try:
+        if meanwhile is not None:
+            meanwhile()
+    finally:
+        if released and wait_s > 0:
+            wait_settled(store, task_key, wait_s, hosts)
     return released
 
 

@@ -134,9 +134,12 @@ class FakeLease:
         return "hypertf cancel by user.bob from ws1"
 
     def release(self, task_key: str, result: JobState, summary: Mapping[str, Any],
-                stopped_on: Sequence[str] | None) -> None:
+                stopped_on: Sequence[str] | None,
+                meanwhile: Callable[[], object] | None = None) -> None:
         assert summary["task_key"] == task_key
         self.released.append((task_key, result, stopped_on))
+        if meanwhile is not None:
+            meanwhile()
 
 
 @dataclass
