@@ -67,7 +67,8 @@ def admitted(store: Store, task_key: str, grant: Grant, stamp: RecordStamp | Non
     """After the keeper's admission: the record it wrote, rebuilt from the queued one this
     client remembers, is remembered at the stamp's version if its digest is the stamp's;
     else nothing is (the next write reads the record)."""
-    known = take(store, task_key)
+    with _lock:  # looked at, not taken: another read of the grant leaves it as it is
+        known = _known.get(store.client, {}).get(task_key)
     if known is None or stamp is None or known.version != stamp.version - 1:
         return
     data = encode(transitions.admitted(known.record, grant.placements, grant.ports,

@@ -27,8 +27,8 @@ def record(zk: KazooClient, path: str) -> dict[str, Any]:
 
 
 def test_a_cycle_writes_its_record_without_reading_it(zk, layout, fake_agents, keeper):
-    """submit, starting, release: the record is never read back, and it ends as the read
-    path would write it (the keeper's admission kept, the launcher's end added)."""
+    """submit, starting, release: the record is never read back (another read of the
+    grant between changes nothing), and it ends as the read path would write it (the keeper's admission kept, the launcher's end added)."""
     fake_agents({"n1": 1, "n2": 1})
     keeper()
     launcher = Store(zk, layout)
@@ -36,6 +36,7 @@ def test_a_cycle_writes_its_record_without_reading_it(zk, layout, fake_agents, k
     key = new_task_key("root")
     grant = submit(launcher, one_gpu(), key)
     update_job(launcher, key, state=JobState.STARTING)
+    assert read_grant(launcher, key) == grant  # a later read of the grant forgets nothing
     assert release(launcher, key) is True
     assert layout.job(key) not in gets
     ended = record(zk, layout.job(key))
