@@ -28,7 +28,8 @@ def record(zk: KazooClient, path: str) -> dict[str, Any]:
 
 def test_a_cycle_writes_its_record_without_reading_it(zk, layout, fake_agents, keeper):
     """submit, starting, release: the record is never read back (another read of the
-    grant between changes nothing), and it ends as the read path would write it (the keeper's admission kept, the launcher's end added)."""
+    grant between changes nothing), and it ends as the read path would write it (the
+    keeper's admission kept, the launcher's end added)."""
     fake_agents({"n1": 1, "n2": 1})
     keeper()
     launcher = Store(zk, layout)
