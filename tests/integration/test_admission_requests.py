@@ -11,7 +11,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any
 
 from hypertf import store
 from hypertf.core.matrix import FREE, Matrix
@@ -84,14 +83,7 @@ def test_a_record_changed_after_its_prefetch_is_read_again(zk, layout):
     reader._prefetched[second].get(timeout=5)
     set_held(user, second, True)
     wait_for(lambda: second in reader._dirty, 5, "the watch the prefetch set to fire")
-    reads: list[str] = []
-    plain = zk.get_async
-
-    def get_async(path: str, watch: Any = None) -> Any:
-        reads.append(path)
-        return plain(path, watch=watch)
-
-    zk.get_async = get_async  # type: ignore[method-assign]
+    reads = spy(zk, "get_async")
     waiting = {w.task_key: w for w in reader.waiting(user.leases())}
     assert set(waiting) == {first, second, third}
     assert waiting[second].held and not waiting[third].held
@@ -110,14 +102,7 @@ def test_the_matrix_watch_wakes_without_a_read_and_ends(zk, layout, fake_agents)
         woken.set()
         return term["on"]
 
-    reads: list[str] = []
-    plain = zk.get
-
-    def get(path: str, watch: Any = None) -> Any:
-        reads.append(path)
-        return plain(path, watch=watch)
-
-    zk.get = get  # type: ignore[method-assign]
+    reads = spy(zk, "get")
     watch = MatrixWatch(admin, wake)
     assert watch.start()
     overwrite_matrix(admin, Matrix(gpus={"n1": [new_task_key("root"), FREE]}))
