@@ -39,6 +39,18 @@ def busy_share(inventory: str, cwd: Path, keys_after: float, gpus: int) -> tuple
     return held / (gpus * window), len(spans)
 
 
+def failed_logs(cwd: Path) -> str:
+    """The ends of the logs of the trials that did not succeed (the succeeded ones' would
+    push them out of a test's view of the output's tail)."""
+    results = sorted(cwd.glob("runs/sweeps/*/results.json"))
+    trials = json.loads(results[-1].read_text())["trials"] if results else []
+    bad = [t for t in trials if t.get("state") != "succeeded"]
+    logs = [next(iter(sorted(cwd.glob(f"runs/sweeps/*/trial-{t.get('index')}.log"))), None)
+            for t in bad]
+    return "".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}\n"
+                   for log in logs if log is not None)
+
+
 def run_sweep(lab, cwd: Path, work_s: float, trials: int, gpus: int,
               ) -> tuple[float, float, int]:
     values = ",".join(f"0.{i:02d}" for i in range(1, trials + 1))
@@ -50,10 +62,8 @@ def run_sweep(lab, cwd: Path, work_s: float, trials: int, gpus: int,
          "--", "--work_s", str(work_s)], cwd=cwd, capture_output=True, text=True, timeout=900)
     wall = time.monotonic() - t0
     if done.returncode != 0:
-        logs = "".join(f"--- {log.name}\n{log.read_text(errors='replace')[-1500:]}"
-                       for log in sorted(cwd.glob("runs/sweeps/*/trial-*.log")))
-        raise SystemExit(f"the sweep failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}\n"
-                         f"{logs}")
+        raise SystemExit(f"the sweep failed (exit {done.returncode}):\n{done.stderr[-1000:]}\n"
+                         f"{done.stdout[-1000:]}\n{failed_logs(cwd)}")
     share, count = busy_share(lab.inventory, cwd, started, gpus)
     return share, wall, count
 

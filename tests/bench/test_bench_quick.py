@@ -71,7 +71,7 @@ def test_every_bench_quick_form_ends_with_its_figures_and_ratios(tmp_path):
         took[name] = round(seconds, 1)
         if code != 0:
             why = f"no end within {LIMIT_S} s" if code is None else f"exit {code}"
-            problems.append(f"{name}: {why}:\n{output[-3000:]}")
+            problems.append(f"{name}: {why}:\n{output[-6000:]}")
             continue
         if "Traceback" in output:
             problems.append(f"{name}: a traceback, exit 0:\n{output[-3000:]}")
