@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,6 +55,22 @@ def run_quick(name: str, out: Path) -> tuple[str, int | None, str, float]:
     return name, proc.returncode, output, time.monotonic() - started
 
 
+def again_alone(result: tuple[str, int | None, str, float], out: Path,
+                ) -> tuple[str, int | None, str, float]:
+    """A bench that failed beside two others and the rest of the suite runs once more,
+    alone. A rotted bench fails again; one that passes alone is reported as a warning with
+    the first failure's tail (CI saw a sweep trial fail once in many green runs, and its
+    output did not show why), so the flake is seen without failing the suite."""
+    name, code, output, _seconds = result
+    if code == 0:
+        return result
+    retried = run_quick(name, out)
+    if retried[1] == 0:
+        warnings.warn(f"bench {name} failed (exit {code}) beside the others and passed alone; "
+                      f"the first run's end:\n{output[-6000:]}", stacklevel=1)
+    return retried
+
+
 def test_the_bench_folder_is_what_the_smoke_test_and_invoke_bench_run():
     from tasks import BENCHMARKS
 
@@ -66,6 +83,7 @@ def test_every_bench_quick_form_ends_with_its_figures_and_ratios(tmp_path):
     assert len(names) >= 8
     with ThreadPoolExecutor(AT_ONCE) as pool:
         results = list(pool.map(lambda n: run_quick(n, tmp_path), names))
+    results = [again_alone(result, tmp_path) for result in results]
     problems, took = [], {}
     for name, code, output, seconds in results:
         took[name] = round(seconds, 1)
