@@ -2,6 +2,10 @@
 
 import sys
 
-from hypertf.cli.warm import main
+try:
+    from hypertf.cli.warm import main
+except KeyboardInterrupt:  # Ctrl-C in the first milliseconds: nothing has started yet
+    print("hypertf: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

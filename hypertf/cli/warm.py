@@ -129,8 +129,11 @@ def main() -> int:
         code = through_warm(argv, idle)
         if code is not None:
             return code
-    from hypertf.cli.main import main as cold_main
-
+    try:
+        from hypertf.cli.main import main as cold_main
+    except KeyboardInterrupt:  # Ctrl-C among the imports (0.1 s): nothing has started yet
+        print("hypertf: interrupted", file=sys.stderr)
+        return 130
     return cold_main()
 
 

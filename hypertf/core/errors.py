@@ -59,3 +59,11 @@ class NotAllowed(HyperTFError):
     """This identity may not do that (another user's job, an agent's write)."""
 
     exit_code = 7
+
+
+class Interrupted(HyperTFError):
+    """SIGINT or SIGTERM reached the launcher's main thread (the job stops and releases
+    what it holds). Raised where the main thread waits, so a fan-out that collects its
+    hosts' exceptions must pass this one on: it is no host's failure."""
+
+    exit_code = 130

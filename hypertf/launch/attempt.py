@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from hypertf.core import diagnose
 from hypertf.core import spec as specs
-from hypertf.core.errors import Cancelled, HyperTFError
+from hypertf.core.errors import Cancelled, HyperTFError, Interrupted
 from hypertf.core.jobrecord import AttemptSummary, JobState, JobSummary
 from hypertf.core.monitor import Event, EventKind, Limits, Monitor, TaskState, Verdict, plural
 from hypertf.core.placement import Grant
@@ -127,10 +127,6 @@ class Preempted(JobFailed):
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(notice.at))
         super().__init__(f"preempted by {notice.by} at {at} ({notice.reason})", retryable=True)
         self.notice = notice
-
-
-class Interrupted(HyperTFError):
-    exit_code = 130
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from kazoo.client import KazooState
 
 from hypertf import store
 from hypertf.config.inventory import Inventory
-from hypertf.core.errors import HyperTFError
+from hypertf.core.errors import HyperTFError, Interrupted
 from hypertf.core.jobrecord import AttemptSummary, JobState, JobSummary
 from hypertf.core.monitor import Verdict
 from hypertf.core.placement import new_task_key
@@ -34,7 +34,6 @@ from hypertf.core.rundir import checkpoint_dir
 from hypertf.core.timeline import Timeline
 from hypertf.launch.attempt import (
     Attempt,
-    Interrupted,
     JobFailed,
     JobKilled,
     Outcome,

@@ -39,7 +39,7 @@ from invoke.exceptions import UnexpectedExit
 
 from hypertf.config.inventory import Node
 from hypertf.config.settings import ClusterSettings
-from hypertf.core.errors import RemoteError
+from hypertf.core.errors import Interrupted, RemoteError
 from hypertf.launch.connection import Runner, open_connection
 
 T = TypeVar("T")
@@ -349,13 +349,18 @@ class Cluster:
         results: GroupResult[T] = GroupResult()
         if not chosen:
             return results
-        with ThreadPoolExecutor(max_workers=min(32, len(chosen))) as pool:
+        pool = ThreadPoolExecutor(max_workers=min(32, len(chosen)))
+        try:
             futures = {name: pool.submit(action, self.sessions[name]) for name in chosen}
             for name, future in futures.items():
                 try:
                     results[name] = future.result()
+                except Interrupted:  # Ctrl-C in this (the main) thread: no host's failure
+                    raise
                 except Exception as err:  # collected and reported per host
                     results[name] = err
+        finally:  # every result is in, or Ctrl-C: then the caller's cleanup closes the
+            pool.shutdown(wait=False, cancel_futures=True)  # sessions the rest wait on
         return results
 
     def close(self) -> None:

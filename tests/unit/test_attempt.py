@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from hypertf.config.inventory import Inventory, load_inventory
+from hypertf.core.errors import Interrupted
 from hypertf.core.jobrecord import JobState
 from hypertf.core.monitor import Event, EventKind
 from hypertf.core.placement import Grant
@@ -27,7 +28,6 @@ from hypertf.core.rundir import RunDir
 from hypertf.core.scheduler import Placement
 from hypertf.launch.attempt import (
     Attempt,
-    Interrupted,
     JobFailed,
     JobKilled,
     Parts,

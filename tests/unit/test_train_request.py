@@ -16,13 +16,14 @@ from hypertf.cli import main as cli
 from hypertf.core.errors import (
     HyperTFError,
     InsufficientResources,
+    Interrupted,
     InventoryError,
     LabError,
     RemoteError,
     StoreError,
     UsageError,
 )
-from hypertf.launch.attempt import Interrupted, JobFailed
+from hypertf.launch.attempt import JobFailed
 from hypertf.launch.request import TrainRequest
 
 # -- TrainRequest.validate ------------------------------------------------------------------
