@@ -12,29 +12,25 @@ Written by the sweep's driver each time it records a trial's result; a trial run
 (``resume``) replaces its own run. Protobufs are written with TensorBoard's own event
 writer: no TensorFlow graph or session is needed. Without tensorboard installed nothing is
 written (a sweep does not depend on it).
+
+The protobufs come from ``tensorboard.plugins.hparams.summary_v2``, the module behind the
+public ``hparams.api``, and not from ``api`` itself, and the files are written without
+``EventFileWriter``: both import TensorFlow where it is installed, which held the driver
+~2 s (and ~0.5 GB) at its first finished trial, so the next trials started and were
+reaped that much later (bench/sweep.py).
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 TENSORBOARD = "tensorboard"
 CONFIG_SUFFIX = ".config"
-QUIET_TENSORFLOW = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")  # of taskstart.QUIET_ENV
-
-
-def quiet_tensorflow() -> None:
-    """TensorBoard's HParams API imports TensorFlow where it is installed, and its C++
-    start-up banners (oneDNN, cpu_feature_guard) would land among the sweep's own lines:
-    the driver takes the quiet logging every task gets, before that import (a value the
-    user set stays; the trial launchers it starts inherit it, harmlessly)."""
-    from hypertf.launch.taskstart import QUIET_ENV
-
-    for name in QUIET_TENSORFLOW:
-        os.environ.setdefault(name, QUIET_ENV[name])
 
 
 def board_dir(sweep_dir: Path) -> Path:
@@ -42,23 +38,29 @@ def board_dir(sweep_dir: Path) -> Path:
 
 
 def _write(directory: Path, summaries: Sequence[Any], suffix: str, step: int = 0) -> None:
+    """One event file of ``summaries``, framed by TensorBoard's ``RecordWriter`` into a
+    plain file: its ``EventFileWriter`` opens files through ``tf.io.gfile``, which imports
+    TensorFlow wherever it is installed."""
     from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    from tensorboard.summary.writer.record_writer import RecordWriter
 
     directory.mkdir(parents=True, exist_ok=True)
     for old in directory.glob(f"events.out.tfevents.*{suffix}"):
         old.unlink()  # one current file per run: a rewritten config, a re-run trial
-    writer = EventFileWriter(str(directory), filename_suffix=suffix)
+    now = time.time()
+    name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}.0{suffix}"
+    writer = RecordWriter(open(directory / name, "wb"))  # noqa: SIM115  # closed below
     try:
+        writer.write(Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
         for summary in summaries:
-            writer.add_event(Event(summary=summary, step=step))
+            writer.write(Event(wall_time=now, summary=summary, step=step).SerializeToString())
     finally:
         writer.close()
 
 
 def _domain(values: list[Any]) -> Any:
     """A Discrete domain of the values seen, when they share one type (else none)."""
-    from tensorboard.plugins.hparams import api as hp
+    from tensorboard.plugins.hparams import summary_v2 as hp
 
     kinds = {bool if isinstance(v, bool) else float if isinstance(v, (int, float)) else type(v)
              for v in values}
@@ -76,9 +78,8 @@ def record_trial(sweep_dir: Path, metric: str | None, trials: Sequence[Mapping[s
                  trial: Mapping[str, Any]) -> Path | None:
     """Write ``trial`` (its params and metric) and the experiment of all ``trials``; the
     trial's run directory, or None where tensorboard is not installed."""
-    quiet_tensorflow()
     try:
-        from tensorboard.plugins.hparams import api as hp
+        from tensorboard.plugins.hparams import summary_v2 as hp
         from tensorboard.plugins.scalar.summary_v2 import scalar_pb
     except ImportError:
         return None

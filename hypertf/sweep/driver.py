@@ -61,7 +61,7 @@ from hypertf.sweep.spec import (
 )
 
 SWEEPS = Path("runs") / "sweeps"
-POLL_S = 0.5
+POLL_S = 0.1  # a trial that ended is reaped and the next one started within this
 
 
 def sweep_dir(sweep_id: str) -> Path:
