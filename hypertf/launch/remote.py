@@ -349,18 +349,18 @@ class Cluster:
         results: GroupResult[T] = GroupResult()
         if not chosen:
             return results
-        pool = ThreadPoolExecutor(max_workers=min(32, len(chosen)))
-        try:
+        with ThreadPoolExecutor(max_workers=min(32, len(chosen))) as pool:
             futures = {name: pool.submit(action, self.sessions[name]) for name in chosen}
             for name, future in futures.items():
                 try:
                     results[name] = future.result()
-                except Interrupted:  # Ctrl-C in this (the main) thread: no host's failure
+                except Interrupted:  # Ctrl-C in this (the main) thread: no host's failure.
+                    # What has begun ends first (leaving the pool waits for it), so the
+                    # caller's cleanup sees every task a start round did start.
+                    pool.shutdown(wait=False, cancel_futures=True)
                     raise
                 except Exception as err:  # collected and reported per host
                     results[name] = err
-        finally:  # every result is in, or Ctrl-C: then the caller's cleanup closes the
-            pool.shutdown(wait=False, cancel_futures=True)  # sessions the rest wait on
         return results
 
     def close(self) -> None:
