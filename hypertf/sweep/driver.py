@@ -229,7 +229,11 @@ class Driver:
         trial["wall_s"] = round(trial["ended"] - trial.get("started", trial["ended"]), 2)
         self.sweep.save()
         self.sweep.write_results()
-        sweepboard.record_trial(self.sweep.dir, self.sweep.metric, self.sweep.trials, trial)
+        try:
+            sweepboard.record_trial(self.sweep.dir, self.sweep.metric, self.sweep.trials, trial)
+        except Exception as err:  # the TensorBoard view is a by-product: the sweep goes on
+            self.say(f"hypertf: sweep {self.sweep.sweep_id}: trial {trial['index']} not written "
+                     f"for TensorBoard ({type(err).__name__}: {err}); results.csv has it")
         name = self.sweep.metric or "metric"
         shown = f", {name}={trial['metric']}" if trial["metric"] is not None else ""
         if trial.get("unranked_metric"):
