@@ -70,6 +70,9 @@ def test_other_exceptions_are_still_the_hosts_own():
 # be imported: the signal lands among the imports every time, not by a sleep's luck.
 SIGINT_AMONG_IMPORTS = """
 import os, signal, sys
+# Python installs its Ctrl-C handler only where SIGINT was not ignored at its start, and
+# pytest-xdist's workers ignore it: a terminal's command has it, so this one gets it too
+signal.signal(signal.SIGINT, signal.default_int_handler)
 class Finder:
     def find_spec(self, name, path=None, target=None):
         if name == "hypertf.cli.commands":
