@@ -116,3 +116,6 @@ if __name__ == "__main__":
     except HyperTFError as err:  # pragma: no cover - exits.run reports these
         print(f"hypertf: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C among the imports, before exits.run: no job yet
+        print("hypertf: interrupted", file=sys.stderr)  # (a sweep's trial: cancelled, not lost)
+        sys.exit(130)

@@ -215,7 +215,8 @@ class Driver:
         summary = find_summary(trial["task_key"])
         if code == 0:
             state = TrialState.SUCCEEDED
-        elif code in (Cancelled.exit_code, 130):  # cancel/kill, or Ctrl-C
+        elif code in (Cancelled.exit_code, 130, -signal.SIGINT):  # cancel/kill, or Ctrl-C
+            # (-SIGINT: a launcher still among its imports died of the Ctrl-C itself)
             state = TrialState.CANCELLED
         elif code < 0 or (summary is not None and summary.get("result") == JobState.LOST):
             state = TrialState.LOST  # the launcher was killed outright
