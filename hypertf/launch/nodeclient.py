@@ -14,7 +14,6 @@ import contextlib
 import io
 import json
 import queue
-import tarfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -220,6 +219,8 @@ class NodeClient:
         then the --sync archive)."""
         archive = b""
         if sync_dir:
+            import tarfile  # only --sync needs it (with shutil, bz2, lzma: ~2 ms per launch)
+
             buffer = io.BytesIO()
             with tarfile.open(fileobj=buffer, mode="w:gz") as packed:
                 packed.add(sync_dir, arcname=run.code.name)
