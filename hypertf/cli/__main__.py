@@ -2,10 +2,11 @@
 
 import sys
 
+from hypertf.core.errors import say_interrupted
+
 try:
     from hypertf.cli.warm import main
 except KeyboardInterrupt:  # Ctrl-C in the first milliseconds: nothing has started yet
-    print("hypertf: interrupted", file=sys.stderr)
-    sys.exit(130)
+    sys.exit(say_interrupted())
 
 sys.exit(main())

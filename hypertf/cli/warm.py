@@ -36,6 +36,7 @@ import zlib
 from collections.abc import Sequence
 
 from hypertf.config import environment
+from hypertf.core.errors import say_interrupted
 
 ENV = environment.WARM_S.name  # idle seconds before the warm launcher ends; unset or 0: off
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -132,8 +133,7 @@ def main() -> int:
     try:
         from hypertf.cli.main import main as cold_main
     except KeyboardInterrupt:  # Ctrl-C among the imports (0.1 s): nothing has started yet
-        print("hypertf: interrupted", file=sys.stderr)
-        return 130
+        return say_interrupted()
     return cold_main()
 
 

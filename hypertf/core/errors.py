@@ -5,6 +5,8 @@ Anything that is not a HyperTFError is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import sys
+
 
 class HyperTFError(Exception):
     """A problem the user can fix; ``str(err)`` is the message shown to them."""
@@ -67,3 +69,10 @@ class Interrupted(HyperTFError):
     hosts' exceptions must pass this one on: it is no host's failure."""
 
     exit_code = 130
+
+
+def say_interrupted() -> int:
+    """Ctrl-C that reached a command outside a job's own handling (its imports, a plain
+    command): one line, no traceback, and the exit code a shell gives an interrupt."""
+    print("hypertf: interrupted", file=sys.stderr)
+    return Interrupted.exit_code

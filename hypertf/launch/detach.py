@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hypertf import store
 from hypertf.config.inventory import load_inventory
-from hypertf.core.errors import HyperTFError, UsageError
+from hypertf.core.errors import HyperTFError, UsageError, say_interrupted
 from hypertf.core.placement import new_task_key
 from hypertf.core.rundir import RunDir, make_private, write_private
 from hypertf.launch.request import TrainRequest
@@ -117,5 +117,4 @@ if __name__ == "__main__":
         print(f"hypertf: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:  # Ctrl-C among the imports, before exits.run: no job yet
-        print("hypertf: interrupted", file=sys.stderr)  # (a sweep's trial: cancelled, not lost)
-        sys.exit(130)
+        sys.exit(say_interrupted())  # (a sweep's trial: cancelled, not lost)

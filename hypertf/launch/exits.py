@@ -15,7 +15,7 @@ from types import TracebackType
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from hypertf.core.errors import Cancelled, HyperTFError
+from hypertf.core.errors import Cancelled, HyperTFError, say_interrupted
 
 
 def quiet_kazoo() -> None:
@@ -39,8 +39,7 @@ def run(func: Callable[[], int]) -> int:
               f"check 'hypertf status' and the ZooKeeper servers", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print("hypertf: interrupted", file=sys.stderr)
-        return 130
+        return say_interrupted()
     except BrokenPipeError:
         return reader_gone()
 
