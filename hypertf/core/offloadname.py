@@ -19,8 +19,10 @@ def channel_name(owner: str, task: str) -> str:
     return f"/{PREFIX}-{owner}-{task}"
 
 
-def shm_patterns(owner: str) -> tuple[str, str]:
-    """Glob patterns, in /dev/shm, of every name of every channel of ``owner``: Linux keeps
-    shared memory there under its name and a semaphore as ``sem.<name>``."""
+def shm_prefixes(owner: str) -> tuple[str, str]:
+    """How every name, in /dev/shm, of every channel of ``owner`` begins: Linux keeps
+    shared memory there under its name and a semaphore as ``sem.<name>``. Prefixes, not
+    glob patterns: a name is matched as it is spelled (no pattern to compile on every
+    node's stop: ~0.6 ms each)."""
     base = channel_name(owner, "")[1:]
-    return f"{base}*", f"sem.{base}*"
+    return base, f"sem.{base}"

@@ -209,4 +209,9 @@ class RunDir:
 
     def task_names(self) -> list[str]:
         """The tasks that have (had) a process here: those with a pidfile (on the node)."""
-        return sorted(p.stem for p in self.local.glob("*.pid"))
+        try:  # a listing, not a glob: no pattern compiled on every node's stop
+            names = os.listdir(self.local)
+        except OSError:
+            return []
+        return sorted(name[:-4] for name in names
+                      if name.endswith(".pid") and not name.startswith("."))

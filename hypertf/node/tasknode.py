@@ -550,10 +550,12 @@ def unlink_offload_channels(task_key: str, shm: Path = Path("/dev/shm")) -> None
     key by the launcher): the agent beside a SIGKILLed task could not unlink them itself."""
     if not task_key:
         return
-    for pattern in offloadname.shm_patterns(task_key):
-        for path in shm.glob(pattern):
-            with contextlib.suppress(OSError):
-                path.unlink()
+    prefixes = offloadname.shm_prefixes(task_key)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(shm):
+            if name.startswith(prefixes):
+                with contextlib.suppress(OSError):
+                    (shm / name).unlink()
 
 
 def logs(run: RunDir, names: Iterable[str] | None = None,

@@ -562,3 +562,15 @@ def test_start_watch_leaves_a_run_with_a_process_behind_to_the_launchers_stop(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
+
+
+def test_task_names_are_the_pidfiles_of_the_run_and_nothing_else(tmp_path: Path) -> None:
+    """A listing, as the glob it replaced: each '<name>.pid' once, sorted; not a hidden
+    file, not another suffix; none for a run directory that is not there."""
+    run = RunDir(tmp_path / "runs" / "20261127-160000-abcdef.alice")
+    assert run.task_names() == []
+    run.local.mkdir(parents=True)
+    for name in ("worker1.pid", "worker0.pid", "ps0.pid", ".hidden.pid", "worker0.log",
+                 "worker0.exit", "pid"):
+        (run.local / name).write_text("")
+    assert run.task_names() == ["ps0", "worker0", "worker1"]
