@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from hypertf.config.inventory import Inventory, load_inventory
+from hypertf.core.errors import RemoteError
 from hypertf.core.monitor import Event
 from hypertf.core.protocol import TaskStart
 from hypertf.core.rundir import RunDir
@@ -169,6 +170,24 @@ def test_where_sshd_accepts_shlvl_node_commands_skip_the_startup_files(banner_la
     built, inventory = banner_lab
     node_protocol(inventory, "h2", tmp_path)
     assert sourced(built, "h2") == 0
+
+
+def test_a_silent_command_past_its_timeout_is_the_nodes_error_and_the_session_goes_on(
+        banner_lab):
+    """``run`` on a channel of its own (not Fabric's runner): a command that stays silent
+    past ``timeout`` is a RemoteError naming the node and the wait (not Invoke's
+    CommandTimedOut), and the node's next command runs on the same connection."""
+    _, inventory = banner_lab
+    session = Session(inventory.node("h2"), inventory.cluster)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RemoteError, match=r"^h2: sleep: no answer within 0.5 s$"):
+            session.run("sleep 30", timeout=0.5)
+        assert time.monotonic() - started < 10
+        after = session.run("echo still here; exit 4")
+        assert (after.stdout, after.exited) == ("still here\n", 4)
+    finally:
+        session.close()
 
 
 def test_the_lab_never_reads_the_operators_startup_files(state_home):
