@@ -91,6 +91,39 @@ class _Unframed(io.TextIOBase):
         self.sink.flush()
 
 
+def run_on_channel(channel: paramiko.Channel, command: str, timeout: float | None,
+                   sink: io.TextIOBase | None = None) -> tuple[int, str, str]:
+    """``command`` on ``channel`` (a new session channel), through the login shell: framed,
+    with ``SHLVL=1``, its stdin closed (nothing reads it), its stderr read beside its
+    stdout (neither may fill the channel's window unread), its stdout also to ``sink`` as
+    it arrives (after the frame). Returns the exit code and what it printed after the
+    frames; ``timeout``: how long the node may stay silent (None: as long as it runs),
+    then TimeoutError. Not Fabric's runner: its loop looks at a command every 10 ms."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    stdout = io.StringIO()
+    unframed = _Unframed(sink) if sink is not None else None
+    errors: list[bytes] = []
+
+    def read_stderr() -> None:
+        with contextlib.suppress(OSError, EOFError):  # the main read says what failed
+            errors.append(channel.makefile_stderr("rb").read())
+
+    channel.settimeout(timeout)
+    channel.update_environment(QUIET_SHELL)
+    channel.exec_command(framed(command))
+    channel.shutdown_write()
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    for chunk in iter(lambda: channel.recv(65536), b""):
+        text = decoder.decode(chunk)
+        stdout.write(text)
+        if unframed is not None:
+            unframed.write(text)
+    code = channel.recv_exit_status()
+    reader.join(timeout)
+    return code, unframe(stdout.getvalue()), unframe(b"".join(errors).decode(errors="replace"))
+
+
 @dataclass(frozen=True)
 class Result:
     """A finished command: what HyperTF needs of Invoke's and Fabric's results."""
@@ -192,34 +225,11 @@ class Session:
 
     def _exec(self, runner: Connection, command: str, timeout: float | None,
               sink: io.TextIOBase | None) -> Result:
-        """``command`` on a new channel, its stdin closed (nothing reads it), its stderr
-        read beside its stdout (neither may fill the channel's window unread). ``timeout``:
-        how long the node may stay silent (None: as long as it runs), a RemoteError after
-        that; a lost connection is closed (the next command opens another)."""
+        """``run_on_channel`` on a new channel: silent past ``timeout`` is a RemoteError; a
+        lost connection is closed (the next command opens another)."""
         channel = self._session_channel(runner)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stdout = io.StringIO()
-        unframed = _Unframed(sink) if sink is not None else None
-        errors: list[bytes] = []
-
-        def read_stderr() -> None:
-            with contextlib.suppress(OSError, EOFError):  # the main read says what failed
-                errors.append(channel.makefile_stderr("rb").read())
-
         try:
-            channel.settimeout(timeout)
-            channel.update_environment(QUIET_SHELL)
-            channel.exec_command(framed(command))
-            channel.shutdown_write()
-            reader = threading.Thread(target=read_stderr, daemon=True)
-            reader.start()
-            for chunk in iter(lambda: channel.recv(65536), b""):
-                text = decoder.decode(chunk)
-                stdout.write(text)
-                if unframed is not None:
-                    unframed.write(text)
-            code = channel.recv_exit_status()
-            reader.join(timeout)
+            code, stdout, stderr = run_on_channel(channel, command, timeout, sink)
         except TimeoutError:
             raise RemoteError(f"{self.node.name}: {command.split()[0]}: no answer within "
                               f"{timeout:g} s") from None
@@ -229,8 +239,7 @@ class Session:
                               f"{err or type(err).__name__}") from None
         finally:
             channel.close()
-        return Result(self.node.name, command, code, unframe(stdout.getvalue()),
-                      unframe(b"".join(errors).decode(errors="replace")))
+        return Result(self.node.name, command, code, stdout, stderr)
 
     def feed(self, command: str, data: bytes, timeout: float = 300.0) -> Result:
         """Run ``command`` with ``data`` on its stdin, in one round trip: how files reach a
