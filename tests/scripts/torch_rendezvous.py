@@ -4,7 +4,9 @@ and NODE_RANK as ``torch.distributed`` would, and meets its peers over TCP on th
 address like its TCP store: rank 0 listens on MASTER_PORT, every other rank connects and
 sends what it was told. Rank 0 prints the whole world as one JSON line and answers each
 rank, so every process knows the rendezvous held. The other ranks also listen on their own
-port (HyperTF's TensorFlow readiness: every task of a multi-task job listens)."""
+port (HyperTF's TensorFlow readiness: every task of a multi-task job listens). The node's
+watcher learns that a port listens by connecting to it and closing at once: rank 0 takes
+such a connection, which sends nothing, as no peer (a store server must survive it)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,11 @@ def main() -> None:
         peers, conns = [told], []
         while len(peers) < world:
             conn, _ = server.accept()
-            peers.append(json.loads(conn.makefile().readline()))
+            line = conn.makefile().readline()
+            if not line:  # a connection that said nothing: the node's readiness probe
+                conn.close()  # (tasknode connects to each task's port and closes): it
+                continue  # is not a peer
+            peers.append(json.loads(line))
             conns.append(conn)
         print("world=" + json.dumps(sorted(peers, key=lambda p: int(p["RANK"]))), flush=True)
         for conn in conns:
