@@ -92,15 +92,21 @@ class _Unframed(io.TextIOBase):
 
 
 def run_on_channel(channel: paramiko.Channel, command: str, timeout: float | None,
-                   sink: io.TextIOBase | None = None) -> tuple[int, str, str]:
-    """``command`` on ``channel`` (a new session channel), through the login shell: framed,
-    with ``SHLVL=1``, its stdin closed (nothing reads it), its stderr read beside its
-    stdout (neither may fill the channel's window unread), its stdout also to ``sink`` as
-    it arrives (after the frame). Returns the exit code and what it printed after the
-    frames; ``timeout``: how long the node may stay silent (None: as long as it runs),
-    then TimeoutError. Not Fabric's runner: its loop looks at a command every 10 ms."""
+                   sink: io.TextIOBase | None = None, data: bytes = b"",
+                   started: bool = False, stderr_wait: float | None = None,
+                   ) -> tuple[int, str, str]:
+    """``command`` on ``channel`` through the login shell (framed, with ``SHLVL=1``; already
+    running there when ``started``: ``Session.open_soon``), ``data`` on its stdin, then
+    closed; its stderr read beside its stdout (neither may fill the channel's window
+    unread). Returns the exit code and what it printed after the frames. With ``sink``,
+    stdout goes there as it arrives and is not kept (a watch streams for a job's whole
+    life): what is returned is only what came before a frame that never came (the shell
+    ended in its startup files). ``timeout``: how long the node may stay silent (None: as
+    long as it runs), then TimeoutError; ``stderr_wait``: how long stderr is waited for
+    once stdout ended (default ``timeout``). Not Fabric's runner: its loop looks at a
+    command every 10 ms."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    stdout = io.StringIO()
+    kept = io.StringIO() if sink is None else None
     unframed = _Unframed(sink) if sink is not None else None
     errors: list[bytes] = []
 
@@ -109,19 +115,28 @@ def run_on_channel(channel: paramiko.Channel, command: str, timeout: float | Non
             errors.append(channel.makefile_stderr("rb").read())
 
     channel.settimeout(timeout)
-    channel.update_environment(QUIET_SHELL)
-    channel.exec_command(framed(command))
-    channel.shutdown_write()
+    if not started:
+        channel.update_environment(QUIET_SHELL)
+        channel.exec_command(framed(command))
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
+    with contextlib.suppress(OSError):  # the command ended early: its exit says why
+        if data:
+            channel.sendall(data)
+        channel.shutdown_write()
     for chunk in iter(lambda: channel.recv(65536), b""):
         text = decoder.decode(chunk)
-        stdout.write(text)
         if unframed is not None:
             unframed.write(text)
+        elif kept is not None:
+            kept.write(text)
     code = channel.recv_exit_status()
-    reader.join(timeout)
-    return code, unframe(stdout.getvalue()), unframe(b"".join(errors).decode(errors="replace"))
+    reader.join(timeout if stderr_wait is None else stderr_wait)
+    if kept is not None:
+        stdout = unframe(kept.getvalue())
+    else:
+        stdout = "" if unframed is None or unframed.open else unframe(unframed.held)
+    return code, stdout, unframe(b"".join(errors).decode(errors="replace"))
 
 
 @dataclass(frozen=True)
@@ -335,28 +350,16 @@ class Session:
                           b"".join(errors).decode(errors="replace"))
         started = self._started(command)
         channel = started or self._session_channel(runner)
-        unframed = _Unframed(sink)
         try:
-            if started is None:
-                channel.update_environment(QUIET_SHELL)
-                channel.exec_command(framed(command))
-            reader = threading.Thread(
-                target=lambda: errors.append(channel.makefile_stderr("rb").read()), daemon=True)
-            reader.start()
-            with contextlib.suppress(OSError):  # the command ended early: its exit says why
-                channel.sendall(data)
-                channel.shutdown_write()
-            for chunk in iter(lambda: channel.recv(65536), b""):
-                unframed.write(decoder.decode(chunk))
-            code = channel.recv_exit_status()
-            reader.join(self.cluster.ssh_timeout)
+            code, said, warned = run_on_channel(channel, command, None, sink, data,
+                                                started=started is not None,
+                                                stderr_wait=self.cluster.ssh_timeout)
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise RemoteError(f"{self.node.name}: connection lost: "
                               f"{err or type(err).__name__}") from None
         finally:
             channel.close()
-        return Result(self.node.name, command, code, "" if unframed.open else unframe(
-            unframed.held), unframe(b"".join(errors).decode(errors="replace")))
+        return Result(self.node.name, command, code, said, warned)
 
     def put(self, data: bytes, path: str, timeout: float = 300.0) -> None:
         """Write ``data`` to ``path`` on the node (``cat`` fed by ``feed``: not SFTP, which
