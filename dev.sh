@@ -14,11 +14,12 @@ PYTHON=${PYTHON:-python3}
 # What `up` needs: ZooKeeper (the local node runs its agent and tasks without SSH).
 UP_SYSTEM_PACKAGES=(zookeeper)
 UP_EXTRAS=controller,tf
-# What the suite needs on top: sshd, ip netns and openssl (the lab, test_auth), pdsh (bench),
+# What the suite needs on top: sshd, ip netns and openssl (the lab, test_auth), acl (a per-user
+# lab lets its accounts through a closed home to this Python: setfacl), pdsh (bench),
 # Chromium with its driver (tests/launcher/test_dashboard.py), MPICH (offload: mpiexec, and
 # the headers mpi4py is built against).
 TEST_SYSTEM_PACKAGES=("${UP_SYSTEM_PACKAGES[@]}" openssh-server openssh-client iproute2 pdsh
-                      openssl chromium chromium-driver mpich libmpich-dev)
+                      openssl acl chromium chromium-driver mpich libmpich-dev)
 TEST_EXTRAS=$UP_EXTRAS,offload,jax,dev
 
 install_system() {  # the Debian packages named as arguments, those not installed yet

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from hypertf.core import taskenv
+from hypertf.core import accounts, taskenv
 
 DEFAULT_INVENTORY = "inventory/local.yml"
 
@@ -192,6 +192,28 @@ def _hosts(key: str, value: Any) -> tuple[str, ...]:
     return tuple(h.strip() for h in items)
 
 
+def _prefix(key: str, value: Any) -> str:
+    """An account-name prefix ("" for none): what useradd takes at the start of a name."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z_][a-z0-9_-]{0,15}", value):
+        raise ValueError(f"{key} must be a short account-name prefix (lower-case letters, "
+                         f"digits, '_' and '-'), not {value!r}")
+    return value
+
+
+def _account_names(key: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """HyperTF user -> Unix account, for users whose account is not prefix + name."""
+    if value in (None, "", {}, ()):
+        return ()
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and accounts.ACCOUNT.match(v)
+            for k, v in value.items()):
+        raise ValueError(f"{key} must map HyperTF user names to Unix account names "
+                         f"({{alice: asmith}}), not {value!r}")
+    return tuple((str(k), str(v)) for k, v in value.items())
+
+
 def _port_range(key: str, value: Any) -> tuple[int, int]:
     try:
         low, high = (int(part) for part in str(value).split("-"))
@@ -309,6 +331,20 @@ SETTINGS: dict[str, Setting] = {
     "hypertf_zk_credentials": Setting(_optional_text, None, scope="cluster"),
     # A CA certificate (PEM): talk TLS to ZooKeeper's secure client port and verify it.
     "hypertf_zk_tls_ca": Setting(_optional_text, None, scope="cluster"),
+    # Whose Unix account runs a user's tasks (hypertf.core.accounts, docs/provisioning.md
+    # "Accounts"): shared (every user as ansible_user: the old way, with a notice), managed
+    # (the roles make one account per HyperTF user, one uid on every node) or existing (the
+    # site's LDAP/SSSD accounts, checked only). The account is prefix + user name, unless
+    # hypertf_account_names maps the user; the agent writes the mapping for its tasknode.
+    "hypertf_user_accounts": Setting(_choice(accounts.AccountMode), accounts.AccountMode.SHARED,
+                                     scope="cluster"),
+    "hypertf_account_prefix": Setting(_prefix, "", scope="cluster"),
+    "hypertf_account_names": Setting(_account_names, (), scope="cluster"),
+    # Users whose tasks may run as root (their account maps to root): nobody by default.
+    "hypertf_root_task_users": Setting(_hosts, (), scope="cluster"),
+    # The user's own SSH key for logging in to the nodes as their account, on the machine
+    # that runs the launcher ("~" is that user's home; {user} is the HyperTF user name).
+    "hypertf_user_ssh_key": Setting(_text, "~/.ssh/id_ed25519", agent=False, scope="cluster"),
 }
 # What a node's agent reads: the hypertf_agent role asks for this list
 # ('hypertf inventory agent-settings') instead of keeping a copy.
@@ -374,3 +410,14 @@ class ClusterSettings:
     keeper_hosts: tuple[str, ...] = ()  # () : the default (keeper_hosts_of)
     zk_credentials: str | None = None  # directory of credential files; None: the default
     zk_tls_ca: str | None = None  # CA certificate: TLS to ZooKeeper
+    user_accounts: accounts.AccountMode = accounts.AccountMode.SHARED  # tasks' accounts
+    account_prefix: str = ""
+    account_names: tuple[tuple[str, str], ...] = ()
+    root_task_users: tuple[str, ...] = ()
+    user_ssh_key: str = "~/.ssh/id_ed25519"  # the launching user's key to their account
+
+    @property
+    def account_policy(self) -> accounts.AccountPolicy:
+        """The admin's mapping of HyperTF users to Unix accounts (hypertf.core.accounts)."""
+        return accounts.AccountPolicy(self.user_accounts, self.account_prefix,
+                                      dict(self.account_names), self.root_task_users)

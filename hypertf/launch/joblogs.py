@@ -20,9 +20,12 @@ from typing import Any, TextIO
 from hypertf.config.inventory import Inventory
 from hypertf.core.errors import HyperTFError, UsageError
 from hypertf.core.jobrecord import JobRecord, JobState, task_hosts
+from hypertf.core.layout import owner_of
 from hypertf.core.rundir import RunDir
+from hypertf.launch.login import as_job_owner
 from hypertf.launch.remote import Session, quote
 from hypertf.store import Store
+from hypertf.store.auth import default_identity
 from hypertf.store.jobs import read_job
 
 WAIT_FOR_START_S = 600  # how long a remote follower waits for a task's PID file
@@ -113,7 +116,10 @@ def show_logs(store: Store, inventory: Inventory, task_key: str, follow: bool = 
                          f"({record.get('inventory', '?')}) with -i")
     lock = threading.Lock()
     failures: dict[str, str] = {}
-    sessions = {name: Session(inventory.node(host), inventory.cluster) for name, host in tasks}
+    # the caller's own account (another user's logs are not theirs to read); the admin's
+    # identity logs in as the inventory's admin account
+    login = inventory if default_identity() == "admin" else as_job_owner(inventory)
+    sessions = {name: Session(login.node(host), inventory.cluster) for name, host in tasks}
 
     def read(name: str, host: str) -> None:
         """One session per task: each follower streams on its own connection."""
@@ -128,7 +134,11 @@ def show_logs(store: Store, inventory: Inventory, task_key: str, follow: bool = 
             failures[name] = str(err)
             return
         sink.flush_rest()
-        if not result.ok and not follow:
+        if not result.ok and "Permission denied" in result.stderr:
+            failures[name] = (f"{host} does not let {login.node(host).user or 'this account'} "
+                              f"read {run.log(file_name)}: job {task_key} is "
+                              f"{owner_of(task_key)}'s, and its files are that user's alone")
+        elif not result.ok and not follow:
             failures[name] = f"no log on {host} ({run.log(file_name)})"
 
     threads = [threading.Thread(target=read, args=t, daemon=True) for t in tasks]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hypertf.config.inventory import Inventory
+from hypertf.launch.login import as_job_owner
 from hypertf.launch.nodeclient import NodeClient
 from hypertf.launch.remote import Cluster, Session
 
@@ -19,10 +20,11 @@ __all__ = ["Sessions"]
 
 
 class Sessions:
-    """The job's ``Cluster``, grown host by host, and which hosts are being connected early."""
+    """The job's ``Cluster``, grown host by host, and which hosts are being connected early.
+    Its sessions log in as the job owner's account (hypertf.launch.login)."""
 
     def __init__(self, inventory: Inventory) -> None:
-        self.inventory = inventory
+        self.inventory = as_job_owner(inventory)
         self.cluster = Cluster([], inventory.cluster)
         self._connecting: set[str] = set()  # hosts whose connection is being made early
 

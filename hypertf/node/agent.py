@@ -38,7 +38,7 @@ from hypertf.config.inventory import Inventory, Node
 from hypertf.config.settings import GpuSourceKind
 from hypertf.core.errors import HyperTFError, StoreError
 from hypertf.keeper.role import KeeperTerm
-from hypertf.node import confine
+from hypertf.node import confine, taskaccount
 from hypertf.node.hostreport import HostReport
 from hypertf.node.metrics import AgentCollector, MetricsServer
 from hypertf.node.probes import (
@@ -198,6 +198,19 @@ class NodeAgent:
         self.report = HostReport(self.node, self.layout, self.metrics, self._wake_up,
                                  cgroups=self.cgroups, minors=lambda: self.prober.minors)
 
+    def _publish_accounts(self) -> None:
+        """The admin's user-to-account mapping, written for tasknode (which then starts
+        only the job owner's account's tasks), and the shared folders made for it. A node
+        that cannot write it says so; its tasknode then refuses per-user starts."""
+        policy = self.inventory.cluster.account_policy
+        workdir = self.node.settings.workdir
+        try:
+            taskaccount.prepare_workdir(workdir, policy)
+            taskaccount.write_policy(workdir, policy)
+        except OSError as err:
+            log.error("%s: cannot write the account mapping in %s (%s): per-user tasks "
+                      "cannot start here", self.node.name, workdir, err)
+
     def _confinement(self) -> confine.JobCgroups:
         """What this node can enforce (its cgroup subtrees made), written for tasknode."""
         settings = self.node.settings
@@ -289,6 +302,7 @@ class NodeAgent:
         """Serve until stopped; with ``once``, publish one record and return it. The
         node's cgroup subtrees exist while it serves: removed (when empty) however it ends."""
         record = None
+        self._publish_accounts()
         self.cgroups = self.report.cgroups = self._confinement()
         self.prober.cgroups = self.cgroups.state
         try:

@@ -9,9 +9,12 @@ SSH channel per node carries everything the launcher needs; ``stop`` signals eac
 process group (TERM, then KILL after a grace period: MultiWorkerMirroredStrategy catches
 TERM). A task is believed only as far as the node can prove it (``wrapper``): its pid file
 names a live process group leader running our wrapper for this run, with the start time
-recorded beside the PID (a recycled PID has another), owned by the run directory's owner;
-a bare number in a file proves nothing. ``start`` refuses a run directory that is not the
-job's or already has tasks, and makes everything private to the job's user (0700/0600).
+recorded beside the PID (a recycled PID has another), owned by the run directory's owner,
+who on a per-user node must be the job owner's account (hypertf.node.taskaccount); a bare
+number in a file proves nothing. On such a node ``start`` starts only the job owner's
+account's tasks (never root's unless the admin allows it). ``start`` refuses a run
+directory that is not the job's or already has tasks, and makes everything private to the
+job's user (0700/0600).
 Standard library only (and hypertf.node.procs), so it starts fast:
 ``start`` is on every job's critical path (one Python start per host), so what only other
 verbs need (psutil through procs, tarfile, logging, diagnose) is imported where it is used.
@@ -37,7 +40,7 @@ from hypertf.core import protocol as wire
 from hypertf.core.errors import HyperTFError, NotAllowed
 from hypertf.core.protocol import NodeEvent, RunEnd, StartAnswer, StartRequest, StopResult
 from hypertf.core.rundir import RunDir, read_pid_record
-from hypertf.node import confine
+from hypertf.node import confine, taskaccount
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -106,6 +109,9 @@ def _proves(run: RunDir, name: str, pid: int, start: int) -> bool:
     owner = _owner(run.path)
     if owner is None or _owner(f"/proc/{pid}") != owner:
         return False
+    expected = taskaccount.expected_uid(_workdir(run), run.task_key)  # per-user nodes
+    if expected is not None and owner != expected:
+        return False  # a run directory another account made under this job's name
     again = _proc_stat(pid)  # the same process still: its group and start time (its state,
     return again is not None and again[1:] == stat[1:]  # running or sleeping, may change)
 
@@ -203,6 +209,9 @@ def start_tasks(request: StartRequest, archive: bytes = b"") -> StartAnswer:
     if busy:
         return StartAnswer(busy=busy)
     run = RunDir(Path(request.run_dir))
+    refused = taskaccount.start_problem(_workdir(run), run.task_key)
+    if refused:
+        raise NotAllowed(f"tasknode start: {refused}: refused, nothing started")
     _claim(run, tasks)
     problems = _unpack(run, archive) if archive else []
     script = request.script

@@ -39,6 +39,7 @@ import yaml
 from hypertf.config.paths import state_home
 from hypertf.core.errors import HyperTFError, LabError
 from hypertf.node import procs
+from hypertf.ops import labaccounts
 from hypertf.ops.zkserver import ZooKeeperServer, ensemble, free_port
 
 SSHD = "/usr/sbin/sshd"
@@ -76,6 +77,23 @@ class Lab:
     hosts: list[LabHost] = field(default_factory=list)
     zookeeper: list[dict[str, object]] = field(default_factory=list)
     inventory: str = ""
+    per_user: bool = False  # hypertf_user_accounts: managed (one Unix account per user)
+    accounts: list[str] = field(default_factory=list)  # the Unix accounts it made
+    groups: list[str] = field(default_factory=list)  # the Unix group it made (its accounts')
+    opened: list[str] = field(default_factory=list)  # closed dirs its group may traverse
+
+    @property
+    def group(self) -> str:
+        return f"htf{self.lab_id}"
+
+    @property
+    def account_prefix(self) -> str:
+        """The lab's users' accounts are ``htf<lab id>-<user>``: two labs never share one."""
+        return f"htf{self.lab_id}-"
+
+    def user_dir(self, user: str) -> Path:
+        """Where the lab keeps ``user``'s own SSH key (``id_ed25519``), as the user would."""
+        return self.dir / "users" / user
 
     @property
     def dir(self) -> Path:
@@ -231,17 +249,26 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 QUIET_SHELL = "SHLVL=1"  # sshd SetEnv: bash reads no ~/.bashrc for sshd's commands (SHLVL >= 2)
 
 
-def _shell_setup(hostdir: Path, host: LabHost, startup: StartupFiles | None) -> str:
+def _shell_setup(hostdir: Path, host: LabHost, startup: StartupFiles | None,
+                 accounts: str = "") -> str:
     """The sshd_config lines for the user's shell: a home of the host's own (with an empty
-    ``.ssh``), and no startup files or the given ones."""
+    ``.ssh``), and no startup files or the given ones. ``accounts``: the prefix of the
+    lab's per-user accounts, which log in with their own keys and homes (Match blocks:
+    root keeps the host's home)."""
     home = hostdir / "home"
     (home / ".ssh").mkdir(mode=0o700, parents=True)
     home.chmod(0o700)
     if startup is None:
-        return f"SetEnv {QUIET_SHELL} HOME={home}\n"  # one line: sshd keeps the first SetEnv
-    (home / ".bashrc").write_text(startup.bashrc)
-    accept = "AcceptEnv SHLVL\n" if host.name in startup.accept_shlvl else ""
-    return f"SetEnv HOME={home}\n{accept}"
+        lines = f"SetEnv {QUIET_SHELL} HOME={home}\n"  # one line: sshd keeps the first SetEnv
+    else:
+        (home / ".bashrc").write_text(startup.bashrc)
+        accept = "AcceptEnv SHLVL\n" if host.name in startup.accept_shlvl else ""
+        lines = f"SetEnv HOME={home}\n{accept}"
+    if not accounts:
+        return lines
+    return (f"Match User root\n  {lines.replace(chr(10), chr(10) + '  ').rstrip()}\n"
+            f"Match User {accounts}*\n  AuthorizedKeysFile %h/.ssh/authorized_keys\n"
+            f"  SetEnv {QUIET_SHELL}\n")
 
 
 def _cgroup_mounts() -> str:
@@ -266,6 +293,9 @@ def _cgroup_mounts() -> str:
 
 def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost],
                 startup: StartupFiles | None = None) -> None:
+    """A host's sshd in its namespaces. A per-user lab's host hides processes from other
+    accounts (``/proc`` with ``hidepid=2``, as docs/provisioning.md asks of real nodes):
+    one user's tasks cannot list another's command lines."""
     hostdir = lab.dir / host.name
     (hostdir / "srv").mkdir(parents=True)
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{host.name}-hostkey",
@@ -277,10 +307,11 @@ def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost],
     (hostdir / "sshd_config").write_text(
         SSHD_CONFIG.format(address=host.address, hostdir=hostdir,
                            authorized_keys=lab.dir / "authorized_keys", home=hostdir / "home")
-        + _shell_setup(hostdir, host, startup)
+        + _shell_setup(hostdir, host, startup, lab.account_prefix if lab.per_user else "")
     )
+    hide = "mount -o remount,hidepid=2 /proc && " if lab.per_user else ""
     script = (
-        f"hostname {host.name} && mount --bind {hostdir}/srv /srv && "
+        f"hostname {host.name} && {hide}mount --bind {hostdir}/srv /srv && "
         f"mount --bind {hostdir}/hosts /etc/hosts && {_cgroup_mounts()}"
         f"exec {SSHD} -D -f {hostdir}/sshd_config -E {hostdir}/sshd.log"
     )
@@ -326,6 +357,12 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float,
             },
         }
     }
+    if lab.per_user:
+        inventory["all"]["vars"].update({
+            "hypertf_user_accounts": "managed",
+            "hypertf_account_prefix": lab.account_prefix,
+            "hypertf_user_ssh_key": str(lab.dir / "users" / "{user}" / "id_ed25519"),
+        })
     inventory["all"]["vars"].update(settings)
     if lab.zookeeper:
         inventory["all"]["vars"]["hypertf_zookeeper_hosts"] = lab.zookeeper_hosts
@@ -338,13 +375,17 @@ def _write_inventory(lab: Lab, gpus: int, session_timeout: float,
 def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = True,
        session_timeout: float = 6.0, base: Path | None = None, zookeeper_members: int = 1,
        startup_files: StartupFiles | None = None,
-       settings: Mapping[str, Any] | None = None) -> Lab:
+       settings: Mapping[str, Any] | None = None, per_user: bool = False) -> Lab:
     """Build a lab; on any failure, remove what was built and raise LabError.
 
     ``zookeeper_members`` > 1 runs a quorum ensemble on the bridge address instead of one
     standalone server. ``settings``: more ``hypertf_*`` settings for every host (what
     the agents read at their start: hypertf_preempt...). ``startup_files``: the hosts'
     user has these (see StartupFiles); by default the lab's commands read none.
+    ``per_user``: every HyperTF user of the lab is a Unix account of its own
+    (``htf<lab id>-<user>``, removed with the lab) that runs that user's tasks and logs in
+    with that user's own key; each host keeps only its own credentials, as a real node does
+    (hypertf.ops.labaccounts).
     """
     if not 1 <= hosts <= 50:
         raise LabError(f"--hosts must be between 1 and 50, not {hosts}")
@@ -362,7 +403,7 @@ def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = Tru
     net = _pick_subnet()
     addresses = list(net.hosts())
     lab = Lab(lab_id=lab_id, directory=str(directory), bridge=f"htf{lab_id}",
-              gateway=str(addresses[0]))
+              gateway=str(addresses[0]), per_user=per_user)
     lab.hosts = [
         LabHost(name=f"h{i}", namespace=f"htf-{lab_id}-h{i}", veth=f"htf{lab_id}-{i}",
                 address=str(addresses[10 + i]))
@@ -416,6 +457,8 @@ def up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper: bool = Tru
             server.start(heap="192m", tick_ms=500)
         lab.inventory = str(_write_inventory(lab, gpus, session_timeout, settings or {}))
         lab.save()
+        if per_user:
+            labaccounts.open_path(lab)
         if zookeeper:
             secure_lab_root(lab)
         if agents:
@@ -433,6 +476,11 @@ def secure_lab_root(lab: Lab) -> None:
 
     inventory = load_inventory(lab.inventory)
     store.secure_cluster(inventory.cluster, list(inventory.nodes))
+    if lab.per_user:
+        from hypertf.store.auth import job_owner
+
+        labaccounts.add_accounts(lab, [job_owner()])
+        labaccounts.node_credentials(lab, inventory)
 
 
 def add_users(lab: Lab, users: Sequence[str],
@@ -445,6 +493,8 @@ def add_users(lab: Lab, users: Sequence[str],
 
     cluster = load_inventory(lab.inventory).cluster
     store.secure_cluster(cluster, [h.name for h in lab.hosts], users=list(users))
+    if lab.per_user:
+        labaccounts.add_accounts(lab, list(users))
     admin = store.connect(cluster, identity="admin")
     try:
         for user, ceiling in (max_priority or {}).items():
@@ -461,7 +511,8 @@ def start_lab_agents(lab: Lab, wait_s: float = 30.0) -> None:
 
     inventory = load_inventory(lab.inventory)
     try:
-        agentctl.start_agents(inventory)
+        agentctl.start_agents(inventory, node_inventory=labaccounts.node_inventory
+                              if lab.per_user else None)
     except HyperTFError as err:
         refused = refused_keys(lab)
         if not refused:
@@ -498,6 +549,7 @@ def down(lab: Lab) -> None:
                 _ip("netns", "del", host.namespace)
     with contextlib.suppress(LabError):
         _ip("link", "del", lab.bridge)
+    labaccounts.remove_accounts(lab)
     _remove_cgroups(lab)
     shutil.rmtree(lab.dir, ignore_errors=True)
 
