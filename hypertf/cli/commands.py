@@ -22,6 +22,7 @@ from hypertf.core.errors import UsageError
 from hypertf.launch.request import TrainRequest
 
 if TYPE_CHECKING:
+    from hypertf.config.inventory import Inventory
     from hypertf.core.jobrecord import JobRecord
 
 
@@ -345,11 +346,14 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
          print_dir: bool = False, max_priority: int | None = None,
          gpu_limit: int | None = None, share: float | None = None,
          gpu_hours_per_month: float | None = None, no_preempt_ok: bool = False,
-         preemptible: bool = False) -> int:
+         preemptible: bool = False, ssh_key: str | None = None, uid: int | None = None,
+         no_nodes: bool = False, as_json: bool = False) -> int:
     from hypertf import store
     from hypertf.store import auth as credentials
 
     inv = load_inventory(inventory)
+    if action == "accounts":
+        return _accounts(inv, as_json)
     if action in ("add-user", "limits") and not user:
         raise UsageError(f"hypertf auth {action} NAME: name the user")
     if action == "limits":
@@ -372,6 +376,8 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
     if action == "add-user":
         print(credentials.handover_note(str(user), directory, inv.cluster.zk_credentials,
                                         inv.cluster.zookeeper_hosts, inv.cluster.zk_root))
+        if inv.cluster.account_policy.per_user:
+            _add_account(inv, directory, str(user), ssh_key, uid, no_nodes)
     else:
         print(f"ZooKeeper root {inv.cluster.zk_root} secured; credentials in {directory}")
     if print_dir:
@@ -379,13 +385,66 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
     return 0
 
 
-def lab_up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper_members: int = 1) -> int:
+def _accounts(inv: Inventory, as_json: bool) -> int:
+    """``hypertf auth accounts``: the admin's register of node accounts."""
+    from hypertf import store
+    from hypertf.ops import accounts
+
+    rows = accounts.registered(store.credentials_dir(inv.cluster), inv.cluster.account_policy)
+    if as_json:
+        print(accounts.to_json(rows))
+        return 0
+    policy = inv.cluster.account_policy
+    print(f"tasks run as: {policy.mode} accounts" + (
+        "" if policy.per_user else " (every user as the inventory's ansible_user)"))
+    for row in rows:
+        uid = str(row.uid) if row.uid is not None else "(the site's)"
+        print(f"{row.user:<16} {row.account:<24} uid {uid:<12} "
+              f"{'key' if row.public_key else 'NO KEY'}")
+    return 0
+
+
+def _add_account(inv: Inventory, directory: Path, user: str, ssh_key: str | None,
+                 uid: int | None, no_nodes: bool) -> None:
+    """``auth add-user`` on a per-user cluster: the account registered, its key made or
+    taken, and made on every node (the user_accounts role) unless ``no_nodes``."""
+    from hypertf.ops import accounts, provision
+
+    policy = inv.cluster.account_policy
+    row, made = accounts.register(directory, policy, user,
+                                  Path(ssh_key).expanduser() if ssh_key else None, uid)
+    print(f"{user}'s tasks run as the account {row.account}"
+          + (f" (uid {row.uid} on every node)" if row.uid is not None else
+             " (the site's own account, on every node)"))
+    if made is not None:
+        where = inv.cluster.user_ssh_key.replace("{user}", user)
+        print(f"{made}: {user}'s SSH private key for it: give it to {user} with the "
+              f"credential (mode 0600, as {where} on the machine they launch from)")
+    remote = [n for n in inv.nodes.values() if not n.local]
+    if no_nodes or not remote:
+        print("the nodes get the account at the next 'invoke cluster.setup'" if remote else "")
+        return
+    run = provision.run_playbook(provision.ACCOUNTS, inv.path, tags=["accounts"],
+                                 extra_vars={"hypertf_gpu_group": inv.cluster.gpu_group})
+    provision.recap(run)
+    if not run.succeeded:
+        raise provision.ProvisionError(f"{user}'s account was registered but not made on "
+                                       f"every node; see {run.log}, fix it and run "
+                                       f"'invoke cluster.setup --tags accounts'", run)
+
+
+def lab_up(hosts: int = 3, gpus: int = 4, agents: bool = True, zookeeper_members: int = 1,
+           per_user: bool = True) -> int:
     from hypertf.ops import lab
 
-    built = lab.up(hosts=hosts, gpus=gpus, agents=agents, zookeeper_members=zookeeper_members)
+    built = lab.up(hosts=hosts, gpus=gpus, agents=agents, zookeeper_members=zookeeper_members,
+                   per_user=per_user)
     for host in built.hosts:
         print(f"{host.name} {host.address} (namespace {host.namespace})")
     print(f"ZooKeeper {built.zookeeper_hosts}" if built.zookeeper else "no ZooKeeper")
+    if built.per_user:
+        print(f"each user's tasks run as {built.account_prefix}<user> (keys in "
+              f"{built.dir / 'users'}; 'hypertf auth add-user' on this inventory adds one)")
     print(built.inventory)
     return 0
 

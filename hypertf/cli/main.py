@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
           words="auth init")
     _verb(verbs, "add-user", commands.auth,
           "register a user and write the credential file to hand them", words="auth add-user")
+    _verb(verbs, "accounts", commands.auth,
+          "each user's node account (name, uid, SSH key) as the admin registered it",
+          words="auth accounts")
     _verb(verbs, "limits", commands.auth,
           "a user's maximum priority, GPU limit, fair share, monthly budget and "
           "preemption exemption, which the keeper enforces",

@@ -86,7 +86,15 @@ VERB_OPTIONS: dict[str, tuple[VerbOption, ...]] = {
     "auth init": (VerbOption("reset", bool, False, "delete a root made without credentials "
                              "first, then secure it"), PRINT_DIR),
     "auth add-user": (_user("the user's name (their login on the machine they use)"),
+                      VerbOption("ssh_key", str, None, "on a per-user cluster: the user's own "
+                                 "SSH public key for their node account (default: one is made "
+                                 "for them, user.NAME.ssh beside the credential)", "PUB_FILE"),
+                      VerbOption("uid", int, None, "the managed account's uid (default: the "
+                                 "next free one from 20000)", "N"),
+                      VerbOption("no_nodes", bool, False, "register only: make the account on "
+                                 "the nodes later (invoke cluster.setup)"),
                       PRINT_DIR),
+    "auth accounts": (_json("print the register as JSON (what the user_accounts role reads)"),),
     "auth limits": (_user("the registered user to limit"),
                     VerbOption("max_priority", int, None, "the highest --priority that counts "
                                "for the user (default 10)", "N"),
@@ -114,7 +122,10 @@ VERB_OPTIONS: dict[str, tuple[VerbOption, ...]] = {
                VerbOption("no_agents", bool, False, "bare hosts: no agent started",
                           dest="agents", negated=True),
                VerbOption("zookeeper_members", int, 1, "1: one ZooKeeper server; 3 or 5: a "
-                          "quorum ensemble", "N")),
+                          "quorum ensemble", "N"),
+               VerbOption("shared_account", bool, False, "every user's tasks as this "
+                          "machine's root, as before (default: each user an account of its own, "
+                          "removed with the lab)", dest="per_user", negated=True)),
     "lab down": (VerbOption("name", str, None, "lab id (default: every lab)", "NAME"),),
     "lab list": (),
 }

@@ -198,19 +198,6 @@ class NodeAgent:
         self.report = HostReport(self.node, self.layout, self.metrics, self._wake_up,
                                  cgroups=self.cgroups, minors=lambda: self.prober.minors)
 
-    def _publish_accounts(self) -> None:
-        """The admin's user-to-account mapping, written for tasknode (which then starts
-        only the job owner's account's tasks), and the shared folders made for it. A node
-        that cannot write it says so; its tasknode then refuses per-user starts."""
-        policy = self.inventory.cluster.account_policy
-        workdir = self.node.settings.workdir
-        try:
-            taskaccount.prepare_workdir(workdir, policy)
-            taskaccount.write_policy(workdir, policy)
-        except OSError as err:
-            log.error("%s: cannot write the account mapping in %s (%s): per-user tasks "
-                      "cannot start here", self.node.name, workdir, err)
-
     def _confinement(self) -> confine.JobCgroups:
         """What this node can enforce (its cgroup subtrees made), written for tasknode."""
         settings = self.node.settings
@@ -302,7 +289,7 @@ class NodeAgent:
         """Serve until stopped; with ``once``, publish one record and return it. The
         node's cgroup subtrees exist while it serves: removed (when empty) however it ends."""
         record = None
-        self._publish_accounts()
+        taskaccount.publish(self.node.settings.workdir, self.inventory.cluster.account_policy)
         self.cgroups = self.report.cgroups = self._confinement()
         self.prober.cgroups = self.cgroups.state
         try:

@@ -18,14 +18,19 @@ import stat
 from pathlib import Path
 
 from hypertf.core.accounts import STATE_FILE, AccountPolicy
-from hypertf.core.errors import HyperTFError
-from hypertf.core.layout import owner_of
 from hypertf.core.rundir import CHECKPOINTS, RUNS, TENSORBOARD
 
-__all__ = ["account_name", "expected_uid", "prepare_workdir", "read_policy", "start_problem",
-           "write_policy"]
+__all__ = ["account_name", "expected_uid", "owner_of", "prepare_workdir", "publish",
+           "read_policy", "secret_problems", "start_problem", "write_policy"]
 
 SHARED_DIRS = (RUNS, CHECKPOINTS, TENSORBOARD)
+
+
+def owner_of(task_key: str) -> str:
+    """The user part of a task key ("" for none), as hypertf.core.layout reads it; spelled
+    here since that module imports dataclasses (~5 ms of every job's start on every node)."""
+    stamp, _, user = task_key.partition(".")
+    return user if stamp and "/" not in task_key else ""
 
 
 def write_policy(workdir: str | Path, policy: AccountPolicy) -> None:
@@ -52,6 +57,21 @@ def prepare_workdir(workdir: str | Path, policy: AccountPolicy) -> None:
         if folder.is_symlink():
             raise OSError(f"{folder} is a link")
         os.chmod(folder, 0o1777)
+
+
+def publish(workdir: str | Path, policy: AccountPolicy) -> None:
+    """The agent's start: the admin's mapping written for tasknode (which then starts only
+    the job owner's account's tasks), the shared folders made for it. A node that cannot
+    write it logs why; its tasknode then finds no mapping (a shared node)."""
+    try:
+        prepare_workdir(workdir, policy)
+        write_policy(workdir, policy)
+    except OSError as err:
+        import logging
+
+        logging.getLogger(__name__).error(
+            "cannot write the account mapping in %s (%s): per-user tasks are not checked "
+            "here", workdir, err)
 
 
 def read_policy(workdir: str | Path) -> AccountPolicy | str:
@@ -102,9 +122,8 @@ def expected_uid(workdir: str | Path, task_key: str) -> int | None:
         return -1
     if not policy.per_user:
         return None
-    try:
-        owner = owner_of(task_key)
-    except HyperTFError:
+    owner = owner_of(task_key)
+    if not owner:
         return -1
     uid = _uid_of(policy.account_of(owner))
     return -1 if uid is None else uid
@@ -120,6 +139,8 @@ def start_problem(workdir: str | Path, task_key: str) -> str | None:
     if not policy.per_user:
         return None
     owner = owner_of(task_key)
+    if not owner:
+        return f"{task_key!r} is not a task key"
     account = policy.account_of(owner)
     me = os.geteuid()
     if _uid_of(account) is None:
@@ -132,3 +153,23 @@ def start_problem(workdir: str | Path, task_key: str) -> str | None:
         return (f"{owner}'s tasks would run as root, which the admin has not allowed "
                 f"(hypertf_root_task_users)")
     return None
+
+
+def secret_problems(workdir: str | Path) -> list[str]:
+    """The node's credential files this (task) account could read, for the preflight: the
+    agent's and the keeper's are root's alone (0600 in a 0700 folder). Root reads them
+    anyway: a shared cluster's root tasks are the launch notice's, not this check's."""
+    if os.geteuid() == 0:
+        return []
+    folder = Path(workdir) / "credentials"
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []  # not there, or closed to this account: as it should be
+    readable = [n for n in names if n.endswith(".yml") and os.access(folder / n, os.R_OK)]
+    if not readable:
+        return []
+    return [f"this node's credentials ({', '.join(readable)} in {folder}) are readable by "
+            f"the task account {account_name(os.geteuid())}, so any job's task could steal "
+            f"them: the admin makes them root's alone (chmod 700 {folder}; chmod 600 its "
+            f"files; invoke cluster.setup does it)"]

@@ -678,6 +678,7 @@ def preflight(workdir: str, script: str, venv: str | None = None) -> dict[str, A
         problems.append(f"work dir {workdir} is not writable ({err.strerror})")
     if script and not (work / script).is_file():
         problems.append(f"script {script} not found (relative paths start in {workdir})")
+    problems += taskaccount.secret_problems(workdir)
     # the script and the modules beside it that it imports (its flags may live there)
     scan = diagnose.scan_script(work / script) if script else None
     # tf-keras in this venv (the tasks' venv): a Keras 3 error's hint says whether

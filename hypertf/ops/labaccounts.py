@@ -16,15 +16,42 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
 from hypertf.core.errors import LabError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from hypertf.config.inventory import Inventory, Node
-    from hypertf.ops.lab import Lab
+
+
+class _Host(Protocol):
+    name: str
+    address: str
+
+
+class Lab(Protocol):
+    """What this module needs of a lab (hypertf.ops.lab.Lab, which imports this module)."""
+
+    lab_id: str
+    inventory: str
+    accounts: list[str]
+    groups: list[str]
+    opened: list[str]
+
+    @property
+    def hosts(self) -> Sequence[_Host]: ...
+    @property
+    def dir(self) -> Path: ...
+    @property
+    def account_prefix(self) -> str: ...
+    @property
+    def group(self) -> str: ...
+    def user_dir(self, user: str) -> Path: ...
+    def save(self) -> None: ...
 
 __all__ = [
     "add_accounts",
@@ -75,24 +102,31 @@ def open_path(lab: Lab) -> None:
 
 
 def add_accounts(lab: Lab, users: list[str]) -> None:
-    """Make ``users``' accounts (those not made yet) with their keys; recorded in lab.json
-    first, so ``down`` removes even a half-made one."""
+    """Make ``users``' accounts (those not made yet) with their keys, registered as
+    ``hypertf auth add-user`` registers them (so the user_accounts role, run on the lab,
+    finds them as they are); recorded in lab.json first, so ``down`` removes even a
+    half-made one."""
+    from hypertf import store
+    from hypertf.config.inventory import load_inventory
+    from hypertf.ops import accounts
+
+    inventory = load_inventory(lab.inventory)
+    directory = store.credentials_dir(inventory.cluster)
     for user in users:
         account = f"{lab.account_prefix}{user}"
         if account in lab.accounts:
             continue
         lab.accounts.append(account)
         lab.save()
-        _run("useradd", "--create-home", "--user-group", "--groups", lab.group,
-             "--shell", "/bin/bash",
-             "--comment", f"HyperTF lab {lab.lab_id} user {user}", account)
-        _run("usermod", "-p", "*", account)  # unlocked, no password: sshd takes its key
         keys = lab.user_dir(user)
         keys.mkdir(mode=0o700, parents=True, exist_ok=True)
         key = keys / "id_ed25519"
         if not key.exists():
-            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{account}",
-                 "-f", str(key))
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", account, "-f", str(key))
+        uid = _useradd(lab, account, user)
+        accounts.register(directory, inventory.cluster.account_policy, user,
+                          key.with_suffix(".pub"), uid)
+        _run("usermod", "-p", "*", account)  # unlocked, no password: sshd takes its key
         home = Path(os.path.expanduser(f"~{account}"))
         ssh = home / ".ssh"
         ssh.mkdir(mode=0o700, exist_ok=True)
@@ -101,6 +135,42 @@ def add_accounts(lab: Lab, users: list[str]) -> None:
         authorized.chmod(0o600)
         shutil.chown(ssh, account, account)
         shutil.chown(authorized, account, account)
+
+
+def _useradd(lab: Lab, account: str, user: str) -> int:
+    """``account`` made with the first uid from 20000 up that this machine does not use
+    (another lab may take one at the same moment: the next is tried), its group the same
+    id; returns the uid."""
+    import grp
+    import pwd
+
+    from hypertf.ops.accounts import UID_BASE
+
+    uid = UID_BASE
+    for _ in range(50):
+        while _taken(uid, pwd.getpwuid) or _taken(uid, grp.getgrgid):
+            uid += 1
+        done = subprocess.run(["groupadd", "--gid", str(uid), account], capture_output=True,
+                              text=True, timeout=60)
+        if done.returncode == 0:
+            made = subprocess.run(
+                ["useradd", "--create-home", "--uid", str(uid), "--gid", str(uid),
+                 "--groups", lab.group, "--shell", "/bin/bash",
+                 "--comment", f"HyperTF lab {lab.lab_id} user {user}", account],
+                capture_output=True, text=True, timeout=60)
+            if made.returncode == 0:
+                return uid
+            subprocess.run(["groupdel", account], capture_output=True, timeout=60)
+        uid += 1
+    raise LabError(f"cannot make the lab account {account}: no free uid from {UID_BASE}")
+
+
+def _taken(number: int, lookup: Any) -> bool:
+    try:
+        lookup(number)
+    except KeyError:
+        return False
+    return True
 
 
 def remove_accounts(lab: Lab) -> None:
@@ -112,6 +182,7 @@ def remove_accounts(lab: Lab) -> None:
     for account in lab.accounts:
         subprocess.run(["userdel", "--force", "--remove", account], capture_output=True,
                        timeout=60)
+        subprocess.run(["groupdel", account], capture_output=True, timeout=60)
     for group in lab.groups:
         subprocess.run(["groupdel", group], capture_output=True, timeout=60)
 

@@ -32,6 +32,7 @@ from hypertf.core.errors import HyperTFError
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy.yml"
 TEARDOWN = REPO / "playbooks" / "teardown.yml"
+ACCOUNTS = REPO / "playbooks" / "accounts.yml"  # deploy.yml's users' accounts play, alone
 CALLBACK_DIR = REPO / "playbooks" / "callback_plugins"
 ANSIBLE_CFG = REPO / "ansible.cfg"
 WHEEL_DIR = REPO / ".hypertf" / "wheels"

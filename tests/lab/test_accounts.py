@@ -246,6 +246,26 @@ def test_a_user_without_a_key_gets_one_line(users_lab, tmp_path):
     assert "no SSH key" in done.stderr or "credential" in done.stderr, done.stderr
 
 
+def test_the_preflight_refuses_a_node_whose_credentials_a_task_could_read(users_lab,
+                                                                         tmp_path):
+    lab = users_lab
+    folder = lab.dir / "h2" / "srv/hypertf/credentials"
+    credential = folder / "agent.h2.yml"
+    folder.chmod(0o755)
+    credential.chmod(0o644)
+    try:
+        done = as_user("bob", "train", "-i", lab.inventory, "--script", FAKE, "--worker", "2",
+                       cwd=tmp_path)
+    finally:
+        folder.chmod(0o700)
+        credential.chmod(0o600)
+    assert done.returncode != 0
+    assert "agent.h2.yml" in done.stderr and "readable by the task account" in done.stderr, \
+        done.stderr
+    assert "Traceback" not in done.stderr
+    assert all_free(lab.inventory)
+
+
 def shlex_quote(text: str) -> str:
     import shlex
 
