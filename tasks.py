@@ -167,6 +167,8 @@ VERB_TASKS = (
              "As the admin: make the cluster's ZooKeeper credentials and secure its root."),
     VerbTask("auth.add-user", "auth add-user",
              "As the admin: register a user and write the credential file to hand them."),
+    VerbTask("auth.accounts", "auth accounts",
+             "As the admin: each user's node account (name, uid, SSH key) as registered."),
     VerbTask("auth.limits", "auth limits",
              "As the admin: a user's maximum priority, GPU limit, share, budget, exemption."),
     VerbTask("lab.up", "lab up",

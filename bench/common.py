@@ -81,12 +81,15 @@ def bench_home(name: str) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def lab(home: Path, hosts: int, gpus: int) -> Iterator[lab_module.Lab]:
-    """A lab of our own (hosts, sshd, agents, ZooKeeper); always removed."""
+def lab(home: Path, hosts: int, gpus: int, per_user: bool = False,
+        ) -> Iterator[lab_module.Lab]:
+    """A lab of our own (hosts, sshd, agents, ZooKeeper); always removed. ``per_user``:
+    every user's tasks as their own account (hypertf.ops.labaccounts)."""
     started = time.monotonic()
-    built = lab_module.up(hosts=hosts, gpus=gpus, base=home / "labs")
+    built = lab_module.up(hosts=hosts, gpus=gpus, base=home / "labs", per_user=per_user)
     try:
-        print(f"# lab {built.lab_id}: {hosts} hosts x {gpus} GPUs up in "
+        accounts = " (per-user accounts)" if per_user else ""
+        print(f"# lab {built.lab_id}: {hosts} hosts x {gpus} GPUs{accounts} up in "
               f"{time.monotonic() - started:.1f} s", flush=True)
         yield built
     finally:

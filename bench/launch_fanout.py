@@ -270,13 +270,17 @@ def main() -> int:
     parser = common.parser(__doc__.splitlines()[0])
     parser.add_argument("--no-warm", action="store_true",
                         help="leave out hypertf-warm (for code that predates the warm launcher)")
+    parser.add_argument("--per-user", action="store_true",
+                        help="a per-user lab: the launcher logs in as the user's own account "
+                             "with its own key, its tasks run as it (hypertf_user_accounts)")
     args = parser.parse_args()
     sizes = [1, 2] if args.quick else [1, 2, 4, 8]
     reps = 1 if args.quick else 3
     report = common.Report("launch_fanout", args)
     report.start()
     results: dict[tuple[str, int], list[dict]] = {}
-    with common.bench_home("fanout") as home, common.lab(home, max(sizes), 1) as lab, \
+    with common.bench_home("fanout") as home, \
+            common.lab(home, max(sizes), 1, args.per_user) as lab, \
             common.children() as kids:
         config = ssh_config(lab, home)
         inventories = {n: sub_inventory(lab, n) for n in sizes}

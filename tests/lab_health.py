@@ -166,6 +166,6 @@ def ensure_healthy(lab: lab_module.Lab, gpus: int) -> tuple[lab_module.Lab, list
                     return lab, found
                 time.sleep(1)
     lab_module.down(lab)
-    rebuilt = lab_module.up(hosts=len(lab.hosts), gpus=gpus)
+    rebuilt = lab_module.up(hosts=len(lab.hosts), gpus=gpus, per_user=lab.per_user)
     return rebuilt, [*found, "repair failed: lab rebuilt"]
 

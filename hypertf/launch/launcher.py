@@ -46,6 +46,7 @@ from hypertf.launch.attempt import (
 )
 from hypertf.launch.fleet import SshFleet
 from hypertf.launch.lease import StoreLease
+from hypertf.launch.login import shared_login
 from hypertf.launch.placer import KeeperPlacer, StoreWaitQueue
 from hypertf.launch.preflight import Preflight, script_path
 from hypertf.launch.prestart import likely_hosts
@@ -165,6 +166,9 @@ class Job:
                 self.say(f"hypertf: warning: {warning}")
             for line in self.preflight.unconfined():
                 self.say(f"hypertf: notice: {line}")
+            shared = shared_login(self.inventory)
+            if shared:
+                self.say(shared)
             self.readiness, why = self.decide_readiness()
             mode_line = self.readiness_line(self.readiness, why)
             if mode_line:

@@ -12,9 +12,7 @@ inventory says, and says once what that costs.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-import sys
 from pathlib import Path
 
 from hypertf.config.inventory import Inventory
@@ -22,7 +20,7 @@ from hypertf.core.accounts import shared_notice
 from hypertf.core.errors import UsageError
 from hypertf.store.auth import job_owner
 
-__all__ = ["as_job_owner", "user_key"]
+__all__ = ["as_job_owner", "shared_login", "user_key"]
 
 
 def user_key(template: str, user: str) -> Path:
@@ -30,9 +28,13 @@ def user_key(template: str, user: str) -> Path:
     return Path(os.path.expanduser(template.replace("{user}", user)))
 
 
-@functools.cache
-def _say_shared(account: str | None) -> None:
-    print(shared_notice(account), file=sys.stderr)
+def shared_login(inventory: Inventory) -> str | None:
+    """The notice a job on a ``shared`` cluster says once with its other notices (every
+    user's tasks are one account there), or None."""
+    remote = [node for node in inventory.nodes.values() if not node.local]
+    if not remote or inventory.cluster.account_policy.per_user:
+        return None
+    return shared_notice(remote[0].user)
 
 
 def as_job_owner(inventory: Inventory, owner: str | None = None) -> Inventory:
@@ -41,10 +43,7 @@ def as_job_owner(inventory: Inventory, owner: str | None = None) -> Inventory:
     without a usable account name or key is one message naming the fix."""
     remote = [node for node in inventory.nodes.values() if not node.local]
     policy = inventory.cluster.account_policy
-    if not remote:
-        return inventory
-    if not policy.per_user:
-        _say_shared(remote[0].user)
+    if not remote or not policy.per_user:
         return inventory
     user = owner or job_owner()
     problem = policy.problem(user)
