@@ -76,6 +76,19 @@ def write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
+def replace_readable(path: Path, text: str) -> None:
+    """``path`` replaced by ``text`` in one rename, 0644: a node's state its agent writes
+    and every task account reads (``cgroups.json``, ``accounts.json``): a reader sees the
+    old file or the new one whole, never a link followed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o644)
+        handle.write(text)
+    os.replace(tmp, path)
+
+
 def read_pid_record(path: Path) -> tuple[int, int] | None:
     """A task's pid file (task.sh writes ``PID START``): its wrapper's PID and start time in
     clock ticks after boot. None while it is not written yet (missing or empty); ValueError

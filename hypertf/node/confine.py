@@ -30,6 +30,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from hypertf.core.rundir import replace_readable
+
 if TYPE_CHECKING:
     import logging
 
@@ -111,14 +113,7 @@ def read_state(workdir: str | Path) -> NodeCgroups:
 def write_state(workdir: str | Path, state: NodeCgroups) -> None:
     """Replace ``cgroups.json`` in one rename (a start reads it whole or the old one);
     readable by every account that runs tasks, writable by the agent only."""
-    path = Path(workdir) / STATE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as handle:
-        os.fchmod(handle.fileno(), 0o644)
-        handle.write(state.to_json())
-    os.replace(tmp, path)
+    replace_readable(Path(workdir) / STATE_FILE, state.to_json())
 
 
 def mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[str, str]:

@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 
 from hypertf.core.accounts import STATE_FILE, AccountPolicy
-from hypertf.core.rundir import CHECKPOINTS, RUNS, TENSORBOARD
+from hypertf.core.rundir import CHECKPOINTS, RUNS, TENSORBOARD, replace_readable
 
 __all__ = ["account_name", "expected_uid", "owner_of", "prepare_workdir", "publish",
            "read_policy", "secret_problems", "start_problem", "write_policy"]
@@ -35,14 +35,7 @@ def owner_of(task_key: str) -> str:
 
 def write_policy(workdir: str | Path, policy: AccountPolicy) -> None:
     """``accounts.json`` replaced in one rename, 0644: every task account reads it."""
-    path = Path(workdir) / STATE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as handle:
-        os.fchmod(handle.fileno(), 0o644)
-        handle.write(policy.to_json())
-    os.replace(tmp, path)
+    replace_readable(Path(workdir) / STATE_FILE, policy.to_json())
 
 
 def prepare_workdir(workdir: str | Path, policy: AccountPolicy) -> None:
