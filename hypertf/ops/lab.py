@@ -253,8 +253,9 @@ def _shell_setup(hostdir: Path, host: LabHost, startup: StartupFiles | None,
                  accounts: str = "") -> str:
     """The sshd_config lines for the user's shell: a home of the host's own (with an empty
     ``.ssh``), and no startup files or the given ones. ``accounts``: the prefix of the
-    lab's per-user accounts, which log in with their own keys and homes (Match blocks:
-    root keeps the host's home)."""
+    lab's user accounts (a per-user lab's, or those ``hypertf auth add-user`` makes on a
+    managed inventory of the lab), which log in with their own keys and homes (Match
+    blocks: root keeps the host's home)."""
     home = hostdir / "home"
     (home / ".ssh").mkdir(mode=0o700, parents=True)
     home.chmod(0o700)
@@ -307,7 +308,7 @@ def _start_host(lab: Lab, host: LabHost, all_hosts: list[LabHost],
     (hostdir / "sshd_config").write_text(
         SSHD_CONFIG.format(address=host.address, hostdir=hostdir,
                            authorized_keys=lab.dir / "authorized_keys", home=hostdir / "home")
-        + _shell_setup(hostdir, host, startup, lab.account_prefix if lab.per_user else "")
+        + _shell_setup(hostdir, host, startup, lab.account_prefix)
     )
     hide = "mount -o remount,hidepid=2 /proc && " if lab.per_user else ""
     script = (
