@@ -292,6 +292,9 @@ class NodeAgent:
         taskaccount.publish(self.node.settings.workdir, self.inventory.cluster.account_policy)
         self.cgroups = self.report.cgroups = self._confinement()
         self.prober.cgroups = self.cgroups.state
+        if not once:  # per-user tasks wait for it to join their cgroups (HostReport)
+            threading.Thread(target=self.report.adopt_often, args=(self._stop,),
+                             daemon=True, name="adopter").start()
         try:
             while not self._stop.is_set():
                 client = self._connect(once)

@@ -8,7 +8,9 @@ agent reports and decides nothing: its credential writes only its own record.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -29,6 +31,9 @@ STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its lau
 log = logging.getLogger(__name__)
 
 
+ADOPT_S = 0.02  # how often the adopter looks for wrappers waiting to join their cgroups
+
+
 class HostReport:
     """The host's reports, kept between probes; ``wake`` is the agent's watch callback (a
     lease of a job running here went: look again)."""
@@ -40,6 +45,7 @@ class HostReport:
         self.cgroups = cgroups or confine.JobCgroups(confine.NodeCgroups())
         self._minors = minors
         self._inside: set[tuple[str, str]] = set()  # (job, task) seen in its cgroups
+        self._adopting = threading.Lock()  # the probe's adopt and the adopter thread's
         self.layout = layout
         self.metrics = metrics
         self._wake = wake
@@ -95,6 +101,19 @@ class HostReport:
         wrapper waits for that before it runs its command (task.sh). A task found inside is
         not looked at again (a run starts each task once, and only root moves it out), so a
         probe reads a run's folder per job and nothing when no job has cgroups here."""
+        with self._adopting:
+            self._adopt()
+
+    def adopt_often(self, stop: threading.Event, every: float = ADOPT_S) -> None:
+        """The agent's adopter thread: ``adopt`` every ``every`` seconds until ``stop``. A
+        task account that is not root cannot join its job's cgroups itself (cgroup v2
+        moves need the common ancestor's ``cgroup.procs``), and its wrapper waits for this:
+        at the probe's pace alone (1-5 s) every per-user task started that much later."""
+        while not stop.wait(every):
+            with contextlib.suppress(OSError):
+                self.adopt()
+
+    def _adopt(self) -> None:
         jobs = self.cgroups.jobs()
         self._inside = {(key, name) for key, name in self._inside if key in jobs}
         for key in jobs:
