@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from hypertf.core.errors import UsageError
+from hypertf.core.taskkey import key_owner
 
 RESOURCE_LEAF = "agent"  # a host's agent record's name in the host's folder
 
@@ -132,8 +133,8 @@ class Layout:
 
 def owner_of(task_key: str) -> str:
     """The user a task key belongs to (the part after its first dot)."""
-    stamp, _, user = task_key.partition(".")
-    if not stamp or not user or "/" in task_key:
+    user = key_owner(task_key)
+    if not user:
         raise UsageError(f"{task_key[:80]!r} is not a task key (they look like "
                          f"20261122-085000-a1b2c3.alice; list them with 'hypertf jobs')")
     return user

@@ -8,7 +8,6 @@ agent reports and decides nothing: its credential writes only its own record.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -110,8 +109,12 @@ class HostReport:
         moves need the common ancestor's ``cgroup.procs``), and its wrapper waits for this:
         at the probe's pace alone (1-5 s) every per-user task started that much later."""
         while not stop.wait(every):
-            with contextlib.suppress(OSError):
+            try:
                 self.adopt()
+            except OSError:
+                continue  # a run or cgroup that went while it looked: the next look sees
+            except Exception:  # a bug: said with its traceback, and the thread goes on
+                log.exception("the adopter's look failed")
 
     def _adopt(self) -> None:
         jobs = self.cgroups.jobs()

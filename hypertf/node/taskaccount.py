@@ -19,18 +19,13 @@ from pathlib import Path
 
 from hypertf.core.accounts import STATE_FILE, AccountPolicy
 from hypertf.core.rundir import CHECKPOINTS, RUNS, TENSORBOARD, replace_readable
+from hypertf.core.taskkey import key_owner
 
-__all__ = ["account_name", "expected_uid", "owner_of", "prepare_workdir", "publish",
+__all__ = ["account_name", "expected_uid", "prepare_workdir", "publish",
            "read_policy", "secret_problems", "start_problem", "write_policy"]
 
 SHARED_DIRS = (RUNS, CHECKPOINTS, TENSORBOARD)
 
-
-def owner_of(task_key: str) -> str:
-    """The user part of a task key ("" for none), as hypertf.core.layout reads it; spelled
-    here since that module imports dataclasses (~5 ms of every job's start on every node)."""
-    stamp, _, user = task_key.partition(".")
-    return user if stamp and "/" not in task_key else ""
 
 
 def write_policy(workdir: str | Path, policy: AccountPolicy) -> None:
@@ -115,7 +110,7 @@ def expected_uid(workdir: str | Path, task_key: str) -> int | None:
         return -1
     if not policy.per_user:
         return None
-    owner = owner_of(task_key)
+    owner = key_owner(task_key)
     if not owner:
         return -1
     uid = _uid_of(policy.account_of(owner))
@@ -131,7 +126,7 @@ def start_problem(workdir: str | Path, task_key: str) -> str | None:
         return f"this node's account mapping cannot be read: {policy}"
     if not policy.per_user:
         return None
-    owner = owner_of(task_key)
+    owner = key_owner(task_key)
     if not owner:
         return f"{task_key!r} is not a task key"
     account = policy.account_of(owner)

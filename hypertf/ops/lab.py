@@ -267,7 +267,8 @@ def _shell_setup(hostdir: Path, host: LabHost, startup: StartupFiles | None,
         lines = f"SetEnv HOME={home}\n{accept}"
     if not accounts:
         return lines
-    return (f"Match User root\n  {lines.replace(chr(10), chr(10) + '  ').rstrip()}\n"
+    root = "".join(f"  {line}\n" for line in lines.splitlines())
+    return (f"Match User root\n{root}"
             f"Match User {accounts}*\n  AuthorizedKeysFile %h/.ssh/authorized_keys\n"
             f"  SetEnv {QUIET_SHELL}\n")
 

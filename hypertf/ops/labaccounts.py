@@ -91,11 +91,12 @@ def open_path(lab: Lab) -> None:
     _run("groupadd", lab.group)
     lab.groups.append(lab.group)
     lab.save()
-    for directory in _closed_dirs():
-        if not shutil.which("setfacl"):
-            raise LabError(f"a per-user lab's accounts cannot reach this Python through "
-                           f"{directory} (closed to other users): apt-get install acl, or "
-                           f"use a Python and checkout others may enter")
+    closed = _closed_dirs()
+    if closed and not shutil.which("setfacl"):
+        raise LabError(f"a per-user lab's accounts cannot reach this Python through "
+                       f"{closed[0]} (closed to other users): apt-get install acl, or use a "
+                       f"Python and checkout others may enter")
+    for directory in closed:
         lab.opened.append(str(directory))
         lab.save()
         _run("setfacl", "-m", f"g:{lab.group}:x", str(directory))
