@@ -1,7 +1,7 @@
-"""A job ended by someone else is named the same everywhere (issue 54, round 5): a waiting
-job ``hypertf cancel`` ends is ``cancelled``, a running one ``hypertf kill`` ends is
-``killed``, in its record, its summary (the record's and summary.json), the launcher's last
-lines and a detached launcher's launcher.log; never ``failed``."""
+"""A job ended by someone else is named the same everywhere: a waiting job ``hypertf cancel``
+ends is ``cancelled``, a running one ``hypertf kill`` ends is ``killed``, in its record, its
+summary (the record's and summary.json), the launcher's last lines and a detached launcher's
+launcher.log; never ``failed``."""
 
 from __future__ import annotations
 

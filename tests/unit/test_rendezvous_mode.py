@@ -1,35 +1,22 @@
-"""Issues 53 and 54 checked item by item: the items no other test proved. Real parts
-throughout (the Monitor, the Job's start-up announcement, the export renderers, the
-dashboard's HTTP server, the sweep board in a fresh Python); no ZooKeeper, no lab.
-
-- 53 item 2: the idle warning and "done" follow the rendezvous mode (coordinator, none);
-  the mode is decided from a module the script imports too, and said at start;
-- 53 item 4: ``--rendezvous`` survives a detached launcher's and a sweep's saved request;
-  Volcano's pods get the same contract from their stable hostnames (JobSet's is in
-  test_export.py);
-- 54 item 7: ``hypertf export`` of a TF1 ps script says nothing of --chief;
-- 54 item 10: the dashboard's ``/api/sweeps`` serves only its inventory's sweeps;
-- 54 item 11: recording a sweep's trial (TensorBoard's HParams, which import TensorFlow)
-  prints no TensorFlow C++ start-up banner.
-"""
+"""The rendezvous mode (``--rendezvous tf|coordinator|none``): decided from the modules the
+script imports and said at start, kept in a detached launcher's and a sweep's saved request,
+given to Volcano's pods from their stable hostnames, and followed by the Monitor's idle
+warning, start-up deadline and end. Real parts (the Monitor, the Job's start-up
+announcement, the export renderers); no ZooKeeper."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import textwrap
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kazoo.client import KazooClient
 
 from hypertf.config.inventory import Inventory, load_inventory
 from hypertf.core.errors import UsageError
-from hypertf.core.layout import Layout
 from hypertf.core.monitor import (
     Decision,
     Event,
@@ -41,21 +28,17 @@ from hypertf.core.monitor import (
 )
 from hypertf.core.rendezvous import RENDEZVOUS_ENV, Readiness
 from hypertf.core.scheduler import Placement
-from hypertf.dashboard.server import Dashboard
-from hypertf.dashboard.source import ClusterSource
 from hypertf.export import ExportOptions, NodeSetup, export
 from hypertf.launch.launcher import Job
 from hypertf.launch.request import TrainRequest
-from hypertf.store.zkstore import Store
 from hypertf.sweep import driver as sweeps
 from hypertf.sweep.spec import SweepSpec, expand, parse_grid_option
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-BANNERS = ("oneDNN", "cpu_feature_guard", "TF_ENABLE_ONEDNN_OPTS", "absl::InitializeLog")
 
 
-# -- issue 53 item 2: the idle warning and "done" follow the mode -----------------------------
+# -- the idle warning, the start-up deadline and "done" follow the mode ----------------------
 class Run:
     """A Monitor of ``count`` workers (worker:i on h<i>, port 20000+i), fed at chosen
     seconds; what it said, and its first final decision."""
@@ -142,7 +125,7 @@ def test_a_chief_is_the_coordinator_named_alone_at_the_deadline() -> None:
     assert decision.hosts == {"h1"}
 
 
-# -- issue 53 item 2: the mode decided and said at start --------------------------------------
+# -- the mode decided and said at start -------------------------------------------------------
 @pytest.fixture
 def inventory(tmp_path: Path) -> Inventory:
     path = tmp_path / "cluster.yml"
@@ -202,7 +185,7 @@ def test_train_help_offers_the_rendezvous_option() -> None:
     assert "--rendezvous MODE" in text and "coordinator (rank 0's" in text, done.stdout
 
 
-# -- issue 53 item 4: the same for detached jobs, sweeps and exports --------------------------
+# -- the same for detached jobs, sweeps and exports -------------------------------------------
 def test_the_mode_survives_a_detached_launchers_and_a_sweeps_saved_request(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     request = TrainRequest(script="t.py", workers=2, rendezvous="coordinator")
@@ -252,76 +235,3 @@ def test_volcano_pods_get_the_rendezvous_from_their_stable_hostnames() -> None:
         assert f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" == coordinator
         assert [a.split(":")[0] for a in env["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")] \
             == hosts
-
-
-# -- issue 54 item 7: export of a TF1 ps script ---------------------------------------------
-def test_export_of_a_tf1_ps_script_says_nothing_of_chief(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""\
-        import json, os
-        import tensorflow.compat.v1 as tf
-        cluster = tf.train.ClusterSpec(json.loads(os.environ["TF_CONFIG"])["cluster"])
-        server = tf.train.Server(cluster, job_name="worker", task_index=0)
-        """))
-    _text, notes = export(TrainRequest(script=str(script), workers=2, ps=1),
-                          ExportOptions("volcano", image="r/i:1"), SETUP)
-    said = "\n".join(notes)
-    assert "ps and no chief: the job ends when every worker has exited 0" in said, said
-    assert "--chief" not in said and "needs --chief" not in said, said
-    (tmp_path / "model.py").write_text(
-        "import tensorflow as tf\ns = tf.distribute.experimental.ParameterServerStrategy\n")
-    script.write_text("import model\n")
-    _text, notes = export(TrainRequest(script=str(script), workers=2, ps=1),
-                          ExportOptions("volcano", image="r/i:1"), SETUP)
-    assert "a TF2 ParameterServerStrategy script needs --chief" in "\n".join(notes), notes
-
-
-# -- issue 54 item 10: the dashboard's /api/sweeps ------------------------------------------
-def test_the_dashboards_api_serves_only_its_inventorys_sweeps(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inventory: Inventory) -> None:
-    monkeypatch.chdir(tmp_path)
-    trials = expand(SweepSpec(script="t.py", train={}, grid=parse_grid_option(["lr=0.1"])))
-    other = tmp_path / "other.yml"
-    other.write_text("")
-    ours = sweeps.create(str(inventory.path), TrainRequest(script="t.py"), trials, None, "max",
-                         1, None).sweep_id
-    theirs = sweeps.create(str(other), TrainRequest(script="t.py"), trials, None, "max", 1,
-                           None).sweep_id
-    # /api/sweeps reads local files only: a client never started (no ZooKeeper asked)
-    store = Store(KazooClient(hosts="127.0.0.1:1"), Layout("/hypertf"))
-    with Dashboard(ClusterSource(inventory, store, viewer=""), port=0) as server:
-        server.start()
-        try:
-            with urllib.request.urlopen(server.url + "api/sweeps", timeout=10) as answer:
-                rows = json.load(answer)
-        finally:
-            server.shutdown()
-    assert [row["sweep"] for row in rows] == [ours], (rows, theirs)
-    assert Path(rows[0]["inventory"]).resolve() == Path(inventory.path).resolve()
-
-
-# -- issue 54 item 11: no TensorFlow banner from a sweep's board ------------------------------
-def test_recording_a_trial_prints_no_tensorflow_banner(tmp_path: Path) -> None:
-    """record_trial once imported TensorFlow (TensorBoard's HParams API and event writer do),
-    and its C++ start-up banners reached the sweep's stderr. It now imports no TensorFlow at
-    all (sweep/board.py): in a fresh Python, as the sweep driver is, nothing is printed and
-    no TensorFlow is loaded."""
-    pytest.importorskip("tensorboard")
-    pytest.importorskip("tensorflow")
-    code = textwrap.dedent(f"""\
-        from pathlib import Path
-        from hypertf.sweep import board
-        trials = [{{"index": 0, "params": {{"lr": 0.1}}, "metric": 0.5, "label": "lr=0.1"}}]
-        run = board.record_trial(Path({str(tmp_path)!r}), "score", trials, trials[0])
-        import sys
-        assert "tensorflow" not in sys.modules and "keras" not in sys.modules
-        print(run)
-        """)
-    env = {k: v for k, v in __import__("os").environ.items()
-           if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("trial-0"), done.stdout
-    banners = [line for line in done.stderr.splitlines() if any(b in line for b in BANNERS)]
-    assert not banners, done.stderr

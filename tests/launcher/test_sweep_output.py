@@ -1,6 +1,6 @@
-"""A sweep as users run it (issue 54, round 5): its output carries no TensorFlow C++
-start-up banner (the driver imports TensorFlow for TensorBoard's HParams), and ``sweep list``
-shows the sweeps of its inventory, not another cluster's."""
+"""A sweep as users run it: its output carries no TensorFlow C++ start-up banner (the driver
+imports TensorFlow for TensorBoard's HParams), and ``sweep list`` shows the sweeps of its
+inventory, not another cluster's."""
 
 from __future__ import annotations
 
