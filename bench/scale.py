@@ -68,6 +68,7 @@ from rich.console import Console
 
 import hypertf
 from hypertf import store
+from hypertf.cli import statustable
 from hypertf.config.inventory import load_inventory
 from hypertf.config.settings import ClusterSettings
 from hypertf.core.fairshare import DAY_S
@@ -390,7 +391,7 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
                  "64 hosts)"] = timed(lambda: status.collect(client, inventory, gpu_details=False))
             report = status.collect(client, inventory)
             console = Console(file=io.StringIO(), width=250, color_system=None)
-            rows["status: render"] = timed(lambda: status.render(report, console), 1)
+            rows["status: render"] = timed(lambda: statustable.render(report, console), 1)
             # The keeper thread has run all along: its view of the hosts (issue 55), which
             # the command reads past 64 hosts; --direct reads every record as before.
             common.wait_until(lambda: status.collect_view(client, inventory), 300,

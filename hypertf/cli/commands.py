@@ -42,12 +42,13 @@ def _collector_paused() -> Iterator[None]:
 
 def status(inventory: str, as_json: bool = False, direct: bool = False) -> int:
     from hypertf import store
+    from hypertf.cli import statustable
     from hypertf.store import status as cluster_status
 
     inv = load_inventory(inventory)
     client = store.connect(inv.cluster)
     try:
-        compact = not as_json and len(inv.nodes) > cluster_status.COMPACT_FROM_HOSTS
+        compact = not as_json and len(inv.nodes) > statustable.COMPACT_FROM_HOSTS
         # a large cluster's compact view from the keeper's view, when it is whole
         report = cluster_status.collect_view(client, inv) if compact and not direct else None
         if report is None:
@@ -57,7 +58,7 @@ def status(inventory: str, as_json: bool = False, direct: bool = False) -> int:
     if as_json:
         print(json.dumps(report, indent=2))
     else:
-        cluster_status.render(report)
+        statustable.render(report)
     return 0
 
 
@@ -497,9 +498,10 @@ def keeper_hosts(inventory: str) -> int:
 
 
 def cluster_setup(inventory: str, ask_pass: bool = False, check: bool = False) -> int:
+    from hypertf.cli import statustable
     from hypertf.ops import provision
 
-    provision.setup(inventory, ask_pass=ask_pass, check=check)
+    provision.setup(inventory, ask_pass=ask_pass, check=check, show=statustable.render)
     return 0
 
 

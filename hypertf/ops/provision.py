@@ -303,9 +303,11 @@ def wait_for_agents(inventory: Inventory, hosts: Iterable[str], timeout: float =
 
 def setup(inventory_path: str | os.PathLike[str], *, ask_pass: bool = False,
           check: bool = False, say: Say = print, wait_s: float = 60.0,
-          tags: Sequence[str] = ()) -> PlaybookRun:
+          tags: Sequence[str] = (),
+          show: Callable[[dict[str, Any]], None] | None = None) -> PlaybookRun:
     """``invoke cluster.setup``: run deploy.yml (only the plays tagged ``tags``, if any:
-    ``ansible-playbook --tags``), then show the cluster status."""
+    ``ansible-playbook --tags``), then show the cluster status with ``show`` (the command
+    line's table, hypertf.cli.statustable.render; None: not shown)."""
     from hypertf.store import status
 
     inventory = load_inventory(inventory_path)
@@ -330,7 +332,8 @@ def setup(inventory_path: str | os.PathLike[str], *, ask_pass: bool = False,
             raise
         say(f"(no cluster status: {err})")
     else:
-        status.render(report)
+        if show is not None:
+            show(report)
         missing = [h["name"] for h in report["hosts"]
                    if h["name"] in expected and h["agent"] != status.AgentState.UP]
         if missing and run.succeeded:

@@ -17,6 +17,7 @@ import yaml
 from rich.console import Console
 
 from hypertf import store
+from hypertf.cli import statustable
 from hypertf.config.inventory import load_inventory
 from hypertf.store import Store, status
 from hypertf.store.allocation import read_matrix
@@ -130,12 +131,12 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
         assert second["foreign_pids"] == [stray.pid]  # not granted to its job: foreign here
         assert third["foreign_pids"] == [] and third["state"] == "free"
         console = Console(record=True, width=300)
-        status.render(view, console)
+        statustable.render(view, console)
         assert f"busy-with-foreign-process pid {foreign.pid}" in console.export_text()
         # the compact view of a large cluster reads no GPU detail it does not show
         compact = status.collect(client, inventory, gpu_details=False)
         out = io.StringIO()
-        status.render_compact(compact, Console(file=out, width=300))
+        statustable.render_compact(compact, Console(file=out, width=300))
         line = out.getvalue().splitlines()[3]
         assert f"unavailable (foreign process pid {foreign.pid}) busy-with-foreign-process " \
                f"pid {foreign.pid} 0" in line and line.endswith("; free 2")

@@ -16,6 +16,7 @@ from kazoo.exceptions import NoAuthError
 from rich.console import Console
 
 from hypertf import store
+from hypertf.cli import statustable
 from hypertf.config.inventory import load_inventory
 from hypertf.core.hostview import REFRESH_S
 from hypertf.core.placement import Request, new_task_key
@@ -28,7 +29,7 @@ from hypertf.store.allocation import release
 from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
 
-HOSTS = 70  # past status.COMPACT_FROM_HOSTS: the compact view, from the keeper's
+HOSTS = 70  # past statustable.COMPACT_FROM_HOSTS: the compact view, from the keeper's
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def test_status_from_the_keepers_view_shows_what_the_records_show(big, secured, 
         view = status.collect_view(client, inventory)
         assert shown(view) == shown(status.collect(client, inventory, gpu_details=False))
         out = io.StringIO()
-        status.render(view, Console(file=out, width=200))
+        statustable.render(view, Console(file=out, width=200))
         assert "from the keeper's view" in out.getvalue()
         release(user, key)
 

@@ -7,6 +7,7 @@ import io
 
 from rich.console import Console
 
+from hypertf.cli import statustable
 from hypertf.store import status
 
 KEY = "20261122-150000-abcdef.alice"
@@ -29,7 +30,7 @@ def report(hosts: int) -> dict:
 
 def rendered(hosts: int) -> str:
     out = io.StringIO()
-    status.render(report(hosts), Console(file=out, width=200, color_system=None))
+    statustable.render(report(hosts), Console(file=out, width=200, color_system=None))
     return out.getvalue()
 
 

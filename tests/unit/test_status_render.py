@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from hypertf.store import status
+from hypertf.cli import statustable
 
 
 def test_status_says_when_the_agent_was_last_seen() -> None:
@@ -16,5 +16,5 @@ def test_status_says_when_the_agent_was_last_seen() -> None:
                          "gpu_driver": {"driver": "550"},
                          "gpus": [{"index": 0, "state": "free"}]}]}
     out = io.StringIO()
-    status.render(report, Console(file=out, width=200, color_system=None))
+    statustable.render(report, Console(file=out, width=200, color_system=None))
     assert "up, seen 13s ago" in out.getvalue(), out.getvalue()
