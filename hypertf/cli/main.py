@@ -1,6 +1,7 @@
 """hypertf: distributed TensorFlow on a static GPU cluster, every verb in one tree.
 
-The verbs' code is in hypertf.cli.commands, with typed arguments (Invoke's tasks.py calls it).
+The verbs' code is in hypertf.cli.commands (the job's verbs), clusterverbs, authverbs and
+labverbs, with typed arguments (Invoke's tasks.py calls them).
 
 A HyperTFError becomes one message on stderr and its exit code; anything else is a bug and
 keeps its traceback.
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from hypertf.cli import commands, trainargs
+from hypertf.cli import authverbs, clusterverbs, commands, labverbs, trainargs
 from hypertf.cli.options import VERB_OPTIONS, add_arguments
 from hypertf.cli.trainargs import (
     add_train_options,
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                "(README, 'A warm launcher')")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    _verb(sub, "status", commands.status, "hosts x GPUs, agents and ZooKeeper health")
+    _verb(sub, "status", clusterverbs.status, "hosts x GPUs, agents and ZooKeeper health")
     _verb(sub, "jobs", commands.jobs, "recent jobs, newest first")
     _verb(sub, "kill", commands.kill, "stop a running job from anywhere (by task key)")
     _verb(sub, "cancel", commands.cancel,
@@ -115,37 +116,37 @@ def build_parser() -> argparse.ArgumentParser:
           "waiting jobs in admission order: position, priority, shape, waiting, reason")
     _verb(sub, "usage", commands.usage,
           "GPU-hours per user, day or GPU model from the keeper's ledger (--json, --csv)")
-    _verb(sub, "dashboard", commands.dashboard,
+    _verb(sub, "dashboard", clusterverbs.dashboard,
           "a read-only web page of the matrix, queue, jobs, logs and sweeps")
     _verb(sub, "hold", commands.hold, "keep a waiting job in the queue, not admitted")
     _verb(sub, "unhold", commands.unhold, "let a held job be admitted again")
     _verb(sub, "logs", commands.logs, "a job's task logs, read on the nodes over SSH")
 
-    p = _verb(sub, "agent", commands.agent, "run this node's resource agent in the foreground")
+    p = _verb(sub, "agent", clusterverbs.agent, "run this node's resource agent in the foreground")
     p.add_argument("--host", required=True, help="this node's name in the inventory")
     p.add_argument("--once", action="store_true", help="publish one record, print it, exit")
 
-    p = _verb(sub, "agent-ctl", commands.agent_ctl,
+    p = _verb(sub, "agent-ctl", clusterverbs.agent_ctl,
               "start/stop this node's agent in the background")
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--host", required=True, help="this node's name in the inventory")
 
-    p = _verb(sub, "agents", commands.agents, "start/stop the agents of many nodes (over SSH)")
+    p = _verb(sub, "agents", clusterverbs.agents, "start/stop the agents of many nodes (over SSH)")
     p.add_argument("action", choices=("start", "stop"))
 
-    p = _verb(sub, "zk", commands.zk, "the local standalone ZooKeeper the inventory names")
+    p = _verb(sub, "zk", clusterverbs.zk, "the local standalone ZooKeeper the inventory names")
     p.add_argument("action", choices=("start", "stop", "status"))
 
     auth = sub.add_parser("auth", help="credentials and the secured ZooKeeper root (the admin)")
     verbs = auth.add_subparsers(dest="action", required=True)
-    _verb(verbs, "init", commands.auth, "make the cluster's credentials and secure its root",
+    _verb(verbs, "init", authverbs.auth, "make the cluster's credentials and secure its root",
           words="auth init")
-    _verb(verbs, "add-user", commands.auth,
+    _verb(verbs, "add-user", authverbs.auth,
           "register a user and write the credential file to hand them", words="auth add-user")
-    _verb(verbs, "accounts", commands.auth,
+    _verb(verbs, "accounts", authverbs.auth,
           "each user's node account (name, uid, SSH key) as the admin registered it",
           words="auth accounts")
-    _verb(verbs, "limits", commands.auth,
+    _verb(verbs, "limits", authverbs.auth,
           "a user's maximum priority, GPU limit, fair share, monthly budget and "
           "preemption exemption, which the keeper enforces",
           words="auth limits")
@@ -164,29 +165,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster = sub.add_parser("cluster", help="provision or tear down the inventory's nodes")
     verbs = cluster.add_subparsers(dest="action", required=True)
-    _verb(verbs, "setup", commands.cluster_setup,
+    _verb(verbs, "setup", clusterverbs.cluster_setup,
           "provision every node with deploy.yml (keys, venv, ZooKeeper, agents)",
           words="cluster setup")
-    _verb(verbs, "teardown", commands.cluster_teardown,
+    _verb(verbs, "teardown", clusterverbs.cluster_teardown,
           "stop the agents and remove what setup installed", words="cluster teardown")
-    _verb(verbs, "local-packages", commands.local_packages,
+    _verb(verbs, "local-packages", clusterverbs.local_packages,
           "install the inventory's hypertf_python_packages into this virtualenv")
 
     inventory = sub.add_parser("inventory", help="what HyperTF reads from an inventory")
     verbs = inventory.add_subparsers(dest="action", required=True)
-    _verb(verbs, "agent-settings", commands.agent_settings,
+    _verb(verbs, "agent-settings", clusterverbs.agent_settings,
           "the hypertf_* settings a node's agent reads (JSON; the agent role's list)",
           inventory=False)
-    _verb(verbs, "keeper-hosts", commands.keeper_hosts,
+    _verb(verbs, "keeper-hosts", clusterverbs.keeper_hosts,
           "the hosts that get the keeper's credential (JSON; hypertf_keeper_hosts)")
 
     lab = sub.add_parser("lab", help="a multi-host test cluster of network namespaces")
     verbs = lab.add_subparsers(dest="action", required=True)
-    _verb(verbs, "up", commands.lab_up, "create a lab", inventory=False, words="lab up")
-    _verb(verbs, "down", commands.lab_down, "remove labs", inventory=False, words="lab down")
-    _verb(verbs, "list", commands.lab_list, "the labs that are up", inventory=False,
+    _verb(verbs, "up", labverbs.lab_up, "create a lab", inventory=False, words="lab up")
+    _verb(verbs, "down", labverbs.lab_down, "remove labs", inventory=False, words="lab down")
+    _verb(verbs, "list", labverbs.lab_list, "the labs that are up", inventory=False,
           words="lab list")
-    p = _verb(verbs, "inventory", commands.lab_inventory,
+    p = _verb(verbs, "inventory", labverbs.lab_inventory,
               "an inventory that provisions a lab's bare hosts; prints its path",
               inventory=False)
     p.add_argument("inventory", help="the lab's inventory.yml (printed by hypertf lab up)")
@@ -270,7 +271,8 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def verb_call(args: argparse.Namespace) -> tuple[Callable[..., int], dict[str, Any]]:
-    """The function (hypertf.cli.commands) a parsed verb runs, and its keyword arguments."""
+    """The function (hypertf.cli.commands and the other verb modules) a parsed verb runs,
+    and its keyword arguments."""
     kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     if args.command in ("cluster", "lab", "inventory"):
         kwargs.pop("action")  # the sub-verb, already chosen as func

@@ -27,7 +27,8 @@ class VerbOption(Option):
 
     @property
     def target(self) -> str:
-        """The keyword argument of the command (hypertf.cli.commands) that receives it."""
+        """The keyword argument of the verb's function (hypertf.cli.commands, clusterverbs...)
+        that receives it."""
         return self.dest or self.name
 
 

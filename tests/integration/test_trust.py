@@ -297,7 +297,7 @@ def test_a_users_own_record_cannot_write_to_another_users_terminal(users, zk, la
     """mallory's own job record (her folder, her credential) carries terminal escape
     sequences in what ``hypertf jobs`` prints (the script, the failure's reason, her host):
     alice's listing shows them as '?', never as control characters."""
-    from hypertf.cli.commands import job_table
+    from hypertf.cli.jobtable import job_table
     from hypertf.store.jobs import collect_jobs
 
     mallory = users["mallory"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from hypertf.cli import commands
+from hypertf.cli import jobtable
 
 
 def record(key: str, state: str, **more: object) -> dict:
@@ -24,7 +24,7 @@ def test_jobs_has_a_header_and_says_why_a_job_failed() -> None:
                     killed_by={"identity": "user.alice", "host": "ws1"})
     done = record("20261127-050200-cccccc.alice", "succeeded",
                   summary={"result": "succeeded", "message": "all finishers exited 0"})
-    header, *rows = commands.job_table([failed, killed, done])
+    header, *rows = jobtable.job_table([failed, killed, done])
     assert header.split() == ["TASK", "KEY", "STATE", "OWNER", "SUBMITTED", "WAITED", "RAN",
                               "SCRIPT", "TASKS", "NOTE"]
     assert header.index("STATE") == rows[0].index("failed") == rows[1].index("killed")
