@@ -23,7 +23,7 @@ import common
 
 from hypertf.core.protocol import StartRequest
 from hypertf.core.rundir import RunDir
-from hypertf.node import confine, tasknode
+from hypertf.node import confine, runcontrol, tasknode
 
 
 def one_run(workdir: Path, tasks: int, cgroups: confine.JobCgroups | None,
@@ -46,7 +46,7 @@ def one_run(workdir: Path, tasks: int, cgroups: confine.JobCgroups | None,
         time.sleep(0.0005)
     started = time.perf_counter() - began
     began = time.perf_counter()
-    tasknode.stop(run, grace=5.0)
+    runcontrol.stop(run, grace=5.0)
     stopped = time.perf_counter() - began
     for pid in answer.started.values():
         common.procs.reap(pid)

@@ -19,7 +19,7 @@ from hypertf.core.layout import Layout
 from hypertf.core.matrix import Cell, job_of
 from hypertf.core.records import AgentRecord, Trespass
 from hypertf.core.rundir import RunDir
-from hypertf.node import confine, dcgmmap, tasknode, trespass
+from hypertf.node import confine, dcgmmap, runcontrol, trespass
 from hypertf.node.metrics import AgentCollector
 from hypertf.store import Store
 from hypertf.store.allocation import read_matrix
@@ -124,7 +124,7 @@ class HostReport:
             for name in run.task_names():
                 if (key, name) in self._inside:
                     continue
-                wrapper = tasknode.wrapper(run, name)
+                wrapper = runcontrol.wrapper(run, name)
                 if wrapper is None:
                     continue  # not started yet, or gone: looked at again next probe
                 moved, inside = self.cgroups.move_in(key, wrapper)
@@ -136,13 +136,13 @@ class HostReport:
 
     def reap_orphans(self, zk: Store) -> None:
         """Stop tasks on this node whose job lease is gone (a launcher killed outright)."""
-        runs = tasknode.unstopped_runs(self.node.settings.workdir)
+        runs = runcontrol.unstopped_runs(self.node.settings.workdir)
         if not runs:
             return
         # Read after listing: see reap(). Only this node's runs, by ``exists`` (a data watch
         # on each wakes the loop when its lease goes): no agent lists users' folders.
         leases = zk.leases_of((run.task_key for run in runs), watch=self._wake)
-        for task_key, result in tasknode.reap(runs, leases).items():
+        for task_key, result in runcontrol.reap(runs, leases).items():
             log.warning("job %s has no lease any more: stopped its tasks %s", task_key, result)
 
     def confirm_drained(self, zk: Store) -> bool:
@@ -169,7 +169,7 @@ class HostReport:
         ended = matrix.ended_on(host, leases, self._preempted(zk, matrix.draining_on(host)
                                                               & leases))
         reported = self.drained & ended  # freed by the keeper already: no longer said
-        dead = {key for key in ended - reported if tasknode.drain(
+        dead = {key for key in ended - reported if runcontrol.drain(
             RunDir.of(self.node.settings.workdir, key, local=True), grace=STOP_GRACE_S)}
         changed = reported != self.drained or bool(dead)
         if changed:

@@ -11,7 +11,7 @@ job's GPUs. The agent is the one party on the node that sees every process, so i
 against the GPU's cell in the matrix (held or draining by job J, or granted to none). The
 process's job is its ``HYPERTF_TASK_KEY``, believed only when the process is in the process
 group of (or descends from) one of that job's task wrappers on this host that the node can
-prove (``tasknode.wrapper``: a live group leader running our wrapper for that run, with the
+prove (``runcontrol.wrapper``: a live group leader running our wrapper for that run, with the
 start time recorded beside its PID, owned by the run directory's owner); a number in a pid
 file proves nothing, and an unbelieved claim counts as no claim. A process of job K on a
 GPU of J != K is a trespass, and so is one with no (believable) job on a GPU some job holds.
@@ -34,7 +34,7 @@ import psutil
 from hypertf.core.matrix import Cell, job_of
 from hypertf.core.records import GpuInfo, Trespass
 from hypertf.core.rundir import RunDir
-from hypertf.node import tasknode
+from hypertf.node import runcontrol
 
 log = logging.getLogger(__name__)
 KEY_ENV, DEVICES_ENV, CONTAINER_ENV = (
@@ -130,7 +130,7 @@ class _Wrappers:
             with contextlib.suppress(OSError, ValueError):
                 run = RunDir.of(self.workdir, task_key, local=True)
                 for name in run.task_names():
-                    pid = tasknode.wrapper(run, name)
+                    pid = runcontrol.wrapper(run, name)
                     if pid:
                         pids.add(pid)
             self.found[task_key] = pids

@@ -30,7 +30,7 @@ import pytest
 
 from hypertf.core.records import GpuInfo
 from hypertf.core.rundir import RunDir, read_pid_record
-from hypertf.node import tasknode, trespass
+from hypertf.node import runcontrol, trespass
 from tests.conftest import wait_for as shared_wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ class Node:
                 proc.wait(timeout=5)
         for run in self.runs:  # only groups the node proves are the run's
             for name in run.task_names() if run.local.is_dir() else ():
-                pgid = tasknode.task_group(run, name)
+                pgid = runcontrol.task_group(run, name)
                 if pgid:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(pgid, signal.SIGKILL)
@@ -175,10 +175,10 @@ def test_a_finished_wrappers_recycled_pid_is_not_believed(node: Node) -> None:
     claims, found = thief_claims(node, thief)
     assert claims == "", "a recycled PID is believed"
     assert [(t.pid, t.gpu, t.holder, t.claims) for t in found] == [(thief.pid, 0, KEY, "")]
-    assert tasknode.wrapper(run, "worker1") is None  # the task counts as dead for the run
-    assert tasknode.task_group(run, "worker1") is None
-    assert tasknode.wrapper(run, "worker0") == pids["worker0"]  # the real task is believed
-    assert tasknode.stop(run, ["worker1"], grace=0.5) == {"worker1": "not running"}
+    assert runcontrol.wrapper(run, "worker1") is None  # the task counts as dead for the run
+    assert runcontrol.task_group(run, "worker1") is None
+    assert runcontrol.wrapper(run, "worker0") == pids["worker0"]  # the real task is believed
+    assert runcontrol.stop(run, ["worker1"], grace=0.5) == {"worker1": "not running"}
     assert thief.poll() is None, "the job's stop signalled the thief's group"
 
 
@@ -199,11 +199,11 @@ def test_a_forged_pid_file_is_not_believed(node: Node) -> None:
     claims, found = thief_claims(node, forger)
     assert claims == "", "a forged pid file is believed"
     assert [(t.gpu, t.holder) for t in found] == [(0, KEY)]
-    assert {name: tasknode.wrapper(run, name) for name in records} == dict.fromkeys(records)
-    assert tasknode.stop(run, list(records), grace=0.5) == dict.fromkeys(
+    assert {name: runcontrol.wrapper(run, name) for name in records} == dict.fromkeys(records)
+    assert runcontrol.stop(run, list(records), grace=0.5) == dict.fromkeys(
         records, "not running")
     assert forger.poll() is None
-    assert tasknode.wrapper(run, "worker0") == pids["worker0"]  # the job's own, still
+    assert runcontrol.wrapper(run, "worker0") == pids["worker0"]  # the job's own, still
 
 
 def tasknode_children(pgid: int) -> list[int]:
@@ -235,7 +235,7 @@ def test_start_into_another_jobs_run_is_refused(node: Node) -> None:
         assert out.returncode != 0 and why in err and len(err.splitlines()) == 1, err
         assert "Traceback" not in err
     assert sorted(p.name for p in run.local.iterdir()) == before
-    assert tasknode.wrapper(run, "worker0") == pids["worker0"]
+    assert runcontrol.wrapper(run, "worker0") == pids["worker0"]
 
 
 def test_two_starts_into_one_fresh_run_start_once(node: Node) -> None:
@@ -296,7 +296,7 @@ def test_run_dirs_logs_code_and_checkpoints_are_private(node: Node) -> None:
     assert _mode(RunDir.runs(node.root)) == 0o755
     # the agent's drain mark on a run it never saw started
     drained = RunDir.of(node.root, "20261201-090003-dddddd.bob", local=True)
-    tasknode.mark_drained(drained)
+    runcontrol.mark_drained(drained)
     assert (_mode(drained.local), _mode(Path(drained.drained))) == (0o700, 0o600)
 
 
@@ -399,5 +399,5 @@ def test_checks_are_quick(node: Node) -> None:
     started(node, run, {"worker0": SLEEPER})
     t0 = time.perf_counter()
     for _ in range(200):
-        assert tasknode.wrapper(run, "worker0")
+        assert runcontrol.wrapper(run, "worker0")
     assert (time.perf_counter() - t0) / 200 < 0.005

@@ -20,7 +20,7 @@ def test_what_the_node_removes_is_what_the_launcher_named(tmp_path: Path) -> Non
     """tasknode stop's cleanup, on a /dev/shm of its own, takes every name of the job's
     channels (shared memory and semaphores, each generation) and nothing of another job."""
     from hypertf.core.offloadname import channel_name
-    from hypertf.node import tasknode
+    from hypertf.node import runcontrol
 
     key, other = "20261122-085000-a1b2c3.alice", "20261122-085000-ffffff.bob"
     mine = [channel_name(key, "worker0")[1:] + suffix for suffix in ("", "-d1")]
@@ -28,5 +28,5 @@ def test_what_the_node_removes_is_what_the_launcher_named(tmp_path: Path) -> Non
     theirs = [channel_name(other, "worker0")[1:], "sem." + channel_name(other, "worker0")[1:]]
     for name in mine + theirs:
         (tmp_path / name).write_text("")
-    tasknode.unlink_offload_channels(key, shm=tmp_path)
+    runcontrol.unlink_offload_channels(key, shm=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(theirs)

@@ -139,10 +139,29 @@ def test_stop_results_are_read_as_results() -> None:
         protocol.parse_stopped({"worker0": "gone fishing"})
 
 
-def test_start_stays_free_of_dataclasses() -> None:
-    """'tasknode start' runs on every node of every job: the protocol's records are
-    NamedTuples because dataclasses imports inspect (~8 ms)."""
-    code = "import sys, hypertf.node.tasknode; print('dataclasses' in sys.modules)"
+def modules_an_import_loads(module: str) -> set[str]:
+    """The modules a fresh Python loads to import ``module`` (those it had already aside)."""
+    code = ("import json, sys; before = set(sys.modules); import " + module + "; "
+            "print(json.dumps(sorted(set(sys.modules) - before)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=30, check=True)
-    assert out.stdout.strip() == "False"
+    return set(json.loads(out.stdout))
+
+
+def test_start_stays_within_the_verbs_import_budget() -> None:
+    """'tasknode start' runs on every node of every job: importing the verb loads what its
+    module's budget states (tasknode.IMPORT_BUDGET of HyperTF, the standard library's light
+    modules) and nothing of tasknode.NOT_IMPORTED: no dataclasses, for one (the protocol's
+    records are NamedTuples because dataclasses imports inspect, ~8 ms)."""
+    loaded = modules_an_import_loads("hypertf.node.tasknode")
+    ours = {name for name in loaded if name.partition(".")[0] == "hypertf"}
+    assert ours - tasknode.IMPORT_BUDGET == set(), "past the budget stated in tasknode.py"
+    assert loaded & tasknode.NOT_IMPORTED == set()
+    assert {name for name in loaded - ours
+            if name.partition(".")[0] not in sys.stdlib_module_names} == set()
+    assert "dataclasses" in tasknode.NOT_IMPORTED  # the budget keeps the protocol's promise
+
+
+def test_the_budget_names_what_the_verb_needs() -> None:
+    """A budget naming modules the verb no longer loads would hide the next one it adds."""
+    assert modules_an_import_loads("hypertf.node.tasknode") >= tasknode.IMPORT_BUDGET

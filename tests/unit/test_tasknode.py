@@ -3,7 +3,7 @@
 Tasks are started the way ``tasknode start`` starts them on a node (``task.sh LOG PIDFILE
 EXITFILE DRAINED VENV CWD -- python SCRIPT`` in a new session, the files named by
 ``RunDir``), so the pid, log and exit files, the process groups and the wrapper check in
-``tasknode.wrapper`` are the real ones. Every process a test
+``runcontrol.wrapper`` are the real ones. Every process a test
 starts is killed by PID (or by the process group its own setsid made) when the test ends.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from hypertf.core.rundir import RunDir
-from hypertf.node import tasknode
+from hypertf.node import runcontrol, tasknode
 from hypertf.node.procs import alive, group_members
 from tests.conftest import wait_for as shared_wait_for
 
@@ -284,7 +284,7 @@ def test_stop_kills_a_group_that_ignores_sigterm_after_the_grace(node: Node) -> 
     assert {task_pid, child_pid} <= set(group_members(wrapper))
 
     started = time.monotonic()
-    result = tasknode.stop(run, ["worker0"], grace=0.5)
+    result = runcontrol.stop(run, ["worker0"], grace=0.5)
     elapsed = time.monotonic() - started
 
     assert result == {"worker0": "killed"}
@@ -300,7 +300,7 @@ def test_stop_terminates_a_cooperative_task_without_waiting_for_the_grace(node: 
     wrapper = node.python_task(run, "ps0", SLEEPER)
     wait_for(lambda: len(group_members(wrapper)) >= 2, 10, "the task to start under its wrapper")
     started = time.monotonic()
-    assert tasknode.stop(run, grace=5) == {"ps0": "stopped"}
+    assert runcontrol.stop(run, grace=5) == {"ps0": "stopped"}
     assert time.monotonic() - started < 4
     assert group_members(wrapper) == []
     # the wrapper outlives the TERM long enough to record how the task ended
@@ -316,11 +316,11 @@ def test_stop_of_exited_or_unknown_tasks_is_harmless(node: Node) -> None:
     # stop could come in between and find it running)
     wrapper = int((run.local / "worker0.pid").read_text().split()[0])
     wait_for(lambda: not alive(wrapper), 10, "worker0's wrapper to exit")
-    assert tasknode.stop(run, grace=0.5) == {"worker0": "not running"}
-    assert tasknode.stop(run, ["worker0", "worker7"], grace=0.5) == {
+    assert runcontrol.stop(run, grace=0.5) == {"worker0": "not running"}
+    assert runcontrol.stop(run, ["worker0", "worker7"], grace=0.5) == {
         "worker0": "not running", "worker7": "not running"}
     (run.local / "ps0.pid").write_text("not a pid")
-    assert tasknode.stop(run, ["ps0"], grace=0.5) == {"ps0": "not running"}
+    assert runcontrol.stop(run, ["ps0"], grace=0.5) == {"ps0": "not running"}
     assert (run.local / "stopped").exists()
 
 
@@ -330,8 +330,8 @@ def test_stop_never_signals_a_pid_that_is_not_our_wrapper(node: Node) -> None:
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         (run.local / "worker0.pid").write_text(str(stranger.pid))
-        assert tasknode.stop(run, grace=0.5) == {"worker0": "not running"}
-        assert tasknode.reap([run], set(), grace=0.5) == {}  # nothing of ours to stop
+        assert runcontrol.stop(run, grace=0.5) == {"worker0": "not running"}
+        assert runcontrol.reap([run], set(), grace=0.5) == {}  # nothing of ours to stop
         assert (run.local / "stopped").exists()
         assert stranger.poll() is None and alive(stranger.pid)
     finally:
@@ -369,7 +369,7 @@ def test_stop_with_logs_answers_the_logs_and_metrics_in_the_same_command(node: N
     assert "sleeping" in answer["logs"]["worker0"]
     assert answer["metrics"] == '{"acc": 0.5}'
     assert group_members(wrapper) == []
-    assert tasknode.logs(run, limit=3) == {}  # too large to ride on the answer
+    assert runcontrol.logs(run, limit=3) == {}  # too large to ride on the answer
 
 
 # -- reap and unstopped_runs ------------------------------------------------------------
@@ -377,7 +377,7 @@ def test_stop_with_logs_answers_the_logs_and_metrics_in_the_same_command(node: N
 
 def test_reap_stops_runs_without_a_lease_and_leaves_leased_runs_alone(node: Node) -> None:
     """The agent's safety net: a launcher killed outright leaves tasks only reap can stop."""
-    assert tasknode.unstopped_runs(node.root) == [], "no runs/ directory yet"
+    assert runcontrol.unstopped_runs(node.root) == [], "no runs/ directory yet"
     orphan, leased, ended, done = (node.run_dir(k) for k in ("k1", "k2", "k3", "k4"))
     (node.root / "runs" / "notes.txt").write_text("a file, not a run")
     (done.local / "stopped").touch()
@@ -387,15 +387,15 @@ def test_reap_stops_runs_without_a_lease_and_leaves_leased_runs_alone(node: Node
     wait_for((ended.local / "worker0.exit").exists, 10, "the ended run's task to exit")
     wait_for(lambda: len(group_members(orphan_pid)) >= 2, 10, "the orphan task to start")
 
-    runs = tasknode.unstopped_runs(node.root)
+    runs = runcontrol.unstopped_runs(node.root)
     assert runs == [orphan, leased, ended]
 
-    assert tasknode.reap(runs, {"k2"}, grace=0.5) == {"k1": {"worker0": "stopped"}}
+    assert runcontrol.reap(runs, {"k2"}, grace=0.5) == {"k1": {"worker0": "stopped"}}
     assert group_members(orphan_pid) == []
     assert alive(leased_pid), "a run with a lease is left alone"
     assert not (leased.local / "stopped").exists()
     assert (ended.local / "stopped").exists(), "a dead run without a lease is marked stopped"
-    assert tasknode.unstopped_runs(node.root) == [leased]
+    assert runcontrol.unstopped_runs(node.root) == [leased]
 
 
 # -- preflight --------------------------------------------------------------------------
@@ -435,10 +435,10 @@ def test_stop_finds_a_group_whose_wrapper_is_already_dead(node: Node) -> None:
     os.kill(wrapper, signal.SIGKILL)
     wait_for(lambda: wrapper not in group_members(wrapper), 10, "the wrapper to die alone")
     assert group_members(wrapper), "the child lives on in the group"
-    assert tasknode.run_alive(run)
-    assert tasknode.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
+    assert runcontrol.run_alive(run)
+    assert runcontrol.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
     assert group_members(wrapper) == []
-    assert not tasknode.run_alive(run)
+    assert not runcontrol.run_alive(run)
 
 
 # -- start ------------------------------------------------------------------------------
@@ -475,10 +475,10 @@ def test_start_reads_its_request_on_stdin_and_refuses_a_taken_port(node: Node) -
         assert os.getpgid(pid) == pid, "each task leads its own process group"
         log = Path(run.log("worker0"))  # made by task.sh after the pidfile: may not exist yet
         wait_for(lambda: log.exists() and "sleeping" in log.read_text(), 10, "its log")
-        assert tasknode.run_alive(run)
+        assert runcontrol.run_alive(run)
     finally:
-        assert tasknode.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
-    assert not tasknode.run_alive(run)
+        assert runcontrol.stop(run, grace=0.5)["worker0"] in ("stopped", "killed")
+    assert not runcontrol.run_alive(run)
 
 
 def test_start_with_nothing_on_stdin_starts_nothing_and_says_nothing() -> None:

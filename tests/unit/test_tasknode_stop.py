@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hypertf.node import tasknode
+from hypertf.node import runcontrol
 
 
 def test_stop_waits_for_the_groups_with_psutils_wait_procs(tmp_path: Path,
@@ -39,8 +39,8 @@ def test_stop_waits_for_the_groups_with_psutils_wait_procs(tmp_path: Path,
         wait_for_file = time.monotonic() + 10
         while not pids.exists() and time.monotonic() < wait_for_file:
             time.sleep(0.05)
-        assert tasknode.stop(run, grace=0.5) == {"ps0": "stopped", "worker0": "killed"}
+        assert runcontrol.stop(run, grace=0.5) == {"ps0": "stopped", "worker0": "killed"}
         assert waits and max(waits) >= 2
-        assert not tasknode.run_alive(run)
+        assert not runcontrol.run_alive(run)
     finally:
         node.cleanup()
