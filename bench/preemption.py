@@ -65,6 +65,7 @@ from hypertf.core.preemptnotice import Notice
 from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper.preempter import Preempter, PreemptSettings
 from hypertf.ops import lab as lab_module
+from hypertf.ops import labcluster
 from hypertf.store import Layout, Store
 
 GRACE_S = 20
@@ -83,7 +84,7 @@ def preempt_lab(home: Path) -> Iterator[lab_module.Lab]:
         "hypertf_preempt": True, "hypertf_preempt_grace_s": GRACE_S,
         "hypertf_preempt_min_runtime_s": 0})
     try:
-        lab_module.add_users(lab, ["alice", "bob"], max_priority={"alice": 5})
+        labcluster.add_users(lab, ["alice", "bob"], max_priority={"alice": 5})
         print(f"# lab {lab.lab_id}: 2 hosts x 1 GPU, preemption on (grace {GRACE_S} s, "
               f"minimum runtime 0), up in {time.monotonic() - started:.1f} s", flush=True)
         yield lab

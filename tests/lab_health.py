@@ -25,6 +25,7 @@ from hypertf.core.matrix import FREE
 from hypertf.keeper.sync import sync_matrix
 from hypertf.launch.remote import Cluster
 from hypertf.ops import lab as lab_module
+from hypertf.ops import labcluster
 from hypertf.store import Store
 from hypertf.store.allocation import read_matrix
 
@@ -125,7 +126,7 @@ def repair(lab: lab_module.Lab, health: Health) -> None:
                     server.stop(grace_s=2)
                 server.start(heap="192m", tick_ms=500)
         with contextlib.suppress(HyperTFError):
-            lab_module.secure_lab_root(lab)  # idempotent; needed if its data was lost
+            labcluster.secure_lab_root(lab)  # idempotent; needed if its data was lost
         health = check(lab)
         if health.zookeeper_down:
             return
@@ -144,7 +145,7 @@ def repair(lab: lab_module.Lab, health: Health) -> None:
             with contextlib.suppress(KazooException, KazooTimeoutError):
                 client.delete(layout.lease(key))
         # Always: an agent killed a moment ago still has its record until its session ends.
-        lab_module.start_lab_agents(lab, wait_s=60)
+        labcluster.start_lab_agents(lab, wait_s=60)
         sync_matrix(Store(client, layout))
     finally:
         store.close(client)

@@ -17,6 +17,7 @@ import pytest
 
 from hypertf.config.inventory import load_inventory
 from hypertf.ops import lab as lab_module
+from hypertf.ops import labcluster
 from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import (
     FAKE,
@@ -61,7 +62,7 @@ def test_agent_killed_mid_job(lab, tmp_path):
         out, _ = job.communicate(timeout=120)
         assert job.returncode == 0, out
     finally:
-        lab_module.start_lab_agents(lab, wait_s=60)
+        labcluster.start_lab_agents(lab, wait_s=60)
     assert_clean(lab.inventory, key)
 
 
@@ -124,7 +125,7 @@ def test_zookeeper_loses_its_data_mid_job(lab, tmp_path):
         shutil.rmtree(server.directory / "data")
     finally:
         restarted(server)
-        lab_module.secure_lab_root(lab)  # the admin secures the new, empty root
+        labcluster.secure_lab_root(lab)  # the admin secures the new, empty root
     out, _ = job.communicate(timeout=180)
     assert job.returncode == 1, out
     assert re.search(r"task worker:\d@h\d failed: killed", out), out

@@ -32,7 +32,7 @@ from hypertf.config.inventory import load_inventory
 from hypertf.core.grants import terms_of_grant
 from hypertf.core.matrix import job_of
 from hypertf.core.preemptnotice import Notice
-from hypertf.ops import agentctl
+from hypertf.ops import agentctl, labcluster
 from hypertf.ops import lab as lab_module
 from hypertf.store import Layout, Store, decode
 from hypertf.store.allocation import read_matrix
@@ -56,7 +56,7 @@ def preempt_lab(state_home: Path, request: pytest.FixtureRequest) -> Iterator[la
         "hypertf_preempt": True, "hypertf_preempt_grace_s": grace,
         "hypertf_preempt_min_runtime_s": 0})
     try:
-        lab_module.add_users(lab, ["alice", "bob"], max_priority={"alice": 5})
+        labcluster.add_users(lab, ["alice", "bob"], max_priority={"alice": 5})
         yield lab
     finally:
         helpers.stop_started()  # before the lab goes: they release what they hold

@@ -31,6 +31,7 @@ from hypertf.core.rundir import RunDir
 from hypertf.launch.nodeclient import NodeClient
 from hypertf.launch.remote import Session
 from hypertf.ops import lab as lab_module
+from hypertf.ops import labhosts
 
 BASHRC = """\
 echo "Welcome to $(hostname): banner on stdout"
@@ -58,7 +59,7 @@ WORKDIR = "/srv/hypertf"
 @pytest.fixture(scope="module")
 def banner_lab(state_home: Path) -> Iterator[tuple[lab_module.Lab, Inventory]]:
     built = lab_module.up(hosts=2, gpus=0, agents=False, zookeeper=False,
-                          startup_files=lab_module.StartupFiles(BASHRC, accept_shlvl=("h2",)))
+                          startup_files=labhosts.StartupFiles(BASHRC, accept_shlvl=("h2",)))
     try:
         path = Path(built.inventory)  # an inventory names a ZooKeeper; none is contacted
         inventory = yaml.safe_load(path.read_text())

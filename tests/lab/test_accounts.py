@@ -23,6 +23,7 @@ from hypertf.core.rundir import RunDir
 from hypertf.launch.login import as_job_owner
 from hypertf.launch.remote import Session
 from hypertf.ops import lab as lab_module
+from hypertf.ops import labcluster
 from hypertf.store import auth
 from tests.conftest import wait_for
 from tests.launcher.helpers import FAKE, all_free, strict_env
@@ -77,7 +78,7 @@ def users_lab(state_home: Path) -> Iterator[lab_module.Lab]:
     except lab_module.LabError as err:
         pytest.skip(f"no per-user lab here: {err}")
     try:
-        lab_module.add_users(lab, ["alice", "bob"])
+        labcluster.add_users(lab, ["alice", "bob"])
         yield lab
     finally:
         lab_module.down(lab)
@@ -278,7 +279,7 @@ def test_the_lab_removes_its_accounts(state_home):
     except lab_module.LabError as err:
         pytest.skip(f"no per-user lab here: {err}")
     try:
-        lab_module.add_users(lab, ["dora"])
+        labcluster.add_users(lab, ["dora"])
         account = f"{lab.account_prefix}dora"
         assert subprocess.run(["id", account], capture_output=True).returncode == 0
         assert os.path.isdir(os.path.expanduser(f"~{account}"))

@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from hypertf.ops import lab as lab_module
+from hypertf.ops import labcluster
 from tests.conftest import on_host, wait_for
 
 HYPERTF = [sys.executable, "-m", "hypertf.cli"]
@@ -73,7 +74,7 @@ def test_killed_agent_row_turns_unavailable_then_comes_back(lab):
         assert next(h for h in report["hosts"] if h["name"] == "h3")["agent"] == "down"
         assert row_states(report, "h1") == ["free"] * 4
     finally:
-        lab_module.start_lab_agents(lab, wait_s=60)
+        labcluster.start_lab_agents(lab, wait_s=60)
     wait_for(lambda: row_states(status(lab), "h3") == ["free"] * 4, 90, "h3 back")
 
 
@@ -84,7 +85,7 @@ def test_agents_reregister_after_zookeeper_restart_with_empty_data(lab):
         shutil.rmtree(server.directory / "data")  # a new server: every session is unknown
     finally:
         server.start(heap="192m", tick_ms=500)
-        lab_module.secure_lab_root(lab)  # the admin secures the new, empty root
+        labcluster.secure_lab_root(lab)  # the admin secures the new, empty root
     wait_for(lambda: all(h["agent"] == "up" and row_states(status(lab), h["name"]) == ["free"] * 4
                          for h in status(lab)["hosts"]), 90, "agents to re-register")
 

@@ -20,6 +20,7 @@ from hypertf.config.inventory import load_inventory
 from hypertf.core.errors import LabError, RemoteError
 from hypertf.launch.remote import Session
 from hypertf.ops import lab as lab_module
+from hypertf.ops import labhosts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ def test_a_bench_home_is_private_wherever_the_repository_is(
         monkeypatch.setenv("HYPERTF_HOME", os.environ["HYPERTF_HOME"])  # bench_home sets it
         with common.bench_home("strict") as home:
             assert not home.is_relative_to(clone)
-            assert lab_module.strict_modes_problem(home / "labs" / "x" / "authorized_keys") \
+            assert labhosts.strict_modes_problem(home / "labs" / "x" / "authorized_keys") \
                 is None
             assert (home.stat().st_mode & 0o777) == 0o700
 
@@ -60,9 +61,9 @@ def test_strict_modes_rules_as_sshd_applies_them(tmp_path: Path) -> None:
     private = Path.home() / ".hypertf" / "strict-rules"
     private.mkdir(parents=True, mode=0o700, exist_ok=True)
     try:
-        assert lab_module.strict_modes_problem(private / "a" / "keys") is None
+        assert labhosts.strict_modes_problem(private / "a" / "keys") is None
         private.chmod(0o770)
-        assert lab_module.strict_modes_problem(private / "keys") == (
+        assert labhosts.strict_modes_problem(private / "keys") == (
             f"{private} is writable by its group (mode 770)")
     finally:
         private.rmdir()
@@ -102,6 +103,6 @@ def test_a_key_refused_for_its_directorys_modes_is_said_with_the_path(
     message = str(caught.value)
     assert f"SSH refused the key {node.key_file}" in message
     assert "StrictModes" in message and "Authentication failed" not in message
-    refused = lab_module.refused_keys(small_lab)
+    refused = labhosts.refused_keys(small_lab)
     assert any(f"bad ownership or modes for directory {small_lab.dir.parent}" in line
                for line in refused), refused

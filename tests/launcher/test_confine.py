@@ -61,7 +61,7 @@ def daemons(token: str) -> list[int]:
 
 def job_cgroups(lab, key: str) -> list[Path]:
     from hypertf.node import confine
-    from hypertf.ops.lab import cgroup_root
+    from hypertf.ops.labcluster import cgroup_root
 
     return [d for mount in confine.mounts() if mount
             for d in Path(mount, cgroup_root(lab)).glob(f"*/*/{key}")]

@@ -18,7 +18,7 @@ import pytest
 
 from hypertf import store
 from hypertf.config.inventory import load_inventory
-from hypertf.ops import lab as lab_module
+from hypertf.ops import labcluster
 from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import (
     FAKE,
@@ -184,7 +184,7 @@ def test_the_keeper_killed_with_waiters_another_admits_them(lab, tmp_path):
         assert job.returncode == 0, out
         assert keeper_host(lab.inventory) != host
     finally:
-        lab_module.start_lab_agents(lab, wait_s=60)
+        labcluster.start_lab_agents(lab, wait_s=60)
     wait_for(lambda: all_free(lab.inventory), 90, "every GPU free")
 
 
