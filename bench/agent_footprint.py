@@ -56,7 +56,7 @@ def inventory(home: Path, zk_hosts: str, interval: float, name: str) -> str:
         "hypertf_zk_session_timeout": 4, "hypertf_venv": sys.prefix,
         "hypertf_workdir": str(home / f"work-{name}"), "hypertf_gpu_source": "static",
         "hypertf_static_gpus": 8, "hypertf_agent_interval": interval},
-        "children": {"gpu_nodes": {"hosts": {"localhost": {
+                    "children": {"gpu_nodes": {"hosts": {"localhost": {
             "ansible_connection": "local", "ansible_host": "127.0.0.1"}}}}}}
     path = home / f"inventory-{name}.yml"
     path.write_text(yaml.safe_dump(data))
@@ -108,7 +108,7 @@ def main() -> int:
     p.add_argument("--window", type=float, help="seconds measured (default 60, --quick 5)")
     p.add_argument("--before-code", metavar="DIR",
                    help="also run a 1 s agent of the hypertf package in DIR (a checkout of an "
-                        "earlier commit), side by side in the same window")
+                   "earlier commit), side by side in the same window")
     args = p.parse_args()
     if args.bare:
         zk_hosts, path, size, interval = args.bare
@@ -132,7 +132,7 @@ def main() -> int:
 
             from hypertf import store
             from hypertf.config.inventory import load_inventory
-            from hypertf.store import AgentRecord, auth
+            from hypertf.store import AgentRecord, credentials
 
             record_path = store.Layout("/hypertf").resource("localhost")
             pids = {}
@@ -171,7 +171,7 @@ def main() -> int:
             cpu0 = {n: cpu_s(pids[n]) for n in subjects}
             started = time.monotonic()
             rss: dict[str, list[float]] = {n: [] for n in subjects}
-            user = auth.login_user()
+            user = credentials.login_user()
             lease = f"/hypertf/leases/{user}/20260101-000000-bench0.{user}"
             lease_acl = store.acls(observers[churn]).lease()
             ticks = 0

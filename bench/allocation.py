@@ -1,6 +1,6 @@
 """Allocation: submit+release latency and throughput on a real ZooKeeper, beside plain sets.
 
-Every job goes through the keeper (hypertf.store.waitqueue.submit: a request in the user's
+Every job goes through the keeper (Store.queue.submit: a request in the user's
 folder, admitted by the keeper's pass; here hypertf.keeper.thread.KeeperThread in the driver, as
 an agent's keeper would). "allocate" below is that: submit -> granted.
 
@@ -50,9 +50,7 @@ from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper.sync import sync_matrix
 from hypertf.keeper.thread import KeeperThread
-from hypertf.store import AgentRecord, Layout, Store, auth
-from hypertf.store.allocation import read_matrix, release
-from hypertf.store.waitqueue import submit
+from hypertf.store import AgentRecord, Layout, Store, credentials
 
 HOSTS = tuple(f"n{i:02d}" for i in range(1, 17))
 GPUS_PER_HOST = 8
@@ -93,7 +91,7 @@ def worker(args: argparse.Namespace) -> int:
     events: list[dict] = []
     lock = threading.Lock()
     users = args.user_names.split(",") if args.user_names else []
-    owners = [users[(args.offset + t) % len(users)] if users else auth.login_user()
+    owners = [users[(args.offset + t) % len(users)] if users else credentials.login_user()
               for t in range(args.threads)]
     clients = [store.connect(settings(args.zk, args.root),
                              **({"identity": f"user.{owner}"} if users else {}))
@@ -114,7 +112,7 @@ def worker(args: argparse.Namespace) -> int:
             key = new_task_key(owner)
             t0 = time.monotonic()
             try:
-                grant = submit(Store(client, layout), one_gpu(), key)
+                grant = Store(client, layout).queue.submit(one_gpu(), key)
             except StoreError as err:
                 mine.append({"failed": str(err)})
                 continue
@@ -124,7 +122,7 @@ def worker(args: argparse.Namespace) -> int:
             time.sleep(HOLD_S)
             releasing = time.time()
             t2 = time.monotonic()
-            release(Store(client, layout), key)
+            Store(client, layout).matrix.release(key)
             t3 = time.monotonic()
             mine.append({"key": key, "host": placement.host, "gpu": placement.gpus[0],
                          "granted": granted, "releasing": releasing, "retries": grant.retries,
@@ -151,15 +149,15 @@ def worker(args: argparse.Namespace) -> int:
 def latency(client, layout: Layout, cycles: int) -> dict[str, list[float]]:
     figures: dict[str, list[float]] = defaultdict(list)
     matrix_size = max(len(client.get(layout.matrix_shard(i))[0])  # the largest shard
-                      for i in range(read_matrix(Store(client, layout))[1].shards))
+                      for i in range(Store(client, layout).matrix.read()[1].shards))
     set_path = f"{layout.root}/plain-set"  # made by the driver, with the matrix's ACL
     payload = b"x" * matrix_size
     for _ in range(cycles):
-        key = new_task_key(auth.login_user())
+        key = new_task_key(credentials.login_user())
         t0 = time.monotonic()
-        submit(Store(client, layout), one_gpu(), key)
+        Store(client, layout).queue.submit(one_gpu(), key)
         t1 = time.monotonic()
-        release(Store(client, layout), key)
+        Store(client, layout).matrix.release(key)
         t2 = time.monotonic()
         client.set(set_path, payload)
         t3 = time.monotonic()
@@ -210,7 +208,7 @@ def double_bookings(events: list[dict]) -> int:
 
 
 def all_free(client, layout: Layout) -> bool:
-    matrix, _ = read_matrix(Store(client, layout))  # the keeper syncs it
+    matrix, _ = Store(client, layout).matrix.read()  # the keeper syncs it
     free = all(cell == FREE for row in matrix.gpus.values() for cell in row)
     return free and not matrix.ports and not store.Store(client, layout).leases()
 
@@ -224,22 +222,22 @@ def warm_up(client, layout: Layout, cycles: int, owner: str) -> None:
     """A few cycles through a fresh keeper (its first pass loads everything)."""
     for _ in range(cycles):
         key = new_task_key(owner)
-        submit(Store(client, layout), one_gpu(), key)
-        release(Store(client, layout), key)
+        Store(client, layout).queue.submit(one_gpu(), key)
+        Store(client, layout).matrix.release(key)
 
 
 def main() -> int:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--fairshare", choices=("on", "off", "both"), default="on",
                    help="the keeper's fair share: on (hypertf_fairshare_half_life 7, the "
-                        "default), off (0) or both, side by side in alternating rounds")
+                   "default), off (0) or both, side by side in alternating rounds")
     p.add_argument("--fairshare-off", action="store_true",
                    help="the same as --fairshare off")
     p.add_argument("--levels", type=lambda text: [int(x) for x in text.split(",")],
                    help="submitter counts (default 1,8,32,64; --quick: 4)")
     p.add_argument("--users", type=int, default=1,
                    help="spread the submitters over this many users (default 1: the login "
-                        "user, as before)")
+                   "user, as before)")
     p.add_argument("--rounds", type=int, default=1,
                    help="rounds per level and fair share mode (with both: they alternate)")
     p.add_argument("--worker-mode", choices=("alloc", "set"), help=argparse.SUPPRESS)
@@ -284,7 +282,7 @@ def main() -> int:
             if keeper is not None:
                 keeper.stop()
             keeper, running = keeper_for(zk.hosts, root, mode), mode
-            warm_up(client, layout, 5 if args.quick else 20, auth.login_user())
+            warm_up(client, layout, 5 if args.quick else 20, credentials.login_user())
 
         try:
             publish_agents(agents, layout)

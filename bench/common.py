@@ -51,7 +51,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true",
                    help="small sizes: a smoke run of seconds (at most ~30 s; the test suite "
-                        "runs every bench this way)")
+                   "runs every bench this way)")
     p.add_argument("--json", metavar="PATH", help="also write the figures here as JSON")
     return p
 
@@ -295,9 +295,8 @@ def job_cells(client: Any, root: str, task_key: str, draining_only: bool = False
     draining with ``draining_only``): a draining cell is not free either."""
     from hypertf.core.matrix import draining, job_of
     from hypertf.store import Layout, Store
-    from hypertf.store.allocation import read_matrix
 
-    matrix, _ = read_matrix(Store(client, Layout(root)))  # every shard
+    matrix, _ = (Store(client, Layout(root))).matrix.read()  # every shard
     owner = draining if draining_only else job_of
     cells = sum(owner(cell) == task_key for row in matrix.gpus.values() for cell in row)
     ports = sum(owner(key) == task_key for row in matrix.ports.values()

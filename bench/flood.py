@@ -29,9 +29,7 @@ from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper.admitter import Admitter
 from hypertf.keeper.thread import KeeperThread
 from hypertf.store import Layout, Store, encode
-from hypertf.store.allocation import release
-from hypertf.store.jobs import read_job
-from hypertf.store.waitqueue import request_to_json, submit
+from hypertf.store.waitqueue import request_to_json
 
 GPUS, HOSTS = 8, 10
 
@@ -66,14 +64,14 @@ def main() -> int:
 
             def admission_s() -> float:
                 started = time.monotonic()
-                grant = submit(Store(alice, layout), request(names[1]), new_task_key("alice"))
+                grant = Store(alice, layout).queue.submit(request(names[1]), new_task_key("alice"))
                 took = time.monotonic() - started
-                release(Store(alice, layout), grant.task_key, stopped_on=[names[1]])
+                Store(alice, layout).matrix.release(grant.task_key, stopped_on=[names[1]])
                 return took
 
             idle = [admission_s() for _ in range(samples)]
-            blocker = submit(Store(mallory, layout), request(names[0], GPUS),
-                             new_task_key("mallory"))
+            blocker = Store(mallory, layout).queue.submit(request(names[0], GPUS),
+                                                          new_task_key("mallory"))
             stamp = new_task_key("mallory").partition(".")[0]
             flood = [f"{stamp}-{i:05d}.mallory" for i in range(flood_size)]
             acls = store.acls(mallory)
@@ -93,7 +91,7 @@ def main() -> int:
                        time.monotonic() - started, "s")
             flooded = [admission_s() for _ in range(samples)]
             refused = sum(1 for key in flood[-50:]
-                          if (read_job(Store(admin, layout), key) or {}).get("state")
+                          if (Store(admin, layout).jobs.read(key) or {}).get("state")
                           == "refused")
             keeper.stop()
             admitter = Admitter(Store(admin, layout), **extra)
@@ -106,7 +104,7 @@ def main() -> int:
             report.add("ratio flooded / idle (goal <= 1.2)", common.ratio(p50_flood, p50_idle))
             report.add("keeper pass with the flood waiting (p50 of 5)", 1000 * pass_s, "ms")
             report.add("of the flood's last 50 requests, refused", refused)
-            release(Store(mallory, layout), blocker.task_key)
+            Store(mallory, layout).matrix.release(blocker.task_key)
         finally:
             keeper.stop()
             for client in (admin, alice, mallory):

@@ -46,9 +46,7 @@ from hypertf.keeper import queueview
 from hypertf.keeper.admitter import Admitter
 from hypertf.keeper.reader import QueueReader
 from hypertf.keeper.thread import KeeperThread
-from hypertf.store import Layout, Store, auth
-from hypertf.store.allocation import overwrite_matrix, read_matrix
-from hypertf.store.waitqueue import enqueue, submit
+from hypertf.store import Layout, Store, credentials
 
 GPUS = 8
 
@@ -77,17 +75,18 @@ def part_one(zk_hosts: str, hosts: int, waiters: int, report: common.Report) -> 
                    for i, h in enumerate(names)]
         for result in pending:
             result.get(timeout=60)
-        running = [new_task_key(auth.login_user()) for _ in range(hosts)]
+        running = [new_task_key(credentials.login_user()) for _ in range(hosts)]
         busy = Matrix(gpus={h: [running[i]] * GPUS for i, h in enumerate(names)})
-        overwrite_matrix(Store(admin, layout), busy)
+        Store(admin, layout).matrix.overwrite(busy)
         request = Request(slots=tuple(TaskSlot("worker", i, 1) for i in range(8)), hosts=names,
                           port_ranges={h: (20000, 20999) for h in names})
         for n in range(waiters):
-            enqueue(zk, new_task_key(auth.login_user()), request, {"script": "train.py"},
-                    priority=n % 3)
+            zk.queue.enqueue(new_task_key(credentials.login_user()), request,
+                             {"script": "train.py"},
+                             priority=n % 3)
         admitter = Admitter(Store(admin, layout))  # as the keeper agent would
         waiting = QueueReader(zk).waiting()
-        matrix, _ = read_matrix(zk)
+        matrix, _ = zk.matrix.read()
         live = zk.live_hosts()
         report.add(f"pure admission pass: {waiters} waiting x {hosts} hosts",
                    1000 * timed(lambda: admission_pass(matrix, live, waiting)), "ms")
@@ -97,7 +96,7 @@ def part_one(zk_hosts: str, hosts: int, waiters: int, report: common.Report) -> 
                    len(client.get(layout.job(waiting[0].task_key))[0]), "bytes")
         freed = busy.copy()
         freed.gpus[names[0]] = [1] * GPUS
-        overwrite_matrix(Store(admin, layout), freed)
+        Store(admin, layout).matrix.overwrite(freed)
         t0 = time.monotonic()
         decisions = admitter.admit()
         report.add("keeper pass that admits (8 GPUs freed: reads + pass + commit + view)",
@@ -105,13 +104,13 @@ def part_one(zk_hosts: str, hosts: int, waiters: int, report: common.Report) -> 
         report.add("  jobs admitted by that pass", sum(d.admitted for d in decisions))
         report.add(f"hypertf queue: collect + render ({waiters} waiting)",
                    1000 * timed(lambda: queueview.render(queueview.collect(zk))), "ms")
-        overwrite_matrix(Store(admin, layout), busy)  # all busy again: every retry is refused
+        Store(admin, layout).matrix.overwrite(busy)  # all busy again: every retry is refused
 
         keeper = KeeperThread(cluster).start()  # a --no-wait request is refused by its pass
 
         def retry() -> None:
             with contextlib.suppress(InsufficientResources):
-                submit(zk, request, new_task_key(auth.login_user()), wait=False)
+                zk.queue.submit(request, new_task_key(credentials.login_user()), wait=False)
 
         try:
             one = timed(retry)
@@ -179,8 +178,8 @@ def one_start(lab, cwd: Path, children: common.Children, baseline: bool, gpus: i
     holder_reader.join(5)
     waiter_reader.join(5)
     records = json.loads(subprocess.run([*cli[:3], "jobs", "-i", lab.inventory, "--json",
-                                          "--last", "4"], capture_output=True, text=True,
-                                         check=True).stdout)
+                                         "--last", "4"], capture_output=True, text=True,
+                                        check=True).stdout)
     holder_record = next(r for r in records if len(r.get("placements", [])) == gpus)
     waiter_record = next(r for r in records if len(r.get("placements", [])) == waiting)
     granted = waiter_record.get("admitted", waiter_record["created"])

@@ -81,9 +81,7 @@ from hypertf.keeper.role import KeeperRole
 from hypertf.keeper.sync import sync_matrix
 from hypertf.keeper.thread import KeeperThread
 from hypertf.node.agent import WritePolicy
-from hypertf.store import AgentRecord, GpuInfo, Layout, Store, auth, status
-from hypertf.store.allocation import overwrite_matrix, read_matrix, release
-from hypertf.store.waitqueue import enqueue, submit
+from hypertf.store import AgentRecord, GpuInfo, Layout, Store, credentials, status
 
 GPUS = 8
 SESSIONS = 4  # writer processes standing in for the agents
@@ -152,7 +150,7 @@ def unique_keys(count: int) -> list[str]:
     and their 24 random bits collide now and then)."""
     keys: dict[str, None] = {}
     while len(keys) < count:
-        keys[new_task_key(auth.login_user())] = None
+        keys[new_task_key(credentials.login_user())] = None
     return list(keys)
 
 
@@ -160,7 +158,7 @@ def held_matrix(size: int) -> Matrix:
     """Every GPU held by its own job, one reserved port per job: the largest matrix."""
     matrix = Matrix()
     for i in range(size):
-        keys = [new_task_key(auth.login_user()) for _ in range(GPUS)]  # sizes only
+        keys = [new_task_key(credentials.login_user()) for _ in range(GPUS)]  # sizes only
         matrix.gpus[host_name(i)] = keys
         matrix.ports[host_name(i)] = {str(20000 + g): keys[g] for g in range(GPUS)}
     return matrix
@@ -229,7 +227,7 @@ def cli(inventory: str, *argv: str) -> float:
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "hypertf.cli", *argv, "-i", inventory],
                           capture_output=True, text=True, timeout=300,
-                          env={**os.environ, auth.IDENTITY_ENV: ""})
+                          env={**os.environ, credentials.IDENTITY_ENV: ""})
     elapsed = time.monotonic() - t0
     if done.returncode != 0:
         raise RuntimeError(f"hypertf {' '.join(argv)}: exit {done.returncode}: "
@@ -254,7 +252,7 @@ def profile_command(inventory: str, *argv: str) -> None:
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "hypertf.cli",
                     *argv, "-i", inventory], capture_output=True, timeout=300, check=True,
-                   env={**os.environ, auth.IDENTITY_ENV: ""})
+                   env={**os.environ, credentials.IDENTITY_ENV: ""})
     print(f"# profile of `hypertf {' '.join(argv)}` ({time.monotonic() - t0:.2f} s under "
           f"cProfile), by cumulative time:", flush=True)
     print_profile(pstats.Stats(str(out)))
@@ -328,10 +326,10 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         rows["sync the matrix again (no change)"] = timed(lambda: sync_matrix(
             Store(admin, layout)))
         rows["read every agent record (pipelined)"] = timed(lambda: Store(client, layout)
-                                                             .records())
+                                                            .records())
         rows["read the matrix (every shard, pipelined)"] = timed(
-            lambda: read_matrix(Store(client, layout)), 5)
-        _, version = read_matrix(Store(client, layout))
+            lambda: Store(client, layout).matrix.read(), 5)
+        _, version = Store(client, layout).matrix.read()
         rows["matrix shards"] = version.shards
         largest["largest shard, all free"] = max(
             len(client.get(layout.matrix_shard(i))[0]) for i in range(version.shards))
@@ -343,11 +341,11 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         user = Store(client, layout)
 
         def cycle(request: Request) -> tuple[float, float]:
-            key = new_task_key(auth.login_user())
+            key = new_task_key(credentials.login_user())
             t0 = time.monotonic()
-            submit(user, request, key)
+            user.queue.submit(request, key)
             t1 = time.monotonic()
-            release(user, key)
+            user.matrix.release(key)
             return t1 - t0, time.monotonic() - t1
 
         small = Request(slots=(TaskSlot("worker", 0, 1),), hosts=names)
@@ -413,7 +411,7 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         busy = Matrix(gpus={h: [running[i // HOSTS_PER_JOB]] * GPUS
                             for i, h in enumerate(names)})
         for key in running:
-            enqueue(user, key, Request((TaskSlot("worker", 0, 0),), names[:1]), {})
+            user.queue.enqueue(key, Request((TaskSlot("worker", 0, 0),), names[:1]), {})
         for first in range(0, len(running), 100):  # as the keeper's admission leaves them
             tx = admin.transaction()  # (a transaction stays far below 1 MiB)
             for key in running[first:first + 100]:
@@ -421,7 +419,7 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
                 tx.set_data(layout.job(key), store.encode({**store.decode(data, "job"),
                                                            "state": "allocated"}))
             tx.commit()
-        overwrite_matrix(Store(admin, layout), busy)
+        Store(admin, layout).matrix.overwrite(busy)
         request = Request(slots=tuple(TaskSlot("worker", i, 1) for i in range(8)), hosts=names,
                           port_ranges={h: (20000, 20999) for h in names})
         if users:  # the admin enqueues in each user's folder, standing in for their launchers
@@ -430,7 +428,7 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
         submitter = Store(admin, layout) if users else user
         t0 = time.monotonic()
         for n, key in enumerate(waiting_keys):
-            enqueue(submitter, key, request, {"script": "train.py"}, priority=n % 3)
+            submitter.queue.enqueue(key, request, {"script": "train.py"}, priority=n % 3)
         rows[f"queue {waiters} waiting jobs (lease + record each)"] = time.monotonic() - t0
         largest["a waiting job's record (every host named)"] = len(
             client.get(layout.job(waiting_keys[0]))[0])
@@ -449,7 +447,7 @@ def measure(size: int, waiters: int, zk: common.ZooKeeperServer, home: Path,
             profile_command(inventory_path, "queue")
 
         t0 = time.monotonic()
-        overwrite_matrix(Store(admin, layout), joined(worst))  # ZooKeeper takes every shard
+        Store(admin, layout).matrix.overwrite(joined(worst))  # ZooKeeper takes every shard
         rows["write the worst-case matrix (transactions of <= 512 KB)"] = (
             time.monotonic() - t0)
         for what, size_bytes in largest.items():
@@ -521,10 +519,10 @@ def keeper_passes(admin: Any, layout: Layout, names: tuple[str, ...], modes: lis
             profile_call(f"a keeper pass, {waiters} waiting, nothing to admit (fair share "
                          f"{mode})", role.keep)
         for _ in range(admits):
-            matrix, _ = read_matrix(Store(admin, layout))
+            matrix, _ = Store(admin, layout).matrix.read()
             matrix.gpus[names[freed_host % len(names)]] = [1] * GPUS
             freed_host += 1
-            overwrite_matrix(Store(admin, layout), matrix)
+            Store(admin, layout).matrix.overwrite(matrix)
             t0 = time.monotonic()
             decisions = role.keep()
             samples[mode]["admits"].append(time.monotonic() - t0)
@@ -579,22 +577,22 @@ def main() -> int:
                    help="runs of each whole command (hypertf status, queue), median taken")
     p.add_argument("--agent-interval", type=float, default=AGENT_INTERVAL,
                    help="the simulated agents' hypertf_agent_interval in seconds (default: "
-                        "the lab's 1 s; the inventory's default is 5 s: keep-alives every "
-                        "45-60 s instead of 22.5-30 s)")
+                   "the lab's 1 s; the inventory's default is 5 s: keep-alives every "
+                   "45-60 s instead of 22.5-30 s)")
     p.add_argument("--profile", action="store_true",
                    help="at the largest size, also print where `hypertf status` and "
-                        "`hypertf queue` (the whole commands) and a keeper pass spend their "
-                        "time (cProfile)")
+                   "`hypertf queue` (the whole commands) and a keeper pass spend their "
+                   "time (cProfile)")
     p.add_argument("--users", type=int, default=1,
                    help="spread the waiting jobs over this many users (default 1: the login "
-                        "user, as before; issue 51's figure: 100)")
+                   "user, as before; issue 51's figure: 100)")
     p.add_argument("--fairshare", choices=("on", "off", "both"), default="on",
                    help="the keeper's fair share: on (hypertf_fairshare_half_life 7, the "
-                        "default), off (0) or both, side by side on the same waiting jobs")
+                   "default), off (0) or both, side by side on the same waiting jobs")
     p.add_argument("--fairshare-off", action="store_true", help="the same as --fairshare off")
     p.add_argument("--keeper-only", action="store_true",
                    help="only what the keeper's pass needs: no inventory, no hypertf status "
-                        "or queue, no idle agents' writes")
+                   "or queue, no idle agents' writes")
     args: argparse.Namespace = p.parse_args()
     sizes = args.sizes or ([10, 200] if args.quick else [10, 1000, 25000])
     waiters = 20 if args.quick else 1000

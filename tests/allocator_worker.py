@@ -17,8 +17,6 @@ from hypertf.config.settings import ClusterSettings
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
-from hypertf.store.allocation import release
-from hypertf.store.waitqueue import submit
 
 
 def main() -> None:
@@ -31,7 +29,7 @@ def main() -> None:
     request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=tuple(hosts.split(",")))
     for _ in range(cycles):
         key = new_task_key("root")
-        grant = submit(Store(client, layout), request, key)  # waits in the queue
+        grant = Store(client, layout).queue.submit(request, key)  # waits in the queue
         start = time.time()
         placement = grant.placements[0]
         print(json.dumps({"key": key, "host": placement.host, "gpu": placement.gpus[0],
@@ -40,7 +38,7 @@ def main() -> None:
             time.sleep(3600)
         time.sleep(0.02)
         end = time.time()
-        release(Store(client, layout), key)
+        Store(client, layout).matrix.release(key)
         print(json.dumps({"key": key, "end": end}), flush=True)
     store.close(client)
 

@@ -108,7 +108,8 @@ def layout(cluster_settings: ClusterSettings) -> Layout:
 
 @pytest.fixture
 def secured(cluster_settings: ClusterSettings) -> ClusterSettings:
-    """The test's root, secured: credentials for the admin and this user (hypertf.store.auth)."""
+    """The test's root, secured: credentials for the admin and this user
+    (hypertf.store.credentials)."""
     store.secure_cluster(cluster_settings, [])
     return cluster_settings
 

@@ -27,7 +27,6 @@ from hypertf.launch.remote import Cluster
 from hypertf.ops import lab as lab_module
 from hypertf.ops import labcluster
 from hypertf.store import Store
-from hypertf.store.allocation import read_matrix
 
 JOB_MARKER = "HYPERTF_TASK_KEY="
 
@@ -97,7 +96,7 @@ def check(lab: lab_module.Lab) -> Health:
         records = store.Store(client, layout).records()
         health.missing_agents = set(inventory.nodes) - set(records)
         health.leases = store.Store(client, layout).leases()
-        matrix, _ = read_matrix(Store(client, layout))
+        matrix, _ = Store(client, layout).matrix.read()
     finally:
         store.close(client)
     if health.missing_agents:

@@ -21,7 +21,7 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
          preemptible: bool = False, ssh_key: str | None = None, uid: int | None = None,
          no_nodes: bool = False, as_json: bool = False) -> int:
     from hypertf import store
-    from hypertf.store import auth as credentials
+    from hypertf.store import bootstrap, credentials
 
     inv = load_inventory(inventory)
     if action == "accounts":
@@ -33,7 +33,7 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
             raise UsageError("--no-preempt-ok and --preemptible exclude each other: give one")
         exempt = True if no_preempt_ok else False if preemptible else None
         with store.opened(inv.cluster) as zk:
-            limits = credentials.set_user_limits(zk.client, inv.cluster.zk_root, str(user),
+            limits = bootstrap.set_user_limits(zk.client, inv.cluster.zk_root, str(user),
                                                  max_priority, gpu_limit, share,
                                                  gpu_hours_per_month, exempt).of(str(user))
         cap = limits.gpu_limit or "the cluster's hypertf_user_gpu_limit"

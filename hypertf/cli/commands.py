@@ -41,10 +41,10 @@ def jobs(inventory: str, last: int = 20, as_json: bool = False) -> int:
     skipped and counted on stderr, never an error for everyone."""
     from hypertf import store
     from hypertf.cli.jobtable import job_table
-    from hypertf.store.jobs import collect_jobs, job_state
+    from hypertf.store.jobs import job_state
 
     with store.opened(load_inventory(inventory).cluster) as zk:
-        listed = collect_jobs(zk)
+        listed = zk.jobs.collect()
     found = listed.jobs[:last]
     for note in listed.notes():
         print(f"hypertf: {note}", file=sys.stderr)
@@ -63,12 +63,10 @@ def kill(inventory: str, task_key: str, command: str = "hypertf kill") -> int:
     record names ``command``, so the launcher and ``hypertf jobs`` say which one it was."""
     from hypertf import store
     from hypertf.core.jobrecord import JobState
-    from hypertf.store.allocation import kill as kill_job
-    from hypertf.store.jobs import read_job
 
     with store.opened(load_inventory(inventory).cluster) as zk:
-        killed = kill_job(zk, task_key, command)
-        state = (read_job(zk, task_key) or {}).get("state")
+        killed = zk.matrix.kill(task_key, command)
+        state = (zk.jobs.read(task_key) or {}).get("state")
     if state == JobState.CANCELLED and killed:
         print(f"job {task_key}: cancelled; it left the queue and never started")
     else:
@@ -114,7 +112,7 @@ def usage(inventory: str, since: str | None = None, until: str | None = None,
     the total)."""
     from hypertf import store
     from hypertf.keeper.usageview import collect
-    from hypertf.store import auth as credentials
+    from hypertf.store import credentials
 
     if as_json and as_csv:
         raise UsageError("hypertf usage: give --json or --csv, not both")
@@ -131,10 +129,9 @@ def usage(inventory: str, since: str | None = None, until: str | None = None,
 def hold(inventory: str, task_key: str, held: bool = True) -> int:
     """Keep a waiting job in the queue without admitting it (or let it go again)."""
     from hypertf import store
-    from hypertf.store.waitqueue import set_held
 
     with store.opened(load_inventory(inventory).cluster) as zk:
-        set_held(zk, task_key, held)
+        zk.queue.set_held(task_key, held)
     print(f"job {task_key}: " + ("held: it keeps its place and starts only after "
                                  f"'hypertf unhold {task_key}'" if held else "no longer held"))
     return 0

@@ -194,11 +194,10 @@ def _cancel(sweep_id: str) -> int:
     says (another cluster has none of its jobs)."""
     from hypertf import store
     from hypertf.config.inventory import load_inventory
-    from hypertf.store.allocation import kill
 
     inventory = sweeps.Sweep.load(sweep_id).inventory
     with store.opened(load_inventory(inventory).cluster) as zk:
-        ended = sweeps.cancel(sweep_id, lambda key: kill(zk, key, "hypertf sweep cancel"))
+        ended = sweeps.cancel(sweep_id, lambda key: zk.matrix.kill(key, "hypertf sweep cancel"))
     print(f"sweep {sweep_id}: cancelled; {len(ended)} waiting or running trials ended"
           + (f" ({', '.join(ended)})" if ended else ""))
     return 0

@@ -162,7 +162,7 @@ def _parse_settings(path: Path, host: str, variables: Mapping[str, Any]) -> dict
         try:
             values[key] = setting.parse(key, raw)
         except ValueError as err:
-            raise InventoryError(f"{path}: host {host!r}: {err}") from None
+            raise InventoryError(f"{path}: host {host!r}: {err}") from err
     return values
 
 
@@ -263,7 +263,7 @@ def _ansible_hosts(path: Path) -> dict[str, tuple[dict[str, Any], tuple[str, ...
             hosts[host.name] = ({k: v for k, v in merged.items() if k not in magic}, groups)
     except AnsibleError as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
-        raise InventoryError(f"{path}: Ansible cannot read this inventory: {first_line}") from None
+        raise InventoryError(f"{path}: Ansible cannot read this inventory: {first_line}") from err
     return hosts
 
 

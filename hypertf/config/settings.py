@@ -217,8 +217,8 @@ def _account_names(key: str, value: Any) -> tuple[tuple[str, str], ...]:
 def _port_range(key: str, value: Any) -> tuple[int, int]:
     try:
         low, high = (int(part) for part in str(value).split("-"))
-    except ValueError:
-        raise ValueError(f"{key} must look like 20000-20999, not {value!r}") from None
+    except ValueError as err:
+        raise ValueError(f"{key} must look like 20000-20999, not {value!r}") from err
     if not 1024 <= low <= high <= 65535:
         raise ValueError(f"{key} must lie within 1024-65535 with low <= high, not {value!r}")
     return low, high

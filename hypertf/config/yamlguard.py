@@ -97,12 +97,12 @@ class UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             try:
                 hash(key)
-            except TypeError:
+            except TypeError as err:
                 mark = key_node.start_mark
                 raise self.error(
                     f"line {mark.line + 1}, column {mark.column + 1}: a mapping key must be "
                     f"a plain value, not {key!r}"
-                ) from None
+                ) from err
             if key in seen:
                 mark = key_node.start_mark
                 raise self.error(
@@ -121,14 +121,14 @@ def source_files(path: Path) -> list[Path]:
     checked for size; ``check_files`` checks their text before anything parses them."""
     try:
         path.stat()
-    except FileNotFoundError:
+    except FileNotFoundError as err:
         raise InventoryError(
             f"inventory {path} not found: pass an existing file or directory with "
             f"-i/--inventory (the default is {DEFAULT_INVENTORY})"
-        ) from None
+        ) from err
     except OSError as err:
         why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
-        raise InventoryError(f"inventory {path} cannot be read: {why}") from None
+        raise InventoryError(f"inventory {path} cannot be read: {why}") from err
     if path.is_dir():
         files: list[Path] = []
         for folder, dirs, names in os.walk(path):  # symlinked folders are not followed
@@ -154,7 +154,7 @@ def source_files(path: Path) -> list[Path]:
                 check_size(str(file), file.stat().st_size)
         except OSError as err:
             why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
-            raise InventoryError(f"inventory file {file} cannot be read: {why}") from None
+            raise InventoryError(f"inventory file {file} cannot be read: {why}") from err
     return files
 
 
@@ -169,7 +169,7 @@ def check_files(files: list[Path]) -> None:
                 check_text(str(file), file.read_bytes().decode("utf-8", "replace"))
         except OSError as err:
             why = "a symlink loop" if err.errno == errno.ELOOP else err.strerror
-            raise InventoryError(f"inventory file {file} cannot be read: {why}") from None
+            raise InventoryError(f"inventory file {file} cannot be read: {why}") from err
 
 
 def yaml_inventories(path: Path, files: list[Path]) -> list[tuple[Path, Any]]:
@@ -197,18 +197,18 @@ def read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as err:
         raise InventoryError(
             f"{path}: byte {err.start} is not UTF-8 text; save the inventory as UTF-8"
-        ) from None
+        ) from err
     except OSError as err:
-        raise InventoryError(f"inventory {path} cannot be read: {err.strerror}") from None
+        raise InventoryError(f"inventory {path} cannot be read: {err.strerror}") from err
     try:
         data = yaml.load(text, Loader=UniqueKeyLoader)
     except InventoryError as err:
-        raise InventoryError(f"{path}: {err}") from None
+        raise InventoryError(f"{path}: {err}") from err
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(err, "problem", None) or str(err)
-        raise InventoryError(f"{path}: malformed YAML at {where}{problem}") from None
+        raise InventoryError(f"{path}: malformed YAML at {where}{problem}") from err
     if data is None:
         raise InventoryError(f"{path}: the inventory is empty; see inventory/example.yml")
     if not isinstance(data, dict):

@@ -6,6 +6,7 @@ Anything that is not a HyperTFError is a bug and keeps its traceback.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 
 class HyperTFError(Exception):
@@ -48,6 +49,17 @@ class RemoteError(HyperTFError):
     """A node could not be reached or a remote command failed."""
 
     exit_code = 6
+
+
+class GroupError(RemoteError):
+    """One action failed on several hosts, as Fabric's ``GroupException``: the message
+    words each host's failure on a line of its own for people; ``failures`` keeps what
+    each host answered (its exception, or its command's non-zero result) for code and
+    logs, so nothing a host said is lost in the one string."""
+
+    def __init__(self, message: str, failures: Mapping[str, object]) -> None:
+        super().__init__(message)
+        self.failures = dict(failures)
 
 
 class Cancelled(HyperTFError):

@@ -138,7 +138,7 @@ def grant_and_stamp(data: bytes, task_key: str) -> tuple[Grant, RecordStamp | No
         placements = placements_of(payload)
         ports = ports_of(payload)
     except (KeyError, TypeError, ValueError, AttributeError, StoreError) as err:
-        raise ValueError(f"the grant of {task_key} is damaged ({err})") from None
+        raise ValueError(f"the grant of {task_key} is damaged ({err})") from err
     stamp = RecordStamp.from_plain(payload.get("record"), payload.get("granted"))
     return Grant(task_key, placements, ports), stamp
 

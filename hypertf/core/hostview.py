@@ -14,7 +14,7 @@ shard has a keep-alive within seconds: a rewrite per keep-alive would double Zoo
 writes). So "seen N s ago" read from the view is at most ``REFRESH_S`` older than the truth;
 ``hypertf status --json`` and ``--direct`` read every record, as before.
 
-Who writes it: the keeper only (ZooKeeper's ACL, hypertf.store.auth); each shard is an
+Who writes it: the keeper only (ZooKeeper's ACL, hypertf.store.acltable); each shard is an
 ephemeral of the keeper's session, so a dead keeper leaves no stale view and ``status``
 reads the records directly. A reader still checks every value's type: it prints them.
 
@@ -216,4 +216,4 @@ def decode_shard(data: bytes) -> tuple[int, int, dict[str, HostView] | None]:
         return shard, count, {str(name): _host(entry, drivers, confines)
                               for name, entry in hosts.items()}
     except (TypeError, ValueError, IndexError, KeyError) as err:
-        raise StoreError(f"the keeper's status view has an unreadable {err}") from None
+        raise StoreError(f"the keeper's status view has an unreadable {err}") from err

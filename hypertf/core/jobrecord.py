@@ -134,7 +134,7 @@ class JobSummary(TypedDict):
 class JobRecord(TypedDict, total=False):
     """Every field of a job record, by who writes it."""
 
-    # the launcher, when it queues the job (waitqueue.enqueue)
+    # the launcher, when it queues the job (JobQueue.enqueue)
     task_key: str
     state: JobState
     created: float
@@ -162,7 +162,7 @@ class JobRecord(TypedDict, total=False):
     cancelled: float
     cancelled_by: dict[str, Any]
     lost: float
-    # added by list_jobs (not stored): whether its lease still exists
+    # added by JobRecords.collect (not stored): whether its lease still exists
     alive: bool
 
 

@@ -1,5 +1,5 @@
 """The znode paths of one HyperTF root (docs/zookeeper-layout.md): pure, no client, so both
-the store and the credential code (hypertf.store.auth) can name paths without importing each other.
+the store and the ACL table (hypertf.store.acltable) can name paths without importing each other.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypertf.core.taskkey import key_owner
 RESOURCE_LEAF = "agent"  # a host's agent record's name in the host's folder
 
 # A task key as readers accept it: a stamp without dots (``new_task_key`` makes
-# ``20261122-085000-a1b2c3``), a dot, its owner's name (hypertf.store.auth.NAME). At most
+# ``20261122-085000-a1b2c3``), a dot, its owner's name (hypertf.store.credentials.NAME). At most
 # 129 characters: a user may create any name in its own folders (ZooKeeper bounds a name
 # only by jute.maxbuffer, 1 MiB), and every reader of ``leases/<user>`` and
 # ``jobs/<user>`` skips what does not match, so junk never reaches a decision or an output.
@@ -143,7 +143,7 @@ def owner_of(task_key: str) -> str:
 def path_names() -> tuple[str, ...]:
     """Every path a ``Layout`` names, by its name there, in order: ``root``, then each public
     property and method that returns one (``-> str``). Read from the class, so a new path is
-    in it at once: hypertf.store.auth.RULES keys who may touch each path by these names, and
+    in it at once: hypertf.store.acltable.RULES keys who may touch each path by these names, and
     a path without a rule fails tests/unit/test_acl_table.py."""
     names = ["root"]
     for name, member in vars(Layout).items():

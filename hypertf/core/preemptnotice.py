@@ -46,7 +46,7 @@ class Notice:
                          deadline=float(raw["deadline"]), reason=str(raw["reason"]),
                          order=int(raw.get("order", 0)), count=int(raw.get("count", 1)))
         except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"preemption notice of {victim}: unreadable ({err})") from None
+            raise ValueError(f"preemption notice of {victim}: unreadable ({err})") from err
         if notice.victim != victim or not is_task_key(notice.by) or not (
                 math.isfinite(notice.at) and math.isfinite(notice.deadline)
                 and notice.at <= notice.deadline) or not 1 <= notice.count <= 10_000 \

@@ -117,8 +117,8 @@ def parse_stopped(payload: object) -> dict[str, StopResult]:
     found = _object(payload, "a stop's answer")
     try:
         return {str(task): StopResult(result) for task, result in found.items()}
-    except ValueError:
-        raise _fail("a stop's answer has an unknown result", payload) from None
+    except ValueError as err:
+        raise _fail("a stop's answer has an unknown result", payload) from err
 
 
 class RunEnd(NamedTuple):
@@ -200,8 +200,8 @@ def parse_event(payload: object, strict: bool = False) -> NodeEvent | None:
         found = _object(payload, "an event")
         try:
             kind = EventKind(str(found.get("e")))
-        except ValueError:
-            raise _fail("unknown event", payload) from None
+        except ValueError as err:
+            raise _fail("unknown event", payload) from err
         task = _str(found, "task", "an event", "")
         code = found.get("code")
         if kind is EventKind.EXIT and code is not None:

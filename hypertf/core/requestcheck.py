@@ -105,7 +105,7 @@ def waiting_from_record(record: Mapping[str, Any], order: int, key: str) -> Wait
     try:
         hosts = expand_hosts(tuple(_host(h, "host") for h in patterns))
     except ValueError as err:
-        raise InvalidRequest(str(err)) from None
+        raise InvalidRequest(str(err)) from err
     policy = queue.get("policy", Policy.ROUND_ROBIN)
     if policy not in POLICIES:
         raise InvalidRequest(f"policy {str(policy)[:20]!r} is not one of {', '.join(POLICIES)}")
@@ -129,7 +129,7 @@ def waiting_from_record(record: Mapping[str, Any], order: int, key: str) -> Wait
     try:
         owner_of(key)
     except UsageError as err:
-        raise InvalidRequest(str(err)) from None
+        raise InvalidRequest(str(err)) from err
     resumes = queue.get("resumes", "")
     if not isinstance(resumes, str) or (resumes and not is_task_key(resumes)):
         raise InvalidRequest(f"resumes {str(resumes)[:40]!r} is not a task key")

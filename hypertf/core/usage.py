@@ -355,7 +355,7 @@ class Chunk:
         try:
             parsed_attempts = tuple(Attempt.from_json(a) for a in attempts)
         except (ValueError, TypeError) as err:
-            raise StoreError(f"ZooKeeper holds a damaged usage chunk {name}: {err}") from None
+            raise StoreError(f"ZooKeeper holds a damaged usage chunk {name}: {err}") from err
         return cls(parsed[0], parsed[1], read, parsed_attempts)
 
 

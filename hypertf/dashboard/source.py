@@ -1,7 +1,7 @@
 """Where the dashboard's data comes from: a Protocol, the live cluster, or a JSON fixture.
 
 The server only asks a ``DataSource``; ``ClusterSource`` answers with the same reads the
-terminal verbs use (status.collect, queueview.collect, jobs.list_jobs, sweep.list_sweeps,
+terminal verbs use (status.collect, queueview.collect, Store.jobs.collect, sweep.list_sweeps,
 joblogs.show_logs; the usage ledger as ``hypertf usage`` counts it) on the user's own
 credential, so the page says what ``hypertf status`` says. ``FixtureSource`` serves a
 recorded JSON object: the browser's speed test draws 1,000 hosts without a ZooKeeper.
@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypedDict, cast
 from hypertf.config.inventory import Inventory
 from hypertf.dashboard.metrics import exposition
 from hypertf.dashboard.usage import UsageReader, daily_chart, totals, viewer_of, waiting_counts
-from hypertf.store import Store, auth
+from hypertf.store import Store, credentials
 from hypertf.store.waitqueue import REASONS
 
 
@@ -70,7 +70,7 @@ class ClusterSource:
         credential, as ``hypertf usage`` decides)."""
         self.inventory, self.store, self.log_limit = inventory, store, log_limit
         self.lock = threading.Lock()  # one status read at a time: ZooKeeper's work is shared
-        self.viewer = viewer_of(auth.default_identity()) if viewer is None else viewer
+        self.viewer = viewer_of(credentials.default_identity()) if viewer is None else viewer
         self.ledger = UsageReader(store)
         self._preemptions: dict[str, int] = {}  # from the queue view ``waiting`` read last
         self.render_metrics = exposition(self, self.viewer)
@@ -90,9 +90,9 @@ class ClusterSource:
     def jobs(self) -> list[dict[str, Any]]:
         """The newest 200 readable records, then one ``{"skipped": n, "note": ...}`` row per
         user whose folder holds unreadable records (the page shows them as notes)."""
-        from hypertf.store.jobs import collect_jobs, job_state
+        from hypertf.store.jobs import job_state
 
-        listed = collect_jobs(self.store)
+        listed = self.store.jobs.collect()
         rows: list[dict[str, Any]] = [{**job, "status": job_state(job)}
                                       for job in listed.jobs[:200]]
         return rows + [{"skipped": count, "folder": f"jobs/{user}", "note": note}
@@ -125,9 +125,9 @@ class ClusterSource:
     def waiting(self) -> dict[tuple[str, str], int]:
         """Waiting jobs per (user, reason); the view's preemption counts are kept from the
         same read for ``preemptions`` (a scrape reads the view, up to 100s of KB, once)."""
-        from hypertf.store.waitqueue import preemptions_of, read_queue_view
+        from hypertf.store.waitqueue import preemptions_of
 
-        view = read_queue_view(self.store)
+        view = self.store.queue.read_queue_view()
         self._preemptions = preemptions_of(view)
         return waiting_counts(list(view.get("waiting", [])))
 

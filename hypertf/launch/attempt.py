@@ -100,15 +100,19 @@ LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow reads as TF_USE_LEGAC
 
 class JobFailed(HyperTFError):
     """The job ran and failed; the message names the task and shows its last lines.
-    ``retryable``: a new attempt may cure it; ``hosts``: the hosts it points at."""
+    ``retryable``: a new attempt may cure it; ``hosts``: the hosts it points at;
+    ``failures``: what each of them answered, when the failure was theirs (a start that
+    failed on several: each host's own exception, as Fabric's ``GroupException``)."""
 
     exit_code = 1
 
     def __init__(self, message: str, retryable: bool = False,
-                 hosts: frozenset[str] = frozenset()) -> None:
+                 hosts: frozenset[str] = frozenset(),
+                 failures: Mapping[str, BaseException] | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
-        self.hosts = hosts
+        self.failures = dict(failures or {})
+        self.hosts = hosts or frozenset(self.failures)
 
 
 class JobKilled(JobFailed):
@@ -262,7 +266,7 @@ class Attempt:
             return Outcome(verdict, self.message)
         except Cancelled as err:  # it left the queue: say so as the record does
             self.result, self.message = ended_by(err)
-            raise Cancelled(self.message) from None
+            raise Cancelled(self.message) from err
         except HyperTFError as err:
             self.result, self.message = ended_by(err)
             raise
@@ -286,7 +290,7 @@ class Attempt:
         if failed:
             self.parts.placer.forget_preflight(failed)  # a cached answer may be why
             raise JobFailed("could not start tasks: " +
-                            "; ".join(f"{h}: {v}" for h, v in failed.items()))
+                            "; ".join(f"{h}: {v}" for h, v in failed.items()), failures=failed)
         if busy:
             return busy
         listed = ", ".join(

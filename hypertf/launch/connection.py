@@ -94,12 +94,12 @@ def open_connection(node: Node, cluster: ClusterSettings) -> Runner:
     try:
         connect_kwargs["sock"] = nodelay_socket(node.address, node.port, cluster.ssh_timeout)
         conn.open()
-    except paramiko.BadHostKeyException:
+    except paramiko.BadHostKeyException as err:
         raise RemoteError(
             f"{node.name} ({node.address}): its SSH host key CHANGED since it "
             f"was pinned in {known_hosts}; check the node, then re-pin it"
-        ) from None
-    except paramiko.AuthenticationException:
+        ) from err
+    except paramiko.AuthenticationException as err:
         raise RemoteError(
             f"{node.name} ({node.address}): SSH refused the key "
             f"{node.key_file or '(none given)'} for {node.user}: it is not in "
@@ -107,23 +107,23 @@ def open_connection(node: Node, cluster: ClusterSettings) -> Runner:
             f"it, ~/.ssh or a directory above is writable by group or others or owned by "
             f"another user (the node's sshd log names the path: 'Authentication refused: "
             f"bad ownership or modes'); invoke cluster.setup authorizes the key"
-        ) from None
+        ) from err
     except paramiko.SSHException as err:
         if "not found in known_hosts" in str(err):
             raise RemoteError(
                 f"{node.name} ({node.address}): host key unknown: it is not "
                 f"in {known_hosts}; verify the node and pin its key (invoke cluster.setup)"
-            ) from None
-        raise RemoteError(f"{node.name} ({node.address}): SSH failed: {err}") from None
-    except TimeoutError:
+            ) from err
+        raise RemoteError(f"{node.name} ({node.address}): SSH failed: {err}") from err
+    except TimeoutError as err:
         raise RemoteError(
             f"{node.name} ({node.address}:{node.port}): no answer within "
             f"{cluster.ssh_timeout:.0f} s; is the node up and reachable?"
-        ) from None
+        ) from err
     except OSError as err:
         raise RemoteError(
             f"{node.name} ({node.address}:{node.port}): cannot connect: "
             f"{err.strerror or err}"
-        ) from None
+        ) from err
     runner: Runner = conn  # a fabric Connection (untyped): what a session uses of it
     return runner

@@ -24,8 +24,7 @@ from hypertf.core.errors import HyperTFError, UsageError, say_interrupted
 from hypertf.core.placement import new_task_key
 from hypertf.core.rundir import RunDir, make_private, write_private
 from hypertf.launch.request import TrainRequest
-from hypertf.store import auth
-from hypertf.store.jobs import read_job
+from hypertf.store import credentials
 
 ENV_ON_STDIN = "--env-on-stdin"  # the --env values come on stdin (hand_env), not in a file
 REGISTERED_WITHIN_S = 120.0  # preflight and the first allocation try come before the record
@@ -38,7 +37,7 @@ def request_file(run: Path) -> Path:
 def start_detached(inventory: str, request: TrainRequest) -> int:
     request.validate()
     inv = load_inventory(inventory)  # a broken inventory fails here, in the foreground
-    key = new_task_key(auth.job_owner())
+    key = new_task_key(credentials.job_owner())
     run = make_private(RunDir.of(".", key, local=True).local)
     write_private(request_file(run), json.dumps(request.without_env_values().to_json()))
     log_path = run / "launcher.log"
@@ -54,7 +53,7 @@ def start_detached(inventory: str, request: TrainRequest) -> int:
     try:
         zk = store.Store(client, store.Layout(inv.cluster.zk_root))
         deadline = time.monotonic() + REGISTERED_WITHIN_S
-        while read_job(zk, key) is None:
+        while zk.jobs.read(key) is None:
             if launcher.poll() is not None:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
                 print("\n".join(tail), file=sys.stderr)

@@ -25,8 +25,7 @@ from hypertf.core.rundir import RunDir
 from hypertf.launch.login import as_job_owner
 from hypertf.launch.remote import Session, quote
 from hypertf.store import Store
-from hypertf.store.auth import default_identity
-from hypertf.store.jobs import read_job
+from hypertf.store.credentials import default_identity
 
 WAIT_FOR_START_S = 600  # how long a remote follower waits for a task's PID file
 WAITING_STATES = (JobState.QUEUED, JobState.ALLOCATED)
@@ -70,7 +69,7 @@ def _wait_for_placement(store: Store, task_key: str, out: TextIO) -> JobRecord:
     """A queued job has no tasks yet: say so and wait until it has started."""
     said = False
     while True:
-        record = read_job(store, task_key) or JobRecord()
+        record = store.jobs.read(task_key) or JobRecord()
         if record.get("state") not in WAITING_STATES:
             return record
         if not said:
@@ -96,7 +95,7 @@ def follow_command(run: RunDir, file_name: str) -> str:
 def show_logs(store: Store, inventory: Inventory, task_key: str, follow: bool = False,
               task: str | None = None, out: TextIO = sys.stdout) -> int:
     """Print (or follow) the task logs of ``task_key``; the exit code."""
-    record = read_job(store, task_key)
+    record = store.jobs.read(task_key)
     if record is None:
         raise UsageError(f"no job {task_key!r}; list them with 'hypertf jobs'")
     if record.get("state") in WAITING_STATES:

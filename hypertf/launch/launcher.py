@@ -47,14 +47,14 @@ from hypertf.launch.attempt import (
 from hypertf.launch.fleet import SshFleet
 from hypertf.launch.lease import StoreLease
 from hypertf.launch.login import shared_login
-from hypertf.launch.placer import KeeperPlacer, StoreWaitQueue
+from hypertf.launch.placer import KeeperPlacer
 from hypertf.launch.preflight import Preflight, script_path
 from hypertf.launch.prestart import likely_hosts
 from hypertf.launch.reporter import Reporter
 from hypertf.launch.request import LegacyFlags, TrainRequest
 from hypertf.launch.roster import Roster
 from hypertf.launch.sessions import Sessions
-from hypertf.store import Layout, Store, auth
+from hypertf.store import Layout, Store, credentials
 
 __all__ = ["Interrupted", "Job", "JobFailed", "TrainRequest", "train"]
 
@@ -103,7 +103,7 @@ class Job:
         self.reporter = parts.reporter if parts else Reporter(say)
         self.timeline: Timeline = self.reporter.timeline
         self.layout = Layout(inventory.cluster.zk_root)
-        self.owner = auth.job_owner()
+        self.owner = credentials.job_owner()
         self.store: Store | None = None  # the job's ZooKeeper client and root, once connected
         # the SSH sessions: a cold launch's, begun before this module was imported (prestart)
         self.sessions = sessions if sessions is not None else Sessions(inventory)
@@ -136,7 +136,7 @@ class Job:
         if self.cpu_only and any(slot.gpus for slot in self.request.slots(cpu_only=False)):
             self.say("hypertf: notice: no GPU on any node of this cluster: every task runs on CPU")
         if self.parts is None:  # the job places its tasks itself (queue, preflight)
-            placer = KeeperPlacer(StoreWaitQueue(connected), roster, self.preflight,
+            placer = KeeperPlacer(connected.queue, connected.matrix, roster, self.preflight,
                                   self.sessions.connect_soon, self.inventory, self.request,
                                   self.reporter, self.lost_session, self.cpu_only)
             self.parts = Parts(placer=placer, fleet=SshFleet(self.sessions.cluster, self.timeline),

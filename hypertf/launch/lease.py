@@ -23,8 +23,6 @@ from hypertf.core.jobrecord import JobState
 from hypertf.core.monitor import Event, EventKind
 from hypertf.core.records import plain_text
 from hypertf.store import Store
-from hypertf.store.allocation import release
-from hypertf.store.jobs import read_job, update_job
 
 __all__ = ["JobLease", "StoreLease"]
 
@@ -68,7 +66,7 @@ class StoreLease:
         self.connect_wait_s = connect_wait_s
 
     def starting(self, task_key: str) -> None:
-        update_job(self.store, task_key, state=JobState.STARTING)
+        self.store.jobs.update(task_key, state=JobState.STARTING)
 
     def watch(self, task_key: str, events: queue.Queue[Event]) -> Callable[[], None]:
         over = threading.Event()
@@ -102,7 +100,7 @@ class StoreLease:
 
     def ended_by(self, task_key: str) -> str:
         try:
-            record = read_job(self.store, task_key) or {}
+            record = self.store.jobs.read(task_key) or {}
         except (StoreError, KazooException, KazooTimeoutError):
             record = {}
         by = record.get("killed_by") or record.get("cancelled_by") or {}
@@ -129,8 +127,8 @@ class StoreLease:
         try:
             if not client.connected:
                 raise StoreError("not connected")
-            release(self.store, task_key, state=result, extra={"summary": summary},
-                    stopped_on=stopped_on, meanwhile=once)
+            self.store.matrix.release(task_key, state=result, extra={"summary": summary},
+                                      stopped_on=stopped_on, meanwhile=once)
         except (StoreError, KazooException, KazooTimeoutError) as err:
             self.say(f"hypertf: warning: could not reach ZooKeeper to release job "
                      f"{task_key} ({err or type(err).__name__}); its lease ends with "

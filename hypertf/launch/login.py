@@ -18,7 +18,7 @@ from pathlib import Path
 from hypertf.config.inventory import Inventory
 from hypertf.core.accounts import shared_notice
 from hypertf.core.errors import UsageError
-from hypertf.store.auth import job_owner
+from hypertf.store.credentials import job_owner
 
 __all__ = ["as_job_owner", "shared_login", "user_key"]
 

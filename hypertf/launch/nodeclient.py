@@ -204,9 +204,9 @@ class NodeClient:
         threading.Thread(target=run_it, daemon=True, name=f"start-watch-{host}").start()
         try:
             got = answered.get(timeout=start_timeout(request))
-        except queue.Empty:
+        except queue.Empty as err:
             raise RemoteError(f"{host}: no answer to the start within "
-                              f"{start_timeout(request):.0f} s") from None
+                              f"{start_timeout(request):.0f} s") from err
         if isinstance(got, BaseException):
             raise got
         answer = got if isinstance(got, dict) else self._answer(got)

@@ -2,8 +2,8 @@
 too), with the hosts it names connected and preflighted before the start.
 
 ``KeeperPlacer`` is the ``Placer`` each ``Attempt`` (hypertf.launch.attempt) is handed.
-It is handed in turn what it uses: the queue's store side (``WaitQueue``; the real one,
-``StoreWaitQueue``, is hypertf.store.waitqueue's launcher-side functions), the live
+It is handed in turn what it uses: the store's queue and matrix as they are (``WaitQueue``
+and ``MatrixPlans``: the job's session's ``Store.queue`` and ``Store.matrix``), the live
 agents (``LiveHosts``: hypertf.launch.roster), preflight (``HostChecks``:
 hypertf.launch.preflight) and the early connect (hypertf.launch.sessions), so
 tests/unit/test_placer.py drives it without ZooKeeper or SSH.
@@ -28,60 +28,39 @@ from hypertf.core.spec import offload_hosts
 from hypertf.launch.attempt import JobFailed
 from hypertf.launch.reporter import Reporter
 from hypertf.launch.request import TrainRequest
-from hypertf.store import Store
-from hypertf.store.allocation import plan, read_matrix
-from hypertf.store.waitqueue import enqueue, read_view, wait_for_admission
 
-__all__ = ["HostChecks", "KeeperPlacer", "LiveHosts", "StoreWaitQueue", "WaitQueue"]
+__all__ = ["HostChecks", "KeeperPlacer", "LiveHosts", "MatrixPlans", "WaitQueue"]
 
 
 class WaitQueue(Protocol):
-    """The store's side of placement: the keeper's view of the queue, a dry run, the
-    matrix, and the queue itself (enqueue, then wait for the keeper's grant)."""
+    """The store's queue, as the placer uses it (the real one: ``Store.queue``,
+    hypertf.store.waitqueue.JobQueue): the keeper's view, then enqueue and wait for the
+    keeper's grant."""
 
-    def view(self) -> list[dict[str, Any]]:
+    def read_view(self) -> list[dict[str, Any]]:
         """The keeper's last view of the queue: the jobs waiting ([] when none)."""
         ...
+
+    def enqueue(self, task_key: str, request: Request, record: Mapping[str, Any],
+                priority: int = 0, exclude_ports: Mapping[str, set[int]] | None = None,
+                wait: bool = True, resumes: str = "") -> None: ...
+
+    def wait_for_admission(self, task_key: str, say: Callable[[str], None],
+                           lost_session: threading.Event) -> Grant: ...
+
+
+class MatrixPlans(Protocol):
+    """The store's matrix, as the placer uses it (the real one: ``Store.matrix``,
+    hypertf.store.allocation.StoredMatrix): a dry run and a read."""
 
     def plan(self, request: Request) -> list[Placement]:
         """Where ``request`` would go now (writes nothing); InsufficientResources when it
         does not fit now, the message naming what is free where."""
         ...
 
-    def matrix(self) -> Matrix: ...
-
-    def enqueue(self, task_key: str, request: Request, record: Mapping[str, Any],
-                priority: int, exclude: Mapping[str, set[int]], wait: bool,
-                resumes: str = "") -> None: ...
-
-    def wait_for_admission(self, task_key: str, say: Callable[[str], None],
-                           lost_session: threading.Event) -> Grant: ...
-
-
-class StoreWaitQueue:
-    """The real queue: hypertf.store.waitqueue and allocation over the job's Store."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def view(self) -> list[dict[str, Any]]:
-        return read_view(self.store)
-
-    def plan(self, request: Request) -> list[Placement]:
-        return plan(self.store, request)
-
-    def matrix(self) -> Matrix:
-        return read_matrix(self.store)[0]
-
-    def enqueue(self, task_key: str, request: Request, record: Mapping[str, Any],
-                priority: int, exclude: Mapping[str, set[int]], wait: bool,
-                resumes: str = "") -> None:
-        enqueue(self.store, task_key, request, record, priority, exclude, wait=wait,
-                resumes=resumes)
-
-    def wait_for_admission(self, task_key: str, say: Callable[[str], None],
-                           lost_session: threading.Event) -> Grant:
-        return wait_for_admission(self.store, task_key, say, lost_session)
+    def read(self) -> tuple[Matrix, object]:
+        """The matrix now, and the versions it was read at."""
+        ...
 
 
 class LiveHosts(Protocol):
@@ -116,11 +95,13 @@ class KeeperPlacer:
     """Places each attempt of one job through the keeper's queue. ``cpu_only``: the
     cluster has no GPU, and every task runs on CPU."""
 
-    def __init__(self, queue: WaitQueue, hosts: LiveHosts, checks: HostChecks,
-                 connect_soon: Callable[[Iterable[str]], None], inventory: Inventory,
+    def __init__(self, queue: WaitQueue, matrix: MatrixPlans, hosts: LiveHosts,
+                 checks: HostChecks, connect_soon: Callable[[Iterable[str]], None],
+                 inventory: Inventory,
                  request: TrainRequest, reporter: Reporter, lost_session: threading.Event,
                  cpu_only: bool = False) -> None:
         self.queue = queue
+        self.matrix = matrix
         self.hosts = hosts
         self.checks = checks
         self.connect_soon = connect_soon
@@ -158,7 +139,7 @@ class KeeperPlacer:
                 live = others
         request = self._allocation_request(live)
         self._check_could_ever_run(request)
-        expect_wait = bool(self.queue.view())  # others wait: in line behind them
+        expect_wait = bool(self.queue.read_view())  # others wait: in line behind them
         if not expect_wait:
             try:
                 chosen = self.needed_hosts(live)
@@ -176,7 +157,7 @@ class KeeperPlacer:
     def needed_hosts(self, hosts: list[str]) -> list[str]:
         """The hosts the job would use now (a dry run): only those are preflighted, so a
         broken node the job does not need does not fail it."""
-        placements = self.queue.plan(self._allocation_request(hosts))
+        placements = self.matrix.plan(self._allocation_request(hosts))
         self.offload_placed = set(offload_hosts(placements))
         used = {p.host for p in placements}
         return [host for host in hosts if host in used]
@@ -193,8 +174,8 @@ class KeeperPlacer:
             raise InsufficientResources(
                 f"this job asks for {request.gpus} GPUs, more than the {limit} one user may "
                 f"hold at once (hypertf_user_gpu_limit): ask for fewer GPUs")
-        if not fits_cluster(request, self.queue.matrix(), list(request.hosts)):
-            self.queue.plan(request)  # raises today's message: what is free, per host
+        if not fits_cluster(request, self.matrix.read()[0], list(request.hosts)):
+            self.matrix.plan(request)  # raises today's message: what is free, per host
             raise InsufficientResources(f"{request.describe()}: more than the whole cluster "
                                         f"has; ask for fewer tasks or GPUs")
 

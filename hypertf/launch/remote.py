@@ -39,7 +39,7 @@ from invoke.exceptions import UnexpectedExit
 
 from hypertf.config.inventory import Node
 from hypertf.config.settings import ClusterSettings
-from hypertf.core.errors import Interrupted, RemoteError
+from hypertf.core.errors import GroupError, Interrupted, RemoteError
 from hypertf.launch.connection import Runner, open_connection
 
 T = TypeVar("T")
@@ -235,7 +235,7 @@ class Session:
         except (OSError, EOFError) as err:
             self.close()
             raise RemoteError(f"{self.node.name}: connection lost: "
-                              f"{err or type(err).__name__}") from None
+                              f"{err or type(err).__name__}") from err
         return Result(self.node.name, command, result.exited, result.stdout, result.stderr)
 
     def _exec(self, runner: Connection, command: str, timeout: float | None,
@@ -245,13 +245,13 @@ class Session:
         channel = self._session_channel(runner)
         try:
             code, stdout, stderr = run_on_channel(channel, command, timeout, sink)
-        except TimeoutError:
+        except TimeoutError as err:
             raise RemoteError(f"{self.node.name}: {command.split()[0]}: no answer within "
-                              f"{timeout:g} s") from None
+                              f"{timeout:g} s") from err
         except (OSError, EOFError, paramiko.SSHException) as err:
             self.close()
             raise RemoteError(f"{self.node.name}: connection lost: "
-                              f"{err or type(err).__name__}") from None
+                              f"{err or type(err).__name__}") from err
         finally:
             channel.close()
         return Result(self.node.name, command, code, stdout, stderr)
@@ -267,8 +267,8 @@ class Session:
             try:
                 done = subprocess.run(["/bin/bash", "-c", command], input=data, timeout=timeout,
                                       capture_output=True, check=False)
-            except subprocess.TimeoutExpired:
-                raise RemoteError(f"{self.node.name}: no answer within {timeout:.0f} s") from None
+            except subprocess.TimeoutExpired as err:
+                raise RemoteError(f"{self.node.name}: no answer within {timeout:.0f} s") from err
             return Result(self.node.name, command, done.returncode,
                           done.stdout.decode(errors="replace"),
                           done.stderr.decode(errors="replace"))
@@ -293,7 +293,7 @@ class Session:
             reader.join(timeout)
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise RemoteError(f"{self.node.name}: {command.split()[0]}: "
-                              f"{err or type(err).__name__}") from None
+                              f"{err or type(err).__name__}") from err
         finally:
             channel.close()
         stderr = unframe(b"".join(errors).decode(errors="replace"))
@@ -322,7 +322,7 @@ class Session:
         except (OSError, EOFError, paramiko.SSHException) as err:
             self.close()
             raise RemoteError(f"{self.node.name}: connection lost: "
-                              f"{err or type(err).__name__}") from None
+                              f"{err or type(err).__name__}") from err
 
     def feed_stream(self, command: str, data: bytes, sink: io.TextIOBase) -> Result:
         """``feed``, with the command's stdout going to ``sink`` as it arrives (after the
@@ -356,7 +356,7 @@ class Session:
                                                 stderr_wait=self.cluster.ssh_timeout)
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise RemoteError(f"{self.node.name}: connection lost: "
-                              f"{err or type(err).__name__}") from None
+                              f"{err or type(err).__name__}") from err
         finally:
             channel.close()
         return Result(self.node.name, command, code, said, warned)
@@ -368,7 +368,7 @@ class Session:
             result = self.feed(f"cat > {quote(path)}", data, timeout)
         except RemoteError as err:
             raise RemoteError(f"{self.node.name}: cannot write {path}: "
-                              f"{str(err).split(': ', 1)[-1]}") from None
+                              f"{str(err).split(': ', 1)[-1]}") from err
         if not result.ok:
             lines = result.stderr.strip().splitlines()
             raise RemoteError(f"{self.node.name}: cannot write {path}: "
@@ -449,9 +449,10 @@ class GroupResult(dict[str, Any], Generic[T]):
         return found
 
     def raise_failed(self, what: str, consequence: str = "", noun: str = "host") -> None:
-        """``RemoteError("<what> failed on N host(s)<consequence>:\n  host: why ...")``."""
+        """``GroupError("<what> failed on N host(s)<consequence>:\n  host: why ...")``,
+        with each failed host's own answer in its ``failures``."""
         problems = self.problems()
         if problems:
             lines = "\n".join(f"  {host}: {why}" for host, why in problems.items())
-            raise RemoteError(f"{what} failed on {len(problems)} {noun}(s){consequence}:\n"
-                              f"{lines}")
+            raise GroupError(f"{what} failed on {len(problems)} {noun}(s){consequence}:\n"
+                             f"{lines}", {host: self[host] for host in problems})

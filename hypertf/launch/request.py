@@ -127,7 +127,7 @@ class TrainRequest:
                     value = from_environment(name)
                 result[name] = check_env(name, value, "--env")
             except ValueError as err:
-                raise UsageError(str(err)) from None
+                raise UsageError(str(err)) from err
         return result
 
     def env_names(self) -> list[str]:

@@ -269,12 +269,12 @@ class ClientChannel(Endpoint):
             try:
                 self.done.acquire(0.2)
                 break
-            except posix_ipc.BusyError:
+            except posix_ipc.BusyError as err:
                 if not self.agent_alive(pid):
-                    raise ChannelError(f"the offload agent (PID {pid}) is gone") from None
+                    raise ChannelError(f"the offload agent (PID {pid}) is gone") from err
                 if time.monotonic() > deadline:
                     raise ChannelError(f"the offload agent did not answer in {timeout:.0f} s"
-                                       ) from None
+                                       ) from err
         answer = self.header()
         if answer.seq != head.seq:
             raise ChannelError(f"answer {answer.seq} for request {head.seq}")

@@ -83,10 +83,10 @@ class TrustedWorld(World):
         watcher.start()
         try:
             return super().start(timeout, python)
-        except RuntimeError:
+        except RuntimeError as err:
             line = explain(self.known_hosts, self.output())
             if line:
-                raise RuntimeError(line) from None
+                raise RuntimeError(line) from err
             raise
         finally:
             done.set()

@@ -104,7 +104,7 @@ def secure_lab_root(lab: Lab) -> None:
     inventory = load_inventory(lab.inventory)
     store.secure_cluster(inventory.cluster, list(inventory.nodes))
     if lab.per_user:
-        from hypertf.store.auth import job_owner
+        from hypertf.store.credentials import job_owner
 
         labaccounts.add_accounts(lab, [job_owner()])
         labaccounts.node_credentials(lab, inventory)
@@ -116,7 +116,7 @@ def add_users(lab: Lab, users: Sequence[str],
     'hypertf auth add-user' makes them) and give some a higher --priority ceiling."""
     from hypertf import store
     from hypertf.config.inventory import load_inventory
-    from hypertf.store.auth import set_user_limits
+    from hypertf.store.bootstrap import set_user_limits
 
     cluster = load_inventory(lab.inventory).cluster
     store.secure_cluster(cluster, [h.name for h in lab.hosts], users=list(users))

@@ -26,7 +26,7 @@ INSTALL_HINT = "apt-get install zookeeper (Debian package; brings Java)"
 # else): its own default, said explicitly; HyperTF's transactions need about 0.5 MiB
 # (docs/zookeeper-layout.md, "Bounds"). The zookeeper role sets the same.
 JUTE_MAXBUFFER = 1048575
-# The per-user folders' quotas (hypertf.store.auth.UserQuotas) refuse past their hard
+# The per-user folders' quotas (hypertf.store.quotas.UserQuotas) refuse past their hard
 # limits only with this (ZooKeeper 3.7 and later; Debian's package is 3.8).
 SERVER_FLAGS = ("-Dzookeeper.enforceQuota=true", f"-Djute.maxbuffer={JUTE_MAXBUFFER}")
 

@@ -13,7 +13,7 @@
     <root>/keeper/queue        ephemeral  the keeper's view of the queue (position, reason)
 
 A task key ends with its owner (``20261122-085000-a1b2c3.alice``), so the owner's parents
-are found from the key alone; every znode carries an ACL (hypertf.store.auth).
+are found from the key alone; every znode carries an ACL (hypertf.store.acltable).
 
 Every payload is JSON with a ``format`` number so that a newer HyperTF can refuse (or
 upgrade) what an older one wrote instead of misreading it.
@@ -32,7 +32,7 @@ from hypertf.core.records import (
     decode,
     encode,
 )
-from hypertf.store import auth, fourletter
+from hypertf.store import acltable, bootstrap, credentials, fourletter, quotas
 from hypertf.store.connection import (
     acls,
     close,
@@ -43,11 +43,35 @@ from hypertf.store.connection import (
     secure_cluster,
 )
 from hypertf.store.retry import until_committed
-from hypertf.store.zkstore import LeaseState, RecordWrite, Store, opened
+from hypertf.store.session import Store, opened
+from hypertf.store.zkstore import LeaseState, RecordWrite, StoreReads
 
 __all__ = [
-    "FORMAT", "MAX_ZNODE_BYTES", "AgentRecord", "GpuInfo", "GpuProcess",
-    "Layout", "LeaseState", "RecordWrite", "Store", "acls", "auth", "close",
-    "connect", "credential_of", "credentials_dir", "decode", "encode", "fourletter",
-    "opened", "outage_patience", "owner_of", "secure_cluster", "until_committed",
+    "FORMAT",
+    "MAX_ZNODE_BYTES",
+    "AgentRecord",
+    "GpuInfo",
+    "GpuProcess",
+    "Layout",
+    "LeaseState",
+    "RecordWrite",
+    "Store",
+    "StoreReads",
+    "acls",
+    "acltable",
+    "bootstrap",
+    "close",
+    "connect",
+    "credential_of",
+    "credentials",
+    "credentials_dir",
+    "decode",
+    "encode",
+    "fourletter",
+    "opened",
+    "outage_patience",
+    "owner_of",
+    "quotas",
+    "secure_cluster",
+    "until_committed",
 ]

@@ -5,7 +5,6 @@ root secure (``hypertf auth init``). Every client HyperTF makes comes from ``con
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,18 +14,15 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from hypertf.config.settings import ClusterSettings
 from hypertf.core.errors import StoreError
-from hypertf.store import auth
+from hypertf.store import acltable, bootstrap, credentials, quotas
 from hypertf.store.zkclient import PatientClient
 
 __all__ = ["acls", "close", "connect", "credential_of", "credentials_dir", "outage_patience",
            "secure_cluster"]
 
-_credentials: weakref.WeakKeyDictionary[KazooClient, auth.Credential] = \
-    weakref.WeakKeyDictionary()
-
-
 def credentials_dir(cluster: ClusterSettings) -> Path:
-    return auth.credentials_dir(cluster.zk_credentials, cluster.zookeeper_hosts, cluster.zk_root)
+    return credentials.credentials_dir(cluster.zk_credentials, cluster.zookeeper_hosts,
+                                       cluster.zk_root)
 
 
 def outage_patience(cluster: ClusterSettings) -> float:
@@ -49,8 +45,9 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
     expires or ``outage_patience`` is spent (``on_pause`` hears of the outage once), a
     one-shot one for at most a session timeout. ``also``: further identities this client
     logs in as (a keeper host's agent: ``keeper``)."""
-    credential = auth.load(credentials_dir(cluster), identity or auth.default_identity())
-    extra = [auth.load(credentials_dir(cluster), name) for name in also]
+    credential = credentials.load(credentials_dir(cluster),
+                                  identity or credentials.default_identity())
+    extra = [credentials.load(credentials_dir(cluster), name) for name in also]
     tls = {"use_ssl": True, "ca": cluster.zk_tls_ca, "verify_certs": True} \
         if cluster.zk_tls_ca else {}
     client = PatientClient(
@@ -76,11 +73,11 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
         raise StoreError(
             f"cannot reach ZooKeeper at {cluster.zookeeper_hosts} ({err or 'timed out'}): "
             f"start it with 'invoke zk.start' or fix hypertf_zookeeper_hosts in the inventory"
-        ) from None
-    _credentials[client] = credential
+        ) from err
+    client.credential = credential
     if check:
         try:
-            auth.check_access(client, cluster.zk_root, credential)
+            bootstrap.check_access(client, cluster.zk_root, credential)
         except BaseException:
             close(client)
             raise
@@ -94,25 +91,29 @@ def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] 
     ``matrix_hosts``: shard the matrix for at least that many hosts (benches whose hosts
     have no credential)."""
     directory = credentials_dir(cluster)
-    auth.ensure_credentials(directory, hosts, [auth.job_owner(), *(users or [])])
+    credentials.ensure_credentials(directory, hosts, [credentials.job_owner(), *(users or [])])
     client = connect(cluster, identity="admin", check=False)
     try:
-        auth.secure_root(client, cluster.zk_root, directory, reset=reset,
-                         hosts=matrix_hosts, quotas=auth.UserQuotas.of(
+        bootstrap.secure_root(client, cluster.zk_root, directory, reset=reset,
+                              hosts=matrix_hosts, quotas=quotas.UserQuotas.of(
                              cluster.user_queue_limit, cluster.job_records_max))
     finally:
         close(client)
     return directory
 
 
-def credential_of(client: KazooClient) -> auth.Credential:
-    """The credential a client from ``connect`` authenticated with."""
-    return _credentials[client]
+def credential_of(client: KazooClient) -> credentials.Credential:
+    """The credential a client from ``connect`` authenticated with (it keeps it)."""
+    credential = client.credential if isinstance(client, PatientClient) else None
+    if credential is None:
+        raise StoreError("this ZooKeeper client was not made by hypertf.store.connect: it "
+                         "has no credential")
+    return credential
 
 
-def acls(client: KazooClient) -> auth.Acls:
+def acls(client: KazooClient) -> acltable.Acls:
     """The ACLs this client writes on the znodes it creates."""
-    return auth.Acls(_credentials[client])
+    return acltable.Acls(credential_of(client))
 
 
 def close(client: KazooClient) -> None:

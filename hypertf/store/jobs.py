@@ -1,4 +1,5 @@
-"""Job records (``jobs/<user>/<task key>``): read, update, list, mark lost.
+"""Job records (``jobs/<user>/<task key>``): read, update, list, mark lost (``Store.jobs``,
+a ``JobRecords`` per session, with the records it knows: hypertf.store.knownrecords).
 
 A record is written by its launcher and, when its launcher died, by whoever syncs the matrix
 first (``lost``) or by ``hypertf kill`` (``killed``); a state recorded by someone else is
@@ -29,8 +30,11 @@ from hypertf.core import jobtransitions as transitions
 from hypertf.core.errors import StoreError
 from hypertf.core.jobrecord import LIVE_STATES, JobRecord, JobState
 from hypertf.core.layout import is_task_key
-from hypertf.store import Store, decode, encode, knownrecords, until_committed
+from hypertf.core.records import decode, encode
+from hypertf.store.knownrecords import KnownRecords
+from hypertf.store.retry import until_committed
 from hypertf.store.zkclient import get_many
+from hypertf.store.zkstore import StoreReads
 
 READ_CHUNK = 1024  # records one read round trip asks for (4 multi-reads): see read_folder
 
@@ -120,71 +124,6 @@ def readable(data: bytes, task_key: str) -> JobRecord | str:
     return cast(JobRecord, job)
 
 
-def mark_lost(store: Store, task_key: str) -> None:
-    """A job whose lease vanished without a release or a kill: its launcher died."""
-    with contextlib.suppress(NoNodeError, BadVersionError, StoreError, NoAuthError):
-        data, stat = store.client.get(store.layout.job(task_key))
-        job = transitions.lost(decode(data, "job record"), time.time())
-        if job is not None:
-            store.client.set(store.layout.job(task_key), encode(job), version=stat.version)
-
-
-def read_job(store: Store, task_key: str,
-             watch: Callable[[WatchedEvent], Any] | None = None) -> JobRecord | None:
-    """The record, None if there is none; ``watch``: a one-shot watch on it (on a missing
-    record too: its creation fires it)."""
-    try:
-        data, _ = store.client.get(store.layout.job(task_key), watch=watch)
-    except NoNodeError:
-        if watch is not None and store.client.exists(store.layout.job(task_key), watch=watch):
-            return read_job(store, task_key, watch)  # created in between
-        return None
-    return cast(JobRecord, decode(data, "job record"))
-
-
-def read_jobs(store: Store, task_keys: Iterable[str]) -> dict[str, JobRecord]:
-    """The readable records of ``task_keys`` that exist, in multi-reads (the keeper's sync
-    reads every ended job's record in one round trip, not one each). An unreadable one is
-    left out, as if there were none (its job counts as lost): one user's junk must not stop
-    the keeper's sync for everyone."""
-    keys = list(task_keys)
-    found: dict[str, JobRecord] = {}
-    for key, answer in zip(keys, get_many(store.client, [store.layout.job(k) for k in keys]),
-                           strict=True):
-        if isinstance(answer, NoNodeError):
-            continue
-        if isinstance(answer, Exception):
-            raise answer
-        job = readable(answer[0], key)
-        if not isinstance(job, str):
-            found[key] = job
-    return found
-
-
-def update_job(store: Store, task_key: str, **changes: Any) -> None:
-    """Merge ``changes`` into the job record, version-checked; a state recorded by someone
-    else (``killed``, ``lost``) is never overwritten."""
-    # the record as this client last wrote it (knownrecords): the first try needs no read
-    guess = knownrecords.take(store, task_key)
-
-    def attempt(_retries: int) -> None:
-        nonlocal guess
-        if guess is not None:
-            record, version, guess = guess.record, guess.version, None
-        else:
-            data, stat = store.client.get(store.layout.job(task_key))
-            record, version = decode(data, "job record"), stat.version
-        job = transitions.changed(record, changes)
-        try:
-            written = store.client.set(store.layout.job(task_key), encode(job),
-                                       version=version)
-        except BadVersionError:
-            raise ForceRetryError() from None
-        knownrecords.remember(store, task_key, dict(job), written.version)
-
-    until_committed(attempt, f"updating job {task_key}")
-
-
 @dataclass
 class Folder:
     """One user's records as read now: each readable record with its znode's stat, and the
@@ -195,52 +134,9 @@ class Folder:
     unreadable: dict[str, tuple[str, ZnodeStat | None]] = field(default_factory=dict)
 
 
-def users(store: Store) -> list[str]:
-    """The users with a jobs folder."""
-    return store.users(store.layout.jobs)
-
-
-def read_folder(store: Store, user: str, pause: Callable[[], object] = lambda: None,
-                ) -> Folder:
-    """Every record in ``jobs/<user>``, read READ_CHUNK at a time in multi-reads, calling
-    ``pause`` between chunks. One round trip per chunk, not all at once: a client's requests
-    are answered in order, so 400 multi-reads queued ahead of the keeper's admitting
-    transaction on the same session would make it wait for all of them. A name that is not
-    a task key of ``user`` is unreadable without a read (its stat: None)."""
-    folder = Folder(user)
-    try:
-        names = store.client.get_children(store.layout.user_jobs(user))
-    except NoNodeError:
-        return folder
-    keys = []
-    for name in names:
-        if is_task_key(name, owner=user):
-            keys.append(name)
-        else:
-            folder.unreadable[name] = ("not a task key of its folder's user", None)
-    for start in range(0, len(keys), READ_CHUNK):
-        if start:
-            pause()
-        chunk = keys[start:start + READ_CHUNK]
-        for key, answer in zip(chunk, get_many(store.client,
-                                               [store.layout.job(k) for k in chunk]),
-                               strict=True):
-            if isinstance(answer, NoNodeError):
-                continue  # deleted meanwhile
-            if isinstance(answer, Exception):
-                raise answer
-            data, stat = answer
-            job = readable(data, key)
-            if isinstance(job, str):
-                folder.unreadable[key] = (job, stat)
-            else:
-                folder.records.append((key, job, stat))
-    return folder
-
-
 @dataclass
 class JobList:
-    """``list_jobs``' answer: the readable records, newest first, and per user how many
+    """``JobRecords.collect``'s answer: the readable records, newest first, and per user how many
     records were skipped as unreadable."""
 
     jobs: list[JobRecord]
@@ -252,31 +148,141 @@ class JobList:
                 for user, count in sorted(self.unreadable.items())]
 
 
-def collect_jobs(store: Store) -> JobList:
-    """Every readable job record, newest first (by when ZooKeeper created it, not by a
-    date or a key its owner chose: a user's future-dated keys cannot push the others'
-    jobs off ``hypertf jobs``), with ``alive`` telling whether its lease exists; the
-    unreadable ones counted per user."""
-    folders = [read_folder(store, user) for user in users(store)]
-    leases = store.leases()
-    found: list[tuple[int, JobRecord]] = []
-    for folder in folders:
-        for key, job, stat in folder.records:
-            job["alive"] = key in leases
-            found.append((stat.czxid, job))
-    found.sort(key=lambda pair: pair[0], reverse=True)
-    return JobList([job for _, job in found],
-                   {f.user: len(f.unreadable) for f in folders if f.unreadable})
+class JobRecords:
+    """``Store.jobs``: one session's reads and writes of job records, and the records it
+    knows (``known``: what it last wrote, so its next write needs no read)."""
 
+    def __init__(self, store: StoreReads, known: KnownRecords) -> None:
+        self.store = store
+        self.client, self.layout = store.client, store.layout
+        self.known = known
 
-def list_jobs(store: Store) -> list[JobRecord]:
-    """``collect_jobs``' records alone."""
-    return collect_jobs(store).jobs
+    def mark_lost(self, task_key: str) -> None:
+        """A job whose lease vanished without a release or a kill: its launcher died."""
+        with contextlib.suppress(NoNodeError, BadVersionError, StoreError, NoAuthError):
+            data, stat = self.client.get(self.layout.job(task_key))
+            job = transitions.lost(decode(data, "job record"), time.time())
+            if job is not None:
+                self.client.set(self.layout.job(task_key), encode(job), version=stat.version)
+
+    def read(self, task_key: str,
+             watch: Callable[[WatchedEvent], Any] | None = None) -> JobRecord | None:
+        """The record, None if there is none; ``watch``: a one-shot watch on it (on a missing
+        record too: its creation fires it)."""
+        try:
+            data, _ = self.client.get(self.layout.job(task_key), watch=watch)
+        except NoNodeError:
+            if watch is not None and self.client.exists(self.layout.job(task_key), watch=watch):
+                return self.read(task_key, watch)  # created in between
+            return None
+        return cast(JobRecord, decode(data, "job record"))
+
+    def read_many(self, task_keys: Iterable[str]) -> dict[str, JobRecord]:
+        """The readable records of ``task_keys`` that exist, in multi-reads (the keeper's sync
+        reads every ended job's record in one round trip, not one each). An unreadable one is
+        left out, as if there were none (its job counts as lost): one user's junk must not stop
+        the keeper's sync for everyone."""
+        keys = list(task_keys)
+        found: dict[str, JobRecord] = {}
+        for key, answer in zip(keys, get_many(self.client, [self.layout.job(k) for k in keys]),
+                               strict=True):
+            if isinstance(answer, NoNodeError):
+                continue
+            if isinstance(answer, Exception):
+                raise answer
+            job = readable(answer[0], key)
+            if not isinstance(job, str):
+                found[key] = job
+        return found
+
+    def update(self, task_key: str, **changes: Any) -> None:
+        """Merge ``changes`` into the job record, version-checked; a state recorded by someone
+        else (``killed``, ``lost``) is never overwritten."""
+        # the record as this client last wrote it (knownrecords): the first try needs no read
+        guess = self.known.take(task_key)
+
+        def attempt(_retries: int) -> None:
+            nonlocal guess
+            if guess is not None:
+                record, version, guess = guess.record, guess.version, None
+            else:
+                data, stat = self.client.get(self.layout.job(task_key))
+                record, version = decode(data, "job record"), stat.version
+            job = transitions.changed(record, changes)
+            try:
+                written = self.client.set(self.layout.job(task_key), encode(job),
+                                          version=version)
+            except BadVersionError as err:
+                raise ForceRetryError() from err
+            self.known.remember(task_key, dict(job), written.version)
+
+        until_committed(attempt, f"updating job {task_key}")
+
+    def users(self) -> list[str]:
+        """The users with a jobs folder."""
+        return self.store.users(self.layout.jobs)
+
+    def read_folder(self, user: str, pause: Callable[[], object] = lambda: None,
+                    ) -> Folder:
+        """Every record in ``jobs/<user>``, read READ_CHUNK at a time in multi-reads, calling
+        ``pause`` between chunks. One round trip per chunk, not all at once: a client's requests
+        are answered in order, so 400 multi-reads queued ahead of the keeper's admitting
+        transaction on the same session would make it wait for all of them. A name that is not
+        a task key of ``user`` is unreadable without a read (its stat: None)."""
+        folder = Folder(user)
+        try:
+            names = self.client.get_children(self.layout.user_jobs(user))
+        except NoNodeError:
+            return folder
+        keys = []
+        for name in names:
+            if is_task_key(name, owner=user):
+                keys.append(name)
+            else:
+                folder.unreadable[name] = ("not a task key of its folder's user", None)
+        for start in range(0, len(keys), READ_CHUNK):
+            if start:
+                pause()
+            chunk = keys[start:start + READ_CHUNK]
+            for key, answer in zip(chunk, get_many(self.client,
+                                                   [self.layout.job(k) for k in chunk]),
+                                   strict=True):
+                if isinstance(answer, NoNodeError):
+                    continue  # deleted meanwhile
+                if isinstance(answer, Exception):
+                    raise answer
+                data, stat = answer
+                job = readable(data, key)
+                if isinstance(job, str):
+                    folder.unreadable[key] = (job, stat)
+                else:
+                    folder.records.append((key, job, stat))
+        return folder
+
+    def collect(self) -> JobList:
+        """Every readable job record, newest first (by when ZooKeeper created it, not by a
+        date or a key its owner chose: a user's future-dated keys cannot push the others'
+        jobs off ``hypertf jobs``), with ``alive`` telling whether its lease exists; the
+        unreadable ones counted per user."""
+        folders = [self.read_folder(user) for user in self.users()]
+        leases = self.store.leases()
+        found: list[tuple[int, JobRecord]] = []
+        for folder in folders:
+            for key, job, stat in folder.records:
+                job["alive"] = key in leases
+                found.append((stat.czxid, job))
+        found.sort(key=lambda pair: pair[0], reverse=True)
+        return JobList([job for _, job in found],
+                       {f.user: len(f.unreadable) for f in folders if f.unreadable})
+
+    def listing(self) -> list[JobRecord]:
+        """``collect``'s records alone."""
+        return self.collect().jobs
 
 
 def job_state(job: JobRecord) -> str:
     """queued / running while the lease lives; the recorded end state after (``lost`` for a
-    live state whose launcher is gone). ``job`` is a list_jobs entry (it has ``alive``)."""
+    live state whose launcher is gone). ``job`` is a ``listing`` entry (it has ``alive``)."""
     state = job.get("state", "?")
     if job.get("alive"):
         return JobState.QUEUED if state == JobState.QUEUED else JobState.RUNNING

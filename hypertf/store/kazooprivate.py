@@ -1,4 +1,5 @@
-"""The one door into kazoo's private members (docs/STYLE.md, "Fencing what a library lacks").
+"""The one door into kazoo's private members (docs/code-style.md, "Fencing
+what a library lacks").
 
 HyperTF needs three things kazoo has no public API for: sending a request kazoo has no
 method for (ZooKeeper's multi-read, addWatch, removeWatches), batching many requests behind
@@ -17,7 +18,6 @@ import collections
 import contextlib
 import socket
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -57,33 +57,33 @@ class KazooPrivate:
     NAMES: ClassVar[tuple[PrivateName, ...]] = (
         PrivateName(KazooClient, "_call", parameters=("self", "request", "async_object"),
                     use="send a request object: kazoo's state checks, its queue, one wake-up "
-                        "byte; replaced per client by a batching one (divert_calls)"),
+                    "byte; replaced per client by a batching one (divert_calls)"),
         PrivateName(KazooClient, "_queue", types=(collections.deque,),
                     use="a batched request's (request, async_object) pair, as _call appends it"),
         PrivateName(KazooClient, "_stopped", types=(threading.Event,),
                     use="whether stop() was called: a patient call gives up then"),
         PrivateName(KazooClient, "_session_id", types=(int, type(None)),
                     use="the session a patient call began in, kept while disconnected "
-                        "(client_id is None then): another one means it expired"),
+                    "(client_id is None then): another one means it expired"),
         PrivateName(KazooClient, "_connection", types=(ConnectionHandler,),
                     use="the connection thread's handler, for the two names below"),
         PrivateName(ConnectionHandler, "_write_sock", types=(socket.socket, type(None)),
                     use="the socket pair's end whose bytes wake the connection thread, one "
-                        "per queued request"),
+                    "per queued request"),
         PrivateName(ConnectionHandler, "_read_watch_event",
                     parameters=("self", "buffer", "offset"),
                     use="replaced per connection to tap every watch event before kazoo "
-                        "handles it (persistent watches' events have no kazoo watcher)"),
+                    "handles it (persistent watches' events have no kazoo watcher)"),
     )
 
-    # Our own marks, kept here rather than as attributes set on kazoo's objects.
-    _no_multi_read: ClassVar[weakref.WeakSet[KazooClient]] = weakref.WeakSet()
-    _taps: ClassVar[weakref.WeakKeyDictionary[KazooClient, dict[str, WatchEventTap]]] = \
-        weakref.WeakKeyDictionary()
-    _lock: ClassVar[threading.Lock] = threading.Lock()
-
     def __init__(self, client: KazooClient) -> None:
+        """One per client, made with it (``zkclient.PatientClient.kazoo``): our own marks on
+        the client (its taps, whether its server lacks the multi-read) live here, as long
+        as the client, rather than as attributes set on kazoo's objects."""
         self.client = client
+        self.no_multi_read = False  # its server refused ZooKeeper's multi-read (before 3.6)
+        self._taps: dict[str, WatchEventTap] | None = None
+        self._lock = threading.Lock()
 
     # requests
 
@@ -138,15 +138,15 @@ class KazooPrivate:
         """``tap(type, path)`` for every watch event of a path starting with ``prefix``,
         before kazoo handles it, until ``untap_watch_events(prefix)``."""
         with self._lock:
-            taps = self._taps.get(self.client)
-            if taps is None:
-                taps = self._taps[self.client] = {}
-                self._route_watch_events(taps)
-            taps[prefix] = tap
+            if self._taps is None:
+                self._taps = {}
+                self._route_watch_events(self._taps)
+            self._taps[prefix] = tap
 
     def untap_watch_events(self, prefix: str) -> None:
         with self._lock:
-            self._taps.get(self.client, {}).pop(prefix, None)
+            if self._taps is not None:
+                self._taps.pop(prefix, None)
 
     def _route_watch_events(self, taps: dict[str, WatchEventTap]) -> None:
         connection = self.client._connection
@@ -160,17 +160,3 @@ class KazooPrivate:
             return plain(buffer, offset)
 
         connection._read_watch_event = read_watch_event
-
-    # what the server lacks
-
-    @property
-    def no_multi_read(self) -> bool:
-        """Whether this client's server refused ZooKeeper's multi-read (before 3.6)."""
-        return self.client in self._no_multi_read
-
-    @no_multi_read.setter
-    def no_multi_read(self, value: bool) -> None:
-        if value:
-            self._no_multi_read.add(self.client)
-        else:
-            self._no_multi_read.discard(self.client)

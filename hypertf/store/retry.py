@@ -38,7 +38,7 @@ def until_committed(attempt: Callable[[int], T], what: str, deadline_s: float | 
     try:
         result: T = retry(once)
         return result
-    except RetryFailedError:
+    except RetryFailedError as err:
         told = str(conflicts[0]) if conflicts else ""
         raise StoreError(told or f"gave up {what} after {next(tries) - 1} tries lost to "
-                                 f"other writers") from None
+                         f"other writers") from err

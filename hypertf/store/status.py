@@ -25,7 +25,6 @@ from hypertf.core.errors import StoreError
 from hypertf.core.hostview import HostView, cpu_jobs, decode_shard
 from hypertf.core.matrix import Cell, GpuState, job_of, state_of, synced
 from hypertf.store import AgentRecord, GpuInfo, Layout, Store, fourletter
-from hypertf.store.allocation import read_matrix
 from hypertf.store.zkclient import get_many
 
 
@@ -63,7 +62,7 @@ def collect(client: KazooClient, inventory: Inventory,
     plain GPUs and rows are shared entries (``_GpuEntries``)."""
     layout = Layout(inventory.cluster.zk_root)
     zk = Store(client, layout)
-    stored, _ = read_matrix(zk)
+    stored, _ = zk.matrix.read()
     records: dict[str, AgentRecord] = {}
     details: dict[str, dict[Any, dict[str, Any]]] = {}  # the GPUs as the records' JSON says
     written: dict[str, float] = {}
@@ -174,14 +173,14 @@ def collect_view(client: KazooClient, inventory: Inventory) -> dict[str, Any] | 
         at = result[1].mtime / 1000
         newest, oldest = max(newest, at), min(oldest or at, at)
     try:
-        return _from_view(zk, inventory, views, len(shards), newest, oldest)
+        return _from_view(zk.leases(), zk.layout.root, inventory, views, len(shards),
+                          newest, oldest)
     except (TypeError, ValueError, KeyError, AttributeError):  # a GPU the view got wrong
         return None
 
 
-def _from_view(zk: Store, inventory: Inventory, views: dict[str, HostView], shards: int,
-               newest: float, oldest: float) -> dict[str, Any]:
-    leases = zk.leases()
+def _from_view(leases: set[str], root: str, inventory: Inventory, views: dict[str, HostView],
+               shards: int, newest: float, oldest: float) -> dict[str, Any]:
     now = time.time()
     entries = _GpuEntries(False)
     hosts = []
@@ -193,7 +192,7 @@ def _from_view(zk: Store, inventory: Inventory, views: dict[str, HostView], shar
     trespasses = [{"host": name, **t} for name, view in sorted(views.items())
                   for t in view.trespasses]
     # where the hosts came from: the keeper's view, its shards written so long ago
-    return _report(inventory, zk.layout.root, hosts, leases, trespasses,
+    return _report(inventory, root, hosts, leases, trespasses,
                    view={"shards": shards, "newest_s": round(max(0.0, now - newest), 1),
                          "oldest_s": round(max(0.0, now - oldest), 1)})
 
@@ -231,7 +230,7 @@ class _GpuEntries:
             shared = self.plain_rows.get(cells := tuple(row))
             if shared is None:
                 shared = self.plain_rows[cells] = [self._plain(index, cell)
-                                                 for index, cell in enumerate(row)]
+                                                   for index, cell in enumerate(row)]
             return shared
         gpus = []
         for index, cell in enumerate(row):

@@ -27,7 +27,6 @@ import contextlib
 import logging
 import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, cast
@@ -50,19 +49,17 @@ from hypertf.core.admission import (
 from hypertf.core.errors import Cancelled, InsufficientResources, NotAllowed, StoreError, UsageError
 from hypertf.core.grants import grant_and_stamp
 from hypertf.core.jobrecord import JobRecord, JobState, Owner, RefusedKind
+from hypertf.core.layout import owner_of
 from hypertf.core.placement import Grant, Request, compact_hosts
+from hypertf.core.records import decode, encode
 from hypertf.core.requestcheck import (
     DEFAULT_PORT_RANGE,
 )
-from hypertf.store import Store, decode, encode, knownrecords, owner_of, until_committed
-from hypertf.store.allocation import (
-    check_registered,
-    forget_grant_watch,
-    owner_info,
-    watch_grant,
-)
-from hypertf.store.jobs import read_job
+from hypertf.store.allocation import StoredMatrix, owner_info
+from hypertf.store.jobs import JobRecords
+from hypertf.store.retry import until_committed
 from hypertf.store.zkclient import answer, pipelined
+from hypertf.store.zkstore import StoreReads
 
 log = logging.getLogger(__name__)
 QUEUED = JobState.QUEUED
@@ -88,62 +85,6 @@ def request_to_json(request: Request, priority: int,
             "held": False, "no_wait": not wait, **({"resumes": resumes} if resumes else {})}
 
 
-def enqueue(store: Store, task_key: str, request: Request, record: Mapping[str, Any],
-            priority: int = 0, exclude_ports: Mapping[str, set[int]] | None = None,
-            wait: bool = True, resumes: str = "") -> None:
-    """The lease and the ``queued`` record, in one transaction, in the owner's folders (the
-    only places a user may write). ``wait`` False (--no-wait): the keeper admits the job in
-    its next pass or refuses it."""
-    if not request.slots:
-        raise UsageError("a job needs at least one task")
-    owner = cast(Owner, {**owner_info(), "user": owner_of(task_key)})
-    job = transitions.queued(task_key, owner,
-                             request_to_json(request, priority, exclude_ports, wait,
-                                             resumes),
-                             request.policy, record, time.time())
-    client, job_path = store.client, store.layout.job(task_key)
-    data = encode(job)
-    tx = client.transaction()
-    tx.create(store.layout.lease(task_key), encode(owner), acl=store.acls.lease(),
-              ephemeral=True)
-    tx.create(job_path, data, acl=store.acls.job())
-    # The waiter's watch on its record, sent with the transaction (ZooKeeper answers a
-    # session's requests in order: it sees the record created): one round trip, and
-    # wait_for_admission sets none of its own (_Watched).
-    watched = _Watched()  # nothing fired yet
-    with pipelined(client):
-        committed = tx.commit_async()
-        stat_read = client.exists_async(job_path, watch=watched.changed)
-    errors = [r for r in answer(client, committed, tx.commit) if isinstance(r, Exception)]
-    if errors:
-        check_registered(store, owner_of(task_key))  # the likely cause, named
-        raise StoreError(f"ZooKeeper refused to queue job {task_key}: {errors}")
-    stat = answer(client, stat_read,
-                  lambda: client.exists(job_path, watch=watched.changed))
-    if stat is None or stat.version > 0:
-        watched.fired.add(job_path)  # changed already (or gone): the waiter reads it
-    _armed(store, task_key, watched)
-    knownrecords.remember(store, task_key, decode(data, "job record"), 0)  # as created: version 0
-
-
-def submit(store: Store, request: Request, task_key: str,
-           record: Mapping[str, Any] | None = None, *, priority: int = 0,
-           exclude_ports: Mapping[str, set[int]] | None = None, wait: bool = True,
-           say: Callable[[str], None] | None = None,
-           lost_session: threading.Event | None = None) -> Grant:
-    """The one way to take GPUs: queue the request, and return the grant once the keeper
-    admitted it. With ``wait`` False, InsufficientResources when the keeper refuses it (it
-    could not start at once); the lease is dropped then, and on any error."""
-    enqueue(store, task_key, request, record or {}, priority, exclude_ports, wait)
-    try:
-        return wait_for_admission(store, task_key, say or (lambda _line: None),
-                                  lost_session or threading.Event())
-    except BaseException:
-        with contextlib.suppress(Exception):
-            store.client.delete(store.layout.lease(task_key))
-        raise
-
-
 class _Watched:
     """What a waiter's watches noted: the paths that changed, and a wake-up."""
 
@@ -156,81 +97,7 @@ class _Watched:
         self.wake.set()
 
 
-WAITERS_KEPT = 1024  # per client: watches set by enqueue that no waiter took (yet)
-_waiters: weakref.WeakKeyDictionary[Any, dict[str, _Watched]] = weakref.WeakKeyDictionary()
-_waiters_lock = threading.Lock()
-
-
-def _armed(store: Store, task_key: str, watched: _Watched | None = None) -> _Watched | None:
-    """Keep (with ``watched``) or take the watch ``enqueue`` set on ``task_key``'s record,
-    for this client's ``wait_for_admission``."""
-    with _waiters_lock:
-        kept = _waiters.setdefault(store.client, {})
-        if watched is None:
-            return kept.pop(task_key, None)
-        kept[task_key] = watched
-        while len(kept) > WAITERS_KEPT:
-            del kept[next(iter(kept))]  # its waiter, if any, sets a watch of its own
-        return watched
-
-
-def read_grant(store: Store, task_key: str, watched: bool = False) -> Grant | None:
-    """The keeper's grant of ``task_key`` (None: it granted nothing). The one thing a
-    launcher starts tasks on: only the keeper's identity writes ``grants/``. ``watched``:
-    the read sets a watch on the grant, for this client's ``release`` to learn of its
-    deletion (hypertf.store.allocation.watch_grant)."""
-    path = store.layout.grant(task_key)
-    try:
-        if watched:
-            data, _ = store.client.get(path, watch=watch_grant(store, task_key))
-        else:
-            data, _ = store.client.get(path)
-    except NoNodeError:
-        if watched:
-            forget_grant_watch(store, task_key)
-        return None
-    try:
-        grant, stamp = grant_and_stamp(data, task_key)
-    except ValueError as err:
-        raise StoreError(f"{err}: the job does not start; ask the cluster admin") from None
-    knownrecords.admitted(store, task_key, grant, stamp)  # the record the admission wrote
-    return grant
-
-
-def set_held(store: Store, task_key: str, held: bool) -> None:
-    """``hypertf hold``/``unhold``: a held job keeps its place but is not admitted (and
-    reserves nothing). Only a waiting job; the record's ACL lets only its owner (and the
-    admin) write it."""
-    def attempt(_retries: int) -> None:
-        try:
-            data, stat = store.client.get(store.layout.job(task_key))
-        except NoNodeError:
-            raise UsageError(f"no job {task_key!r}; list them with 'hypertf queue'") from None
-        record = decode(data, "job record")
-        try:
-            changed = transitions.held(record, held)
-        except ValueError:
-            raise UsageError(f"job {task_key} is not waiting in the queue "
-                             f"({record.get('state')}): only a waiting job can be held"
-                             ) from None
-        try:
-            store.client.set(store.layout.job(task_key), encode(changed), version=stat.version)
-        except BadVersionError:
-            raise ForceRetryError() from None
-        except NoAuthError:
-            raise NotAllowed(f"job {task_key} belongs to {owner_of(task_key)}: only they or "
-                             f"the admin may hold it") from None
-
-    until_committed(attempt, f"holding job {task_key}")
-
-
-def read_queue_view(store: Store, watch: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """The keeper's last published view of the queue, whole ({} when there is none)."""
-    try:
-        data, _ = store.client.get(store.layout.queue_view, watch=watch)
-    except NoNodeError:
-        return {}
-    return decode(data, "queue view")
+WAITERS_KEPT = 1024  # per session: watches set by enqueue that no waiter took (yet)
 
 
 def preemptions_of(view: Mapping[str, Any]) -> dict[str, int]:
@@ -239,11 +106,6 @@ def preemptions_of(view: Mapping[str, Any]) -> dict[str, int]:
     found = view.get("preemptions_total", {})
     return {str(reason)[:32]: count for reason, count in found.items()
             if type(count) is int and count >= 0} if isinstance(found, dict) else {}
-
-
-def read_view(store: Store, watch: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
-    """The keeper's last view of the queue's waiting jobs ([] when there is none)."""
-    return list(read_queue_view(store, watch).get("waiting", []))
 
 
 # What a waiting launcher prints after each reason the keeper's view gives (and the
@@ -265,82 +127,221 @@ REASONS = {
 }
 
 
-def wait_for_admission(store: Store, task_key: str, say: Callable[[str], None],
-                       lost_session: threading.Event) -> Grant:
-    """Block until the keeper admits ``task_key``; say its position and reason whenever
-    they change. Returns the keeper's grant (never the record's own placements: its owner
-    may write those); raises Cancelled when the lease goes.
+class JobQueue:
+    """``Store.queue``: the launcher's side of the queue, for one session: what it submits,
+    the grants it reads, and the watches its enqueue set for its own waiter (at most
+    WAITERS_KEPT; a waiter that finds none sets its own)."""
 
-    Few requests, since every submitter pays them at every job: a one-shot watch on its
-    own record (set with ``exists`` in ``enqueue``'s round trip, or here when this client
-    did not enqueue it: the record is as it created it), then, each time the watch fires,
-    a read of the grant (the keeper's admission writes both; the read leaves a watch on
-    it for ``release``) and, without one, of the record with a new watch (a refusal, a
-    cancel, and ``lost`` when the lease went without one are written there). Only a job
-    still waiting after VIEW_AFTER_S reads and watches the queue's view (its position)
-    and checks its lease every LEASE_CHECK_S (a root without a keeper marks no lost
-    job)."""
-    job_path, view_path = store.layout.job(task_key), store.layout.queue_view
-    watched = _armed(store, task_key)  # the watch enqueue set with its transaction
-    first = watched is None
-    if watched is None:
-        watched = _Watched(job_path)
-    fired, wake, changed = watched.fired, watched.wake, watched.changed
-    since = time.monotonic()
-    lease_checked = since
-    watching_view = False
-    shown: tuple[int, int, str] | None = None
-    while True:
-        if lost_session.is_set():
-            raise StoreError(f"lost the ZooKeeper session while job {task_key} waited: its "
-                             f"place in the queue is gone and it will never start; submit "
-                             f"it again")
-        lease_gone = False
-        if time.monotonic() - lease_checked >= LEASE_CHECK_S:
-            lease_checked = time.monotonic()
-            # the record too, as if its watch fired: across a ZooKeeper outage a waiter's
-            # watch can be lost (test_outage waited forever without this read)
-            fired.add(job_path)
-            lease_gone = store.client.exists(store.layout.lease(task_key)) is None
-        if first:  # the record as this waiter created it (version 0): a watch only
-            first = False
-            fired.discard(job_path)
-            stat = store.client.exists(job_path, watch=changed)
-            if stat is not None and stat.version > 0:
-                fired.add(job_path)  # changed already: read it
-        elif job_path in fired and not lease_gone:
-            # the grant first: the keeper writes it with the record's admission, and it is
-            # what a launcher starts on (one read per admitted job instead of two); its
-            # watch tells the release when the keeper dropped it
-            grant = read_grant(store, task_key, watched=True)
-            if grant is not None:
-                return grant
-        if job_path in fired:
-            fired.discard(job_path)
-            record = read_job(store, task_key, watch=changed) or JobRecord()
-            if _admission_end(record, task_key, lease_gone) is not None:
-                grant = read_grant(store, task_key, watched=True)
-                if grant is None:
-                    raise NotAllowed(f"job {task_key}'s record says it was admitted, but the "
-                                     f"keeper granted it nothing (the record was written by "
-                                     f"hand?): it does not start")
-                return grant
-        if not watching_view and time.monotonic() - since >= VIEW_AFTER_S:
-            watching_view = True
-            fired.add(view_path)
-        if view_path in fired:
-            fired.discard(view_path)
-            view = read_view(store, watch=changed)
-            mine = next((e for e in view if e["task_key"] == task_key), None)
-            if mine is not None:
-                now = (int(mine["position"]), len(view), str(mine["reason"]))
-                if now != shown:
-                    shown = now
-                    say(f"hypertf: job {task_key} waits in the queue: position {now[0]} of "
-                        f"{now[1]} ({now[2]}: {REASONS.get(now[2], now[2])})")
-        wake.wait(LEASE_CHECK_S if watching_view else
-                  max(0.0, VIEW_AFTER_S - (time.monotonic() - since)))
-        wake.clear()
+    def __init__(self, store: StoreReads, matrix: StoredMatrix, jobs: JobRecords) -> None:
+        self.store = store
+        self.client, self.layout = store.client, store.layout
+        self.matrix = matrix
+        self.jobs = jobs
+        self._waiters: dict[str, _Watched] = {}
+        self._waiters_lock = threading.Lock()
+
+    def enqueue(self, task_key: str, request: Request, record: Mapping[str, Any],
+                priority: int = 0, exclude_ports: Mapping[str, set[int]] | None = None,
+                wait: bool = True, resumes: str = "") -> None:
+        """The lease and the ``queued`` record, in one transaction, in the owner's folders (the
+        only places a user may write). ``wait`` False (--no-wait): the keeper admits the job in
+        its next pass or refuses it."""
+        if not request.slots:
+            raise UsageError("a job needs at least one task")
+        owner = cast(Owner, {**owner_info(), "user": owner_of(task_key)})
+        job = transitions.queued(task_key, owner,
+                                 request_to_json(request, priority, exclude_ports, wait,
+                                                 resumes),
+                                 request.policy, record, time.time())
+        client, job_path = self.client, self.layout.job(task_key)
+        data = encode(job)
+        tx = client.transaction()
+        tx.create(self.layout.lease(task_key), encode(owner), acl=self.store.acls.lease(),
+                  ephemeral=True)
+        tx.create(job_path, data, acl=self.store.acls.job())
+        # The waiter's watch on its record, sent with the transaction (ZooKeeper answers a
+        # session's requests in order: it sees the record created): one round trip, and
+        # wait_for_admission sets none of its own (_Watched).
+        watched = _Watched()  # nothing fired yet
+        with pipelined(client):
+            committed = tx.commit_async()
+            stat_read = client.exists_async(job_path, watch=watched.changed)
+        errors = [r for r in answer(client, committed, tx.commit) if isinstance(r, Exception)]
+        if errors:
+            self.store.check_registered(owner_of(task_key))  # the likely cause, named
+            raise StoreError(f"ZooKeeper refused to queue job {task_key}: {errors}")
+        stat = answer(client, stat_read,
+                      lambda: client.exists(job_path, watch=watched.changed))
+        if stat is None or stat.version > 0:
+            watched.fired.add(job_path)  # changed already (or gone): the waiter reads it
+        self._armed(task_key, watched)
+        self.jobs.known.remember(task_key, decode(data, "job record"), 0)  # as created: version 0
+
+    def submit(self, request: Request, task_key: str,
+               record: Mapping[str, Any] | None = None, *, priority: int = 0,
+               exclude_ports: Mapping[str, set[int]] | None = None, wait: bool = True,
+               say: Callable[[str], None] | None = None,
+               lost_session: threading.Event | None = None) -> Grant:
+        """The one way to take GPUs: queue the request, and return the grant once the keeper
+        admitted it. With ``wait`` False, InsufficientResources when the keeper refuses it (it
+        could not start at once); the lease is dropped then, and on any error."""
+        self.enqueue(task_key, request, record or {}, priority, exclude_ports, wait)
+        try:
+            return self.wait_for_admission(task_key, say or (lambda _line: None),
+                                           lost_session or threading.Event())
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.client.delete(self.layout.lease(task_key))
+            raise
+
+    def _armed(self, task_key: str, watched: _Watched | None = None) -> _Watched | None:
+        """Keep (with ``watched``) or take the watch ``enqueue`` set on ``task_key``'s record,
+        for this client's ``wait_for_admission``."""
+        with self._waiters_lock:
+            kept = self._waiters
+            if watched is None:
+                return kept.pop(task_key, None)
+            kept[task_key] = watched
+            while len(kept) > WAITERS_KEPT:
+                del kept[next(iter(kept))]  # its waiter, if any, sets a watch of its own
+            return watched
+
+    def read_grant(self, task_key: str, watched: bool = False) -> Grant | None:
+        """The keeper's grant of ``task_key`` (None: it granted nothing). The one thing a
+        launcher starts tasks on: only the keeper's identity writes ``grants/``. ``watched``:
+        the read sets a watch on the grant, for this client's ``release`` to learn of its
+        deletion (``StoredMatrix.watch_grant``)."""
+        path = self.layout.grant(task_key)
+        try:
+            if watched:
+                data, _ = self.client.get(path, watch=self.matrix.watch_grant(task_key))
+            else:
+                data, _ = self.client.get(path)
+        except NoNodeError:
+            if watched:
+                self.matrix.forget_grant_watch(task_key)
+            return None
+        try:
+            grant, stamp = grant_and_stamp(data, task_key)
+        except ValueError as err:
+            raise StoreError(f"{err}: the job does not start; ask the cluster admin") from err
+        self.jobs.known.admitted(task_key, grant, stamp)  # the record the admission wrote
+        return grant
+
+    def set_held(self, task_key: str, held: bool) -> None:
+        """``hypertf hold``/``unhold``: a held job keeps its place but is not admitted (and
+        reserves nothing). Only a waiting job; the record's ACL lets only its owner (and the
+        admin) write it."""
+        def attempt(_retries: int) -> None:
+            try:
+                data, stat = self.client.get(self.layout.job(task_key))
+            except NoNodeError:
+                raise UsageError(f"no job {task_key!r}; list them with 'hypertf queue'") from None
+            record = decode(data, "job record")
+            try:
+                changed = transitions.held(record, held)
+            except ValueError as err:
+                raise UsageError(f"job {task_key} is not waiting in the queue "
+                                 f"({record.get('state')}): only a waiting job can be held"
+                                 ) from err
+            try:
+                self.client.set(self.layout.job(task_key), encode(changed), version=stat.version)
+            except BadVersionError as err:
+                raise ForceRetryError() from err
+            except NoAuthError as err:
+                raise NotAllowed(f"job {task_key} belongs to {owner_of(task_key)}: only they or "
+                                 f"the admin may hold it") from err
+
+        until_committed(attempt, f"holding job {task_key}")
+
+    def read_queue_view(self, watch: Callable[..., Any] | None = None) -> dict[str, Any]:
+        """The keeper's last published view of the queue, whole ({} when there is none)."""
+        try:
+            data, _ = self.client.get(self.layout.queue_view, watch=watch)
+        except NoNodeError:
+            return {}
+        return decode(data, "queue view")
+
+    def read_view(self, watch: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
+        """The keeper's last view of the queue's waiting jobs ([] when there is none)."""
+        return list(self.read_queue_view(watch).get("waiting", []))
+
+    def wait_for_admission(self, task_key: str, say: Callable[[str], None],
+                           lost_session: threading.Event) -> Grant:
+        """Block until the keeper admits ``task_key``; say its position and reason whenever
+        they change. Returns the keeper's grant (never the record's own placements: its owner
+        may write those); raises Cancelled when the lease goes.
+
+        Few requests, since every submitter pays them at every job: a one-shot watch on its
+        own record (set with ``exists`` in ``enqueue``'s round trip, or here when this client
+        did not enqueue it: the record is as it created it), then, each time the watch fires,
+        a read of the grant (the keeper's admission writes both; the read leaves a watch on
+        it for ``release``) and, without one, of the record with a new watch (a refusal, a
+        cancel, and ``lost`` when the lease went without one are written there). Only a job
+        still waiting after VIEW_AFTER_S reads and watches the queue's view (its position)
+        and checks its lease every LEASE_CHECK_S (a root without a keeper marks no lost
+        job)."""
+        job_path, view_path = self.layout.job(task_key), self.layout.queue_view
+        watched = self._armed(task_key)  # the watch enqueue set with its transaction
+        first = watched is None
+        if watched is None:
+            watched = _Watched(job_path)
+        fired, wake, changed = watched.fired, watched.wake, watched.changed
+        since = time.monotonic()
+        lease_checked = since
+        watching_view = False
+        shown: tuple[int, int, str] | None = None
+        while True:
+            if lost_session.is_set():
+                raise StoreError(f"lost the ZooKeeper session while job {task_key} waited: its "
+                                 f"place in the queue is gone and it will never start; submit "
+                                 f"it again")
+            lease_gone = False
+            if time.monotonic() - lease_checked >= LEASE_CHECK_S:
+                lease_checked = time.monotonic()
+                # the record too, as if its watch fired: across a ZooKeeper outage a waiter's
+                # watch can be lost (test_outage waited forever without this read)
+                fired.add(job_path)
+                lease_gone = self.client.exists(self.layout.lease(task_key)) is None
+            if first:  # the record as this waiter created it (version 0): a watch only
+                first = False
+                fired.discard(job_path)
+                stat = self.client.exists(job_path, watch=changed)
+                if stat is not None and stat.version > 0:
+                    fired.add(job_path)  # changed already: read it
+            elif job_path in fired and not lease_gone:
+                # the grant first: the keeper writes it with the record's admission, and it is
+                # what a launcher starts on (one read per admitted job instead of two); its
+                # watch tells the release when the keeper dropped it
+                grant = self.read_grant(task_key, watched=True)
+                if grant is not None:
+                    return grant
+            if job_path in fired:
+                fired.discard(job_path)
+                record = self.jobs.read(task_key, watch=changed) or JobRecord()
+                if _admission_end(record, task_key, lease_gone) is not None:
+                    grant = self.read_grant(task_key, watched=True)
+                    if grant is None:
+                        raise NotAllowed(f"job {task_key}'s record says it was admitted, but the "
+                                         f"keeper granted it nothing (the record was written by "
+                                         f"hand?): it does not start")
+                    return grant
+            if not watching_view and time.monotonic() - since >= VIEW_AFTER_S:
+                watching_view = True
+                fired.add(view_path)
+            if view_path in fired:
+                fired.discard(view_path)
+                view = self.read_view(watch=changed)
+                mine = next((e for e in view if e["task_key"] == task_key), None)
+                if mine is not None:
+                    now = (int(mine["position"]), len(view), str(mine["reason"]))
+                    if now != shown:
+                        shown = now
+                        say(f"hypertf: job {task_key} waits in the queue: position {now[0]} of "
+                            f"{now[1]} ({now[2]}: {REASONS.get(now[2], now[2])})")
+            wake.wait(LEASE_CHECK_S if watching_view else
+                      max(0.0, VIEW_AFTER_S - (time.monotonic() - since)))
+            wake.clear()
 
 
 def _admission_end(record: JobRecord, task_key: str, lease_gone: bool) -> JobRecord | None:

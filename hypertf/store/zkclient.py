@@ -25,7 +25,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient, KazooState, TransactionRequest
 from kazoo.exceptions import (
@@ -52,7 +52,15 @@ from kazoo.protocol.states import KeeperState, ZnodeStat
 from hypertf.store.kazooprivate import KazooPrivate
 from hypertf.store.pollhandler import PollHandler
 
+if TYPE_CHECKING:  # a client keeps whom it logged in as; auth needs no client here
+    from hypertf.store.credentials import Credential
+
 RIDDEN_OUT = (ConnectionLoss, OperationTimeoutError)
+
+
+def private(client: KazooClient) -> KazooPrivate:
+    """The client's own door into kazoo (a plain KazooClient, a test's: a new one)."""
+    return client.kazoo if isinstance(client, PatientClient) else KazooPrivate(client)
 
 
 class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hints
@@ -67,8 +75,9 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
         self._connected = threading.Event()
         self._paused = False
         self._batch = threading.local()
-        self._kazoo = KazooPrivate(self)
-        self._kazoo.divert_calls(self._batched)
+        self.kazoo = KazooPrivate(self)  # our marks on this client live there
+        self.credential: Credential | None = None  # whom it logged in as: connect() says
+        self.kazoo.divert_calls(self._batched)
         self.add_listener(self._note_state)
 
     @contextlib.contextmanager
@@ -86,7 +95,7 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
             yield
         finally:
             queued, self._batch.queued = self._batch.queued, None
-            self._kazoo.wake(queued)  # closed meanwhile: nothing, the gets time out
+            self.kazoo.wake(queued)  # closed meanwhile: nothing, the gets time out
 
     def _batched(self, request: Any, async_object: Any) -> bool:
         """Every request of this client comes here first: inside ``pipelined`` it is queued
@@ -96,7 +105,7 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
         if queued is None or self.client_state in (
                 KeeperState.AUTH_FAILED, KeeperState.CLOSED, KeeperState.EXPIRED_SESSION):
             return False
-        self._kazoo.enqueue(request, async_object)
+        self.kazoo.enqueue(request, async_object)
         self._batch.queued = queued + 1
         return True
 
@@ -109,7 +118,7 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
             self._paused = False
             return
         self._connected.clear()
-        if state == KazooState.SUSPENDED and not self._paused and not self._kazoo.stopped:
+        if state == KazooState.SUSPENDED and not self._paused and not self.kazoo.stopped:
             self._paused = True
             if self.on_pause:
                 self.on_pause("ZooKeeper is unreachable: waiting for it (nothing is lost "
@@ -121,21 +130,21 @@ class PatientClient(KazooClient):  # type: ignore[misc]  # kazoo has no type hin
         waits in kazoo's queue, and kazoo's own ``get()`` would wait for it forever: here
         every wait ends with ``patience_s`` (``ConnectionLoss``). An expired session
         raises ``SessionExpiredError``."""
-        session = self._kazoo.session_id
+        session = self.kazoo.session_id
         deadline = None if self.patience_s is None else time.monotonic() + self.patience_s
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 return call(*args, **kwargs).get(timeout=left)
-            except self.handler.timeout_exception:
+            except self.handler.timeout_exception as err:
                 raise ConnectionLoss(f"ZooKeeper did not answer within {self.patience_s:.0f} s"
-                                     ) from None
-            except RIDDEN_OUT:
-                if self._kazoo.stopped or left == 0.0:
+                                     ) from err
+            except RIDDEN_OUT as err:
+                if self.kazoo.stopped or left == 0.0:
                     raise
                 self._connected.wait(0.5 if left is None else min(0.5, left))
-                if self.connected and self._kazoo.session_id != session:
-                    raise SessionExpiredError() from None
+                if self.connected and self.kazoo.session_id != session:
+                    raise SessionExpiredError() from err
 
     def get(self, path: str, watch: Callable[..., Any] | None = None) -> Any:
         return self.patiently(self.get_async, path, watch=watch)
@@ -264,7 +273,7 @@ def get_many(client: KazooClient, paths: list[str], timeout: float = 60.0,
     ZooKeeper 3.6) gets pipelined plain gets instead. With ``children``: each path's
     children's names instead (a host's folder: whether its agent's record exists, in a few
     bytes instead of the record's 1.5 KB)."""
-    kazoo = KazooPrivate(client)
+    kazoo = private(client)
     if kazoo.no_multi_read:
         return _get_each(client, paths, timeout, children)
     chunks = [paths[i:i + READS_PER_REQUEST] for i in range(0, len(paths), READS_PER_REQUEST)]
@@ -343,7 +352,7 @@ def watch_tree(client: KazooClient, path: str, callback: TreeCallback,
     only note the event), until ``unwatch_tree``. The watch lives on the connection: after
     a reconnect it must be set again (events in between are lost). False when the server
     is older than ZooKeeper 3.6 (or refused it): the caller reads instead."""
-    kazoo = KazooPrivate(client)
+    kazoo = private(client)
     kazoo.tap_watch_events(f"{path}/", callback)
     result = client.handler.async_result()
     kazoo.call(AddWatch(path, AddWatch.PERSISTENT_RECURSIVE), result)
@@ -357,7 +366,7 @@ def watch_tree(client: KazooClient, path: str, callback: TreeCallback,
 
 def unwatch_tree(client: KazooClient, path: str) -> None:
     """End ``watch_tree``'s watch (its events are ignored from now on)."""
-    kazoo = KazooPrivate(client)
+    kazoo = private(client)
     kazoo.untap_watch_events(f"{path}/")
     if client.connected:
         with contextlib.suppress(Exception):

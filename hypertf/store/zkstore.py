@@ -1,34 +1,32 @@
-"""``Store``: one cluster's ZooKeeper, its client and the layout of its root together, with
-the reads every part shares (hosts, agent records, leases, job keys) and the two writes an
-agent makes about itself (its record, the keeper lease). The outcomes of those writes are
-enums (``RecordWrite``, ``LeaseState``), never bare strings.
+"""``StoreReads``: one ZooKeeper session's client, the layout of its root and the credential
+it logged in with, together, with the reads every part shares (hosts, agent records,
+leases, job keys) and the two writes an agent makes about itself (its record, the keeper
+lease). The outcomes of those writes are enums (``RecordWrite``, ``LeaseState``), never
+bare strings. hypertf.store.session.Store adds the recipes (matrix, queue, job records);
+the recipes are handed this base, so none of them imports the session.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from hypertf.config.settings import ClusterSettings
 from hypertf.core.errors import StoreError
 from hypertf.core.layout import RESOURCE_LEAF, Layout, is_task_key
 from hypertf.core.records import AgentRecord
-from hypertf.store import auth
-from hypertf.store.connection import acls, close, connect, credential_of
+from hypertf.store import acltable, credentials
+from hypertf.store.connection import credential_of
 from hypertf.store.zkclient import get_many, pipelined
 
 log = logging.getLogger(__name__)
-_said_unreadable: dict[str, str] = {}  # host -> the last reason logged (once per reason)
 
-__all__ = ["LeaseState", "RecordWrite", "Store", "opened"]
+__all__ = ["LeaseState", "RecordWrite", "StoreReads"]
 
 
 class RecordWrite(StrEnum):
@@ -55,22 +53,35 @@ def _children(client: KazooClient, path: str) -> list[str]:
         return []
 
 
-@dataclass(frozen=True)
-class Store:
-    """One cluster's ZooKeeper: the client and the layout of its root, always together.
-    The reads are here; hypertf.store.allocation's version-checked writes take a Store."""
+class StoreReads:
+    """One cluster's ZooKeeper as one session sees it: the client, the layout of its root
+    and the credential, always together, and what this session remembers (which hosts'
+    unreadable records it has logged)."""
 
-    client: KazooClient
-    layout: Layout
-
-    @property
-    def acls(self) -> auth.Acls:
-        """The ACLs this client writes on the znodes it creates."""
-        return acls(self.client)
+    def __init__(self, client: KazooClient, layout: Layout) -> None:
+        self.client = client
+        self.layout = layout
+        self._acls: acltable.Acls | None = None
+        self._said_unreadable: dict[str, str] = {}  # host -> the last reason logged
 
     @property
-    def credential(self) -> auth.Credential:
+    def credential(self) -> credentials.Credential:
+        """Whom this session logged in as (``connect``)."""
         return credential_of(self.client)
+
+    @property
+    def acls(self) -> acltable.Acls:
+        """The ACLs this session writes on the znodes it creates."""
+        if self._acls is None:
+            self._acls = acltable.Acls(self.credential)
+        return self._acls
+
+    def check_registered(self, user: str) -> None:
+        """Asked only after a refused request: a user without parents cannot hold a job."""
+        if self.client.exists(self.layout.user_leases(user)) is None:
+            raise StoreError(f"user {user!r} is not registered in ZooKeeper root "
+                             f"{self.layout.root}: the cluster admin runs 'hypertf auth "
+                             f"add-user {user}'")
 
     def hosts(self) -> list[str]:
         """Every registered host (live or not)."""
@@ -109,7 +120,7 @@ class Store:
         """Every live agent's record (or those of the ``only`` hosts: no listing then; a host
         without a record, registered or not, is left out), keyed by host name."""
         hosts = self.hosts() if only is None else sorted(set(only))
-        return parse_records(self.raw_records(hosts))
+        return self.parse_records(self.raw_records(hosts))
 
     def _keys_of_every_user(self, parent: str) -> list[str]:
         """The task keys under each user's folder that are that user's: a key is counted
@@ -219,28 +230,17 @@ class Store:
         return LeaseState.TAKEN
 
 
-@contextlib.contextmanager
-def opened(cluster: ClusterSettings, long_lived: bool = False,
-           on_pause: Callable[[str], None] | None = None) -> Iterator[Store]:
-    """A command's Store: connected as the default identity, closed after (``long_lived``:
-    it waits out ZooKeeper outages, see ``connect``)."""
-    client = connect(cluster, long_lived=long_lived, on_pause=on_pause)
-    try:
-        yield Store(client, Layout(cluster.zk_root))
-    finally:
-        close(client)
-
-
-def parse_records(raw: dict[str, bytes]) -> dict[str, AgentRecord]:
-    """The readable records of ``raw``: an unreadable one (any reason: not JSON, nested too
-    deep, a field of the wrong type or range) counts its host down and is logged once per
-    reason; it never fails the command or the pass for the other hosts."""
-    records: dict[str, AgentRecord] = {}
-    for host, data in raw.items():
-        try:
-            records[host] = AgentRecord.from_json(data)
-        except StoreError as err:
-            if _said_unreadable.get(host) != str(err):
-                _said_unreadable[host] = str(err)
-                log.warning("%s: host %s counts as down", err, host)
-    return records
+    def parse_records(self, raw: dict[str, bytes]) -> dict[str, AgentRecord]:
+        """The readable records of ``raw``: an unreadable one (any reason: not JSON, nested
+        too deep, a field of the wrong type or range) counts its host down and is logged
+        once per reason and session; it never fails the command or the pass for the
+        other hosts."""
+        records: dict[str, AgentRecord] = {}
+        for host, data in raw.items():
+            try:
+                records[host] = AgentRecord.from_json(data)
+            except StoreError as err:
+                if self._said_unreadable.get(host) != str(err):
+                    self._said_unreadable[host] = str(err)
+                    log.warning("%s: host %s counts as down", err, host)
+        return records

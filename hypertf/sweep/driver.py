@@ -45,7 +45,7 @@ from hypertf.core.rundir import RunDir, make_private, write_private
 from hypertf.launch.detach import ENV_ON_STDIN, hand_env
 from hypertf.launch.request import TrainRequest
 from hypertf.node import procs
-from hypertf.store import auth
+from hypertf.store import credentials
 from hypertf.sweep import board as sweepboard
 from hypertf.sweep.spec import (
     FAILED_TRIALS,
@@ -109,7 +109,7 @@ class Sweep:
             return request.env_vars()
         except UsageError as err:
             raise UsageError(f"sweep {self.sweep_id}: {err} (its trials take their --env "
-                             f"values from the environment of 'hypertf sweep resume')") from None
+                             f"values from the environment of 'hypertf sweep resume')") from err
 
     @classmethod
     def load(cls, sweep_id: str) -> Sweep:
@@ -191,7 +191,7 @@ class Driver:
                 key, ENV_ON_STDIN]
 
     def start(self, trial: dict[str, Any]) -> None:
-        key = new_task_key(auth.job_owner())
+        key = new_task_key(credentials.job_owner())
         trial.update(state=TrialState.QUEUED, task_key=key, tries=trial.get("tries", 0) + 1,
                      started=time.time(), metric=None, unranked_metric=None, wall_s=None,
                      message="")

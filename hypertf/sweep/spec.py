@@ -174,12 +174,12 @@ def load_spec(path: str) -> SweepSpec:
     try:
         payload = yaml.load(Path(path).read_text(), Loader=SpecLoader)
     except OSError as err:
-        raise UsageError(f"cannot read sweep spec {path}: {err.strerror or err}") from None
+        raise UsageError(f"cannot read sweep spec {path}: {err.strerror or err}") from err
     except UsageError as err:
-        raise UsageError(f"sweep spec {path}: {err}") from None
+        raise UsageError(f"sweep spec {path}: {err}") from err
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         problem = " ".join(str(err).split())
-        raise UsageError(f"sweep spec {path} is not valid YAML: {problem}") from None
+        raise UsageError(f"sweep spec {path} is not valid YAML: {problem}") from err
     if not isinstance(payload, Mapping):
         raise UsageError(f"sweep spec {path} must be a mapping with keys {', '.join(KEYS)}")
     unknown = sorted(set(payload) - set(KEYS))

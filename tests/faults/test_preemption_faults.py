@@ -35,7 +35,6 @@ from hypertf.core.preemptnotice import Notice
 from hypertf.ops import agentctl, labcluster
 from hypertf.ops import lab as lab_module
 from hypertf.store import Layout, Store, decode
-from hypertf.store.allocation import read_matrix
 from tests.conftest import on_host, wait_for
 from tests.launcher import helpers
 from tests.launcher.helpers import FAKE, all_free, processes_of, strict_env, task_key, until_line
@@ -114,7 +113,7 @@ class DoubleBooking(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(0.05):
             try:
-                matrix, _ = read_matrix(self.store)
+                matrix, _ = self.store.matrix.read()
             except Exception:  # ZooKeeper down: the tasks alone this time
                 matrix, self.unread = None, self.unread + 1
             gpus: dict[tuple[str, int], set[str]] = {}

@@ -17,16 +17,7 @@ from hypertf.core.matrix import FREE, Matrix
 from hypertf.core.placement import new_task_key
 from hypertf.keeper.reader import QueueReader
 from hypertf.store import Store
-from hypertf.store.allocation import (
-    MatrixWatch,
-    _grant_dropped,
-    overwrite_matrix,
-    read_matrix,
-    release,
-    watch_grant,
-    watch_matrix,
-)
-from hypertf.store.waitqueue import enqueue, set_held, submit
+from hypertf.store.matrixshards import MatrixWatch
 from tests.conftest import wait_for
 from tests.integration.zkspy import HOSTS, one_gpu, spy
 
@@ -41,13 +32,13 @@ def test_a_cycle_sets_no_watch_of_its_own(zk, layout, fake_agents, keeper):
     asked = spy(zk, "exists")
     for _ in range(3):
         key = new_task_key("root")
-        grant = submit(launcher, one_gpu(), key)
+        grant = launcher.queue.submit(one_gpu(), key)
         assert grant.placements[0].host in HOSTS
-        assert release(launcher, key) is True
-        matrix, _ = read_matrix(launcher)
+        assert launcher.matrix.release(key) is True
+        matrix, _ = launcher.matrix.read()
         assert key not in matrix.task_keys()  # settled when release returned
         assert layout.job(key) not in asked and layout.grant(key) not in asked
-    matrix, _ = read_matrix(launcher)
+    matrix, _ = launcher.matrix.read()
     assert all(cell == FREE for row in matrix.gpus.values() for cell in row)
 
 
@@ -59,12 +50,12 @@ def test_a_grant_watch_that_saw_no_deletion_asks_zookeeper(zk, layout):
     path = layout.grant(key)
     zk.ensure_path(layout.grants)
     zk.create(path, b"{}")
-    zk.get(path, watch=watch_grant(launcher, key))
+    zk.get(path, watch=launcher.matrix.watch_grant(key))
     zk.set(path, b"{ }")  # fires the watch: changed, not deleted
-    assert _grant_dropped(launcher, key, 0.3) is False  # asked: it is still there
-    zk.get(path, watch=watch_grant(launcher, key))
+    assert launcher.matrix._grant_dropped(key, 0.3) is False  # asked: it is still there
+    zk.get(path, watch=launcher.matrix.watch_grant(key))
     threading.Timer(0.2, lambda: zk.delete(path)).start()
-    assert _grant_dropped(launcher, key, 5.0) is True
+    assert launcher.matrix._grant_dropped(key, 5.0) is True
 
 
 def test_a_record_changed_after_its_prefetch_is_read_again(zk, layout):
@@ -73,15 +64,15 @@ def test_a_record_changed_after_its_prefetch_is_read_again(zk, layout):
     user = Store(zk, layout)
     reader = QueueReader(user)
     first = new_task_key("root")
-    enqueue(user, first, one_gpu(), {})
+    user.queue.enqueue(first, one_gpu(), {})
     assert [w.task_key for w in reader.waiting()] == [first]  # the first, whole read
     second, third = new_task_key("root"), new_task_key("root")
-    enqueue(user, second, one_gpu(), {})
-    enqueue(user, third, one_gpu(), {})
+    user.queue.enqueue(second, one_gpu(), {})
+    user.queue.enqueue(third, one_gpu(), {})
     reader.prefetch(user.leases())
     assert set(reader._prefetched) == {second, third}
     reader._prefetched[second].get(timeout=5)
-    set_held(user, second, True)
+    user.queue.set_held(second, True)
     wait_for(lambda: second in reader._dirty, 5, "the watch the prefetch set to fire")
     reads = spy(zk, "get_async")
     waiting = {w.task_key: w for w in reader.waiting(user.leases())}
@@ -105,16 +96,16 @@ def test_the_matrix_watch_wakes_without_a_read_and_ends(zk, layout, fake_agents)
     reads = spy(zk, "get")
     watch = MatrixWatch(admin, wake)
     assert watch.start()
-    overwrite_matrix(admin, Matrix(gpus={"n1": [new_task_key("root"), FREE]}))
+    admin.matrix.overwrite(Matrix(gpus={"n1": [new_task_key("root"), FREE]}))
     assert woken.wait(5)
     woken.clear()
     term["on"] = False
-    overwrite_matrix(admin, Matrix(gpus={"n1": [FREE, FREE]}))
+    admin.matrix.overwrite(Matrix(gpus={"n1": [FREE, FREE]}))
     assert woken.wait(5)
     wait_for(lambda: watch.ended, 5, "the watch to end")
     assert not [p for p in reads if p.startswith(layout.matrix + "/")]
     woken.clear()
-    overwrite_matrix(admin, Matrix(gpus={"n1": [new_task_key("root"), FREE]}))
+    admin.matrix.overwrite(Matrix(gpus={"n1": [new_task_key("root"), FREE]}))
     time.sleep(0.3)
     assert not woken.is_set()
 
@@ -123,10 +114,10 @@ def test_watch_matrix_wakes_on_each_change(zk, layout, fake_agents):
     fake_agents({"n1": 1})
     admin = Store(zk, layout)
     woken: list[int] = []
-    watch_matrix(admin, lambda *_: woken.append(1) or True)
+    admin.matrix.watch(lambda *_: woken.append(1) or True)
     for cell in (new_task_key("root"), FREE):
         count = len(woken)
-        overwrite_matrix(admin, Matrix(gpus={"n1": [cell]}))
+        admin.matrix.overwrite(Matrix(gpus={"n1": [cell]}))
         wait_for(lambda n=count: len(woken) > n, 5, "a wake")
 
 
@@ -145,7 +136,7 @@ def test_the_matrix_watch_is_set_again_after_a_reconnect(secured, zk, layout, fa
         wait_for(lambda: keeper_client.connected and "SUSPENDED" in states, 20, "a reconnect")
         assert woken.wait(5)  # the watch set again, then told to look again
         woken.clear()
-        overwrite_matrix(Store(zk, layout), Matrix(gpus={"n1": [new_task_key("root")]}))
+        Store(zk, layout).matrix.overwrite(Matrix(gpus={"n1": [new_task_key("root")]}))
         assert woken.wait(5)
     finally:
         store.close(keeper_client)

@@ -22,14 +22,6 @@ from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper.sync import sync_matrix
 from hypertf.store import Store
-from hypertf.store.allocation import (
-    overwrite_matrix,
-    read_matrix,
-    release,
-    report_drained,
-    write_matrix,
-)
-from hypertf.store.waitqueue import submit
 from hypertf.store.zkclient import get_many
 from tests.conftest import wait_for
 
@@ -56,7 +48,7 @@ def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents, ke
         port_ranges={"n1": (21000, 21010), "n2": (21000, 21010)},
     )
     key = new_task_key("root")
-    grant = submit(Store(zk, layout), request, key)
+    grant = Store(zk, layout).queue.submit(request, key)
     assert [(p.name, p.host, p.gpus) for p in grant.placements] == [
         ("chief:0", "n1", (0,)), ("worker:0", "n2", (0,)), ("worker:1", "n1", (1,)),
         ("ps:0", "n1", ()),
@@ -64,8 +56,8 @@ def test_grant_is_recorded_and_release_is_idempotent(zk, layout, fake_agents, ke
     assert len({(p.host, grant.ports[p.name]) for p in grant.placements}) == 4
     assert all(21000 <= port <= 21010 for port in grant.ports.values())
     assert zk.exists(layout.lease(key)) and zk.exists(layout.job(key))
-    assert release(Store(zk, layout), key) is True
-    assert release(Store(zk, layout), key) is False
+    assert Store(zk, layout).matrix.release(key) is True
+    assert Store(zk, layout).matrix.release(key) is False
     assert all_free(zk, layout)
     job = json.loads(zk.get(layout.job(key))[0])
     assert job["state"] == "released"
@@ -76,11 +68,11 @@ def test_impossible_request_says_what_is_free_where(zk, layout, fake_agents, kee
     """--no-wait: the keeper refuses what cannot start now, naming what is free where."""
     fake_agents({"n1": 2, "n2": 1})
     keeper()
-    submit(Store(zk, layout), Request((TaskSlot("worker", 0, 1),), ("n1", "n2")),
-           new_task_key("root"))
+    Store(zk, layout).queue.submit(Request((TaskSlot("worker", 0, 1),), ("n1", "n2")),
+                                   new_task_key("root"))
     request = Request(tuple(TaskSlot("worker", i, 1) for i in range(3)), ("n1", "n2", "n3"))
     with pytest.raises(InsufficientResources) as err:
-        submit(Store(zk, layout), request, new_task_key("root"), wait=False)
+        Store(zk, layout).queue.submit(request, new_task_key("root"), wait=False)
     assert str(err.value) == (
         "cannot place worker:2 (1 GPU on one host): asked for 3 worker (1 GPU each): "
         "3 GPUs in all; free now: n1: 1 of 2 free (GPU 1); n2: 1 of 1 free (GPU 0); "
@@ -91,7 +83,7 @@ def test_impossible_request_says_what_is_free_where(zk, layout, fake_agents, kee
 
 
 def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, cluster_settings,
-                                                     keeper):
+                                                    keeper):
     """16 threads (own sessions) and 16 processes hold GPUs at once, then cycle.
 
     Sessions get 15 s here: 32 clients and 16 Python start-ups on 2 cores can starve a
@@ -108,7 +100,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
         client = store.connect(cluster_settings)
         try:
             key = new_task_key("root")
-            grant = submit(Store(client, layout), one_gpu(), key)
+            grant = Store(client, layout).queue.submit(one_gpu(), key)
             with lock:
                 held.extend((p.host, g) for p in grant.placements for g in p.gpus)
             everyone_holds.wait(timeout=120)
@@ -131,7 +123,7 @@ def test_32_concurrent_allocators_never_double_book(zk, layout, fake_agents, clu
         wait_for(lambda: len(held) == 32, 60, "32 grants")
         assert len(set(held)) == 32, "a GPU was granted twice"
         with pytest.raises(InsufficientResources):
-            submit(Store(zk, layout), one_gpu(), new_task_key("root"), wait=False)
+            Store(zk, layout).queue.submit(one_gpu(), new_task_key("root"), wait=False)
         everyone_holds.set()
         for thread in threads:
             thread.join(60)
@@ -188,9 +180,9 @@ def test_sigkilled_allocator_gpus_return(zk, layout, fake_agents, cluster_settin
     drained = f"{DRAINING}{grant['key']}"
     wait_for(lambda: sync_matrix(Store(zk, layout))[0].gpus["n1"][grant["gpu"]] == drained, 60,
              "the killed allocator's GPU to drain")
-    report_drained(Store(zk, layout), "n1", {"someone-else"})
+    Store(zk, layout).matrix.report_drained("n1", {"someone-else"})
     assert sync_matrix(Store(zk, layout))[0].gpus["n1"][grant["gpu"]] == drained
-    report_drained(Store(zk, layout), "n1", {grant["key"]})
+    Store(zk, layout).matrix.report_drained("n1", {grant["key"]})
     sync_matrix(Store(zk, layout))
     assert all_free(zk, layout)
 
@@ -200,28 +192,26 @@ def confirm_all(zk, layout) -> None:
     matrix, records = sync_matrix(Store(zk, layout))
     for host in matrix.gpus:
         if host in records and matrix.draining_on(host):
-            report_drained(Store(zk, layout), host, matrix.draining_on(host))
+            Store(zk, layout).matrix.report_drained(host, matrix.draining_on(host))
     sync_matrix(Store(zk, layout))
 
 
 def test_a_kill_is_never_overwritten_by_the_launcher(zk, layout, fake_agents, keeper):
     """'hypertf kill' during a launcher's start: the launcher's later state updates and its
     release keep 'killed' (who killed it, and when)."""
-    from hypertf.store.allocation import kill
-    from hypertf.store.jobs import read_job, update_job
 
     fake_agents({"n1": 1})
     keeper()
     key = new_task_key("root")
-    submit(Store(zk, layout), one_gpu(), key)
-    assert kill(Store(zk, layout), key) is True
-    update_job(Store(zk, layout), key, state="starting", note="still here")
-    assert release(Store(zk, layout), key, state="failed") is False  # the kill dropped it
-    job = read_job(Store(zk, layout), key)
+    Store(zk, layout).queue.submit(one_gpu(), key)
+    assert Store(zk, layout).matrix.kill(key) is True
+    Store(zk, layout).jobs.update(key, state="starting", note="still here")
+    assert Store(zk, layout).matrix.release(key, state="failed") is False  # the kill dropped it
+    job = Store(zk, layout).jobs.read(key)
     assert job["state"] == "killed" and job["note"] == "still here"
     assert "stopped_on" not in job and job["released"] > 0
     assert job["killed_by"]["pid"] > 0 and job["killed"] > 0
-    assert kill(Store(zk, layout), key) is False
+    assert Store(zk, layout).matrix.kill(key) is False
 
 
 def test_a_waiter_whose_lease_goes_without_a_record_or_a_keeper_is_cancelled(
@@ -238,7 +228,7 @@ def test_a_waiter_whose_lease_goes_without_a_record_or_a_keeper_is_cancelled(
 
     def wait() -> None:
         try:
-            submit(Store(zk, layout), one_gpu(), key)
+            Store(zk, layout).queue.submit(one_gpu(), key)
         except BaseException as err:  # the test reads it
             ended.append(err)
 
@@ -261,8 +251,8 @@ def test_two_no_wait_requests_for_the_last_gpu_one_runs_the_other_hears_it_is_ta
 
     def ask(name: str) -> None:
         try:
-            results[name] = submit(Store(zk, layout), one_gpu(), new_task_key("root"),
-                                   wait=False)
+            results[name] = Store(zk, layout).queue.submit(one_gpu(), new_task_key("root"),
+                                                           wait=False)
         except InsufficientResources as err:
             results[name] = str(err)
 
@@ -309,8 +299,8 @@ def test_a_matrix_change_past_one_mib_is_written_in_several_transactions(zk, lay
         big.ports[f"h{i:04d}"] = {str(20000 + g): key for g, key in enumerate(keys)}
     assert sum(len(json.dumps(row)) for row in [*big.gpus.values(), *big.ports.values()]) \
         > 1024 * 1024
-    overwrite_matrix(Store(zk, layout), big)
-    assert read_matrix(Store(zk, layout))[0] == big
+    Store(zk, layout).matrix.overwrite(big)
+    assert Store(zk, layout).matrix.read()[0] == big
 
 
 def test_auth_init_for_a_larger_cluster_reshards_and_keeps_every_cell(secured, zk, layout):
@@ -319,18 +309,18 @@ def test_auth_init_for_a_larger_cluster_reshards_and_keeps_every_cell(secured, z
     that read the old layout is refused (the index's version changed) and reads again."""
     matrix = Matrix(gpus={f"h{i}": [FREE, f"20261124-000000-{i:06x}.u"] for i in range(40)},
                     ports={"h3": {"20000": "20261124-000000-000003.u"}})
-    overwrite_matrix(Store(zk, layout), matrix)
-    old, stale = read_matrix(Store(zk, layout))
+    Store(zk, layout).matrix.overwrite(matrix)
+    old, stale = Store(zk, layout).matrix.read()
     assert stale.shards == 4
     store.secure_cluster(secured, [], matrix_hosts=1000)
     other = store.connect(secured, identity="admin")  # a client that never saw 4 shards
     try:
-        now, version = read_matrix(Store(other, layout))
+        now, version = Store(other, layout).matrix.read()
         assert version.shards == 8 and now == matrix
         assert sorted(other.get_children(layout.matrix), key=int) == [str(i) for i in range(8)]
     finally:
         store.close(other)
     changed = old.take("20261124-000000-ffffff.u", {"h1": [0]}, {})
-    assert write_matrix(Store(zk, layout), old, changed, stale) is False
+    assert Store(zk, layout).matrix.write(old, changed, stale) is False
     store.secure_cluster(secured, [], matrix_hosts=10)  # never fewer shards
-    assert read_matrix(Store(zk, layout))[1].shards == 8
+    assert Store(zk, layout).matrix.read()[1].shards == 8

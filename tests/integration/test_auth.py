@@ -28,9 +28,7 @@ from hypertf.core.matrix import FREE, MatrixIndex
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper.thread import KeeperThread
-from hypertf.store import AgentRecord, Layout, Store, auth
-from hypertf.store.allocation import overwrite_matrix, read_matrix, release
-from hypertf.store.waitqueue import read_view, submit
+from hypertf.store import AgentRecord, Layout, Store, acltable, bootstrap, credentials
 from tests.conftest import wait_for
 
 
@@ -55,9 +53,9 @@ def cluster(zk_server, tmp_path) -> Iterator[tuple[Path, Inventory, Layout]]:
 
 def hypertf(*argv: str, identity: str | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    env.pop(auth.IDENTITY_ENV, None)
+    env.pop(credentials.IDENTITY_ENV, None)
     if identity:
-        env[auth.IDENTITY_ENV] = identity
+        env[credentials.IDENTITY_ENV] = identity
     return subprocess.run([sys.executable, "-m", "hypertf.cli", *argv], capture_output=True,
                           text=True, timeout=60, env=env)
 
@@ -90,17 +88,17 @@ def launcher(cluster, keeper) -> Iterator[Store]:
 def job(launcher) -> str:
     """A running job of this login user holding GPU 0 of n1 (its launcher's session holds
     the lease)."""
-    key = new_task_key(auth.login_user())
-    submit(launcher, Request((TaskSlot("worker", 0, 1),), ("n1",)), key)
+    key = new_task_key(credentials.login_user())
+    launcher.queue.submit(Request((TaskSlot("worker", 0, 1),), ("n1",)), key)
     return key
 
 
 def every_path(layout: Layout, key: str) -> dict[str, str]:
-    """One path of each rule of auth.RULES (so of every path Layout names:
+    """One path of each rule of acltable.RULES (so of every path Layout names:
     tests/unit/test_acl_table.py), by its name: the job ``key``'s, host n1's, shard 0."""
     arguments = {"host": "n1", "index": 0, "user": store.owner_of(key), "task_key": key}
     paths = {}
-    for name in auth.RULES:
+    for name in acltable.RULES:
         member = getattr(layout, name)
         if callable(member):
             member = member(*(arguments[p] for p in inspect.signature(member).parameters))
@@ -127,8 +125,8 @@ def made(inventory: Inventory, layout: Layout, key: str) -> dict[str, str]:
 def test_a_client_without_the_credentials_can_read_change_create_and_delete_nothing(
         cluster, job, zk_server, who):
     _, inventory, layout = cluster
-    auth_data = [] if who == "anonymous" else [("digest", f"user.{auth.login_user()}:guess"),
-                                                ("digest", "member:guess")]
+    auth_data = [] if who == "anonymous" else [("digest", f"user.{credentials.login_user()}:guess"),
+                                               ("digest", "member:guess")]
     paths = made(inventory, layout, job).values()
     stranger = KazooClient(hosts=zk_server.hosts, auth_data=auth_data)
     stranger.start(timeout=10)
@@ -161,7 +159,7 @@ def test_another_user_cannot_end_a_job_and_the_admin_can(cluster, job):
     refused = hypertf("kill", "-i", str(path), job, identity="user.bob")
     assert refused.returncode == 7, refused.stderr
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
-    owner = auth.login_user()
+    owner = credentials.login_user()
     assert f"belongs to {owner}: only {owner} or the cluster admin" in refused.stderr
     # ZooKeeper itself refuses, whatever the client: bob's own kazoo session
     bob = store.connect(inventory.cluster, identity="user.bob")
@@ -177,8 +175,8 @@ def test_another_user_cannot_end_a_job_and_the_admin_can(cluster, job):
                 attempt()
         assert bob.exists(layout.lease(job)) is not None
         # bob can run his own jobs: his parents exist and are his
-        submit(Store(bob, layout), Request((TaskSlot("worker", 0, 1),), ("n1",)),
-               new_task_key("bob"))
+        Store(bob, layout).queue.submit(Request((TaskSlot("worker", 0, 1),), ("n1",)),
+                                        new_task_key("bob"))
     finally:
         store.close(bob)
     killed = hypertf("kill", "-i", str(path), job, identity="admin")
@@ -247,7 +245,7 @@ def test_credentials_are_private_files_in_a_private_directory(cluster):
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     names = sorted(p.name for p in directory.iterdir())
     assert names == sorted(["admin.yml", "agent.n1.yml", "agent.n2.yml", "keeper.yml",
-                            f"user.{auth.login_user()}.yml", "user.bob.yml"])
+                            f"user.{credentials.login_user()}.yml", "user.bob.yml"])
     for path in directory.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     # a user's file holds no group secret of the agents and no admin secret
@@ -263,7 +261,7 @@ def test_credentials_are_private_files_in_a_private_directory(cluster):
 def test_credential_mistakes_are_one_line_naming_the_file_and_exit_3(cluster):
     path, inventory, _ = cluster
     directory = store.credentials_dir(inventory.cluster)
-    mine = directory / f"user.{auth.login_user()}.yml"
+    mine = directory / f"user.{credentials.login_user()}.yml"
     original = mine.read_text()
 
     def status_error() -> str:
@@ -375,10 +373,10 @@ def test_a_registered_user_writes_nothing_outside_his_own_folders_and_waits_his_
     not another user's job. His request for the GPUs the job holds waits in the queue and
     is admitted once the job released them."""
     _, inventory, layout = cluster
-    owner = auth.login_user()
+    owner = credentials.login_user()
     paths = made(inventory, layout, job)
     bob = store.connect(inventory.cluster, identity="user.bob")
-    shards = read_matrix(Store(bob, layout))[1].shards
+    shards = Store(bob, layout).matrix.read()[1].shards
     # every path Layout names, of the job's owner (not bob) and host n1; every shard
     outside = dict.fromkeys([*paths.values(), *(layout.matrix_shard(i) for i in range(shards))])
     assert owner != "bob" and paths["user_leases"] == layout.user_leases(owner)
@@ -391,18 +389,17 @@ def test_a_registered_user_writes_nothing_outside_his_own_folders_and_waits_his_
                           lambda p: bob.set_acls(p, OPEN_ACL_UNSAFE)):
                 with pytest.raises((NoAuthError, NotEmptyError)):
                     write(path)
-        matrix, _ = read_matrix(Store(bob, layout))
+        matrix, _ = Store(bob, layout).matrix.read()
         assert matrix.gpus["n1"][0] == job  # the job's GPU was never set free
 
         got: list[object] = []
-        waiter = threading.Thread(target=lambda: got.append(submit(
-            Store(bob, layout), Request((TaskSlot("worker", 0, 2),), ("n1",)),
-            new_task_key("bob"))))
+        waiter = threading.Thread(target=lambda: got.append(Store(bob, layout).queue.submit(
+            Request((TaskSlot("worker", 0, 2),), ("n1",)), new_task_key("bob"))))
         waiter.start()
-        wait_for(lambda: read_view(Store(bob, layout)), 10, "bob's job in the queue")
+        wait_for(lambda: Store(bob, layout).queue.read_view(), 10, "bob's job in the queue")
         time.sleep(0.5)
         assert not got, "bob's job was admitted onto a GPU another job holds"
-        release(launcher, job)
+        launcher.matrix.release(job)
         waiter.join(20)
         assert got and got[0].placements[0].gpus == (0, 1)
     finally:
@@ -432,22 +429,22 @@ def test_priorities_are_capped_by_the_admin_and_a_users_own_record_gains_nothing
     assert refused.returncode != 0 and "only the cluster admin" in refused.stderr
 
     busy = Request((TaskSlot("worker", 0, 1),), ("n1",))
-    submit(launcher, busy, new_task_key(owner := auth.login_user()))  # n1 is now full
+    launcher.queue.submit(busy, new_task_key(owner := credentials.login_user()))  # n1 is now full
     bob = store.connect(inventory.cluster, identity="user.bob")
     try:
         bobs = new_task_key("bob")
-        in_background(lambda: submit(Store(bob, layout), busy, bobs, priority=50))
-        wait_for(lambda: [e["task_key"] for e in read_view(launcher)] == [bobs], 10,
+        in_background(lambda: Store(bob, layout).queue.submit(busy, bobs, priority=50))
+        wait_for(lambda: [e["task_key"] for e in launcher.queue.read_view()] == [bobs], 10,
                  "bob's job waiting")
         data, stat_ = bob.get(layout.job(bobs))
         record = yaml.safe_load(data)
         record["queue"]["priority"] = 1000
         bob.set(layout.job(bobs), store.encode(record), version=stat_.version)
         mine = new_task_key(owner)
-        in_background(lambda: submit(launcher, busy, mine, priority=1))
-        wait_for(lambda: [e["task_key"] for e in read_view(launcher)] == [mine, bobs], 10,
+        in_background(lambda: launcher.queue.submit(busy, mine, priority=1))
+        wait_for(lambda: [e["task_key"] for e in launcher.queue.read_view()] == [mine, bobs], 10,
                  "the priority-1 job ahead of bob's 1000")
-        assert read_view(launcher)[1]["priority"] == 0
+        assert launcher.queue.read_view()[1]["priority"] == 0
     finally:
         store.close(bob)
 
@@ -460,15 +457,15 @@ def test_the_keeper_restores_a_running_jobs_cells_whoever_wrote_the_matrix(
     _, inventory, layout = cluster
     agent = store.connect(inventory.cluster, identity="admin")
     try:
-        forged, _ = read_matrix(Store(agent, layout))
+        forged, _ = Store(agent, layout).matrix.read()
         forged.gpus["n1"] = [FREE, FREE]
         forged.ports.pop("n1", None)
-        overwrite_matrix(Store(agent, layout), forged)
-        wait_for(lambda: read_matrix(Store(agent, layout))[0].gpus["n1"][0] == job,
+        Store(agent, layout).matrix.overwrite(forged)
+        wait_for(lambda: Store(agent, layout).matrix.read()[0].gpus["n1"][0] == job,
                  10, "the job's GPU restored")
         with pytest.raises(InsufficientResources):
-            submit(launcher, Request((TaskSlot("worker", 0, 2),), ("n1",)),
-                   new_task_key(auth.login_user()), wait=False)
+            launcher.queue.submit(Request((TaskSlot("worker", 0, 2),), ("n1",)),
+                                  new_task_key(credentials.login_user()), wait=False)
     finally:
         store.close(agent)
 
@@ -514,7 +511,7 @@ def test_a_matrix_in_one_znode_is_refused_until_auth_init_shards_it(cluster, job
     path, inventory, layout = cluster
     admin = store.connect(inventory.cluster, identity="admin")
     try:
-        before, _ = read_matrix(Store(admin, layout))
+        before, _ = Store(admin, layout).matrix.read()
         assert before.gpus["n1"][0] == job
         acl = store.acls(admin).matrix()
         admin.delete(layout.matrix, recursive=True)
@@ -535,9 +532,9 @@ def test_a_matrix_in_one_znode_is_refused_until_auth_init_shards_it(cluster, job
         assert index is not None and index.shards >= 1
         assert sorted(admin.get_children(layout.matrix)) == sorted(
             str(i) for i in range(index.shards))
-        after, _ = read_matrix(Store(admin, layout))
+        after, _ = Store(admin, layout).matrix.read()
         assert after == before  # the job keeps its GPU and its port
-        assert auth.current_layout(admin, layout.root)
+        assert bootstrap.current_layout(admin, layout.root)
     finally:
         store.close(admin)
     user = store.connect(inventory.cluster)

@@ -30,9 +30,8 @@ from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper.queueview import collect
 from hypertf.ops.zkserver import ZooKeeperServer
 from hypertf.store import Layout, Store, encode, status
-from hypertf.store.allocation import release
-from hypertf.store.auth import QUOTA_ROOT, UserQuotas
-from hypertf.store.waitqueue import request_to_json, submit
+from hypertf.store.quotas import QUOTA_ROOT, UserQuotas
+from hypertf.store.waitqueue import request_to_json
 from tests.conftest import wait_for
 
 HOSTS = {"n1": 2, "n2": 2}
@@ -141,9 +140,9 @@ def test_a_flood_of_long_names_leaves_zookeeper_alive_and_roots_job_admitted(
         admitted = []
         for _ in range(3):
             began = time.monotonic()
-            grant = submit(Store(root, layout), one_gpu(), new_task_key("root"))
+            grant = Store(root, layout).queue.submit(one_gpu(), new_task_key("root"))
             admitted.append(time.monotonic() - began)
-            release(Store(root, layout), grant.task_key, stopped_on=list(HOSTS))
+            Store(root, layout).matrix.release(grant.task_key, stopped_on=list(HOSTS))
         print(f"\n{made} lease names and {made_jobs} job names of {LONG} bytes "
               f"({(made + made_jobs) * LONG / 1e6:.0f} MB) in {flooded_s:.1f} s; root's "
               f"submit -> granted: {', '.join(f'{s * 1000:.0f} ms' for s in admitted)}")
@@ -187,7 +186,7 @@ def test_names_that_are_not_task_keys_reach_no_reader(bob, zk, bounded, tmp_path
         "vars": {"hypertf_zookeeper_hosts": bounded.zookeeper_hosts,
                  "hypertf_zk_root": bounded.zk_root, "hypertf_zk_session_timeout": 2},
         "children": {"gpu_nodes": {"hosts": {h: {"ansible_connection": "local"}
-                                              for h in HOSTS}}}}}))
+                                             for h in HOSTS}}}}}))
     view = status.collect(zk, load_inventory(path))
     assert view["jobs"] == [real]
     assert len(str(view)) < LONG
@@ -222,8 +221,8 @@ def test_the_keeper_follows_leases_by_their_events_and_never_lists_a_folder_agai
     thread = keeper(bounded, user_queue_limit=QUEUE)
     root = store.connect(bounded, identity="user.root")
     try:
-        first = submit(Store(root, layout), one_gpu(), new_task_key("root"))
-        release(Store(root, layout), first.task_key, stopped_on=list(HOSTS))
+        first = Store(root, layout).queue.submit(one_gpu(), new_task_key("root"))
+        Store(root, layout).matrix.release(first.task_key, stopped_on=list(HOSTS))
         listed: list[str] = []
         real = thread.client.get_children
 
@@ -234,11 +233,11 @@ def test_the_keeper_follows_leases_by_their_events_and_never_lists_a_folder_agai
         thread.client.get_children = counting  # type: ignore[method-assign]
         junk = [f"2026112208500{i:02d}{'x' * LONG}.bob" for i in range(50)]
         assert flood(bob, layout.user_leases("bob"), junk, ephemeral=True) == 50
-        grant = submit(Store(root, layout), one_gpu(), new_task_key("root"))
+        grant = Store(root, layout).queue.submit(one_gpu(), new_task_key("root"))
         assert grant.task_key in thread.admitter.leases.leases()
         assert not any(stamp.startswith("2026112208500")
                        for stamp in thread.admitter.leases.leases())
-        release(Store(root, layout), grant.task_key, stopped_on=list(HOSTS))
+        Store(root, layout).matrix.release(grant.task_key, stopped_on=list(HOSTS))
         wait_for(lambda: grant.task_key not in thread.admitter.leases.leases(), 5,
                  "the released lease gone from the keeper's set")
         assert not [path for path in listed if path.startswith(layout.leases)], listed

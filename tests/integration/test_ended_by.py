@@ -7,10 +7,7 @@ from hypertf import store
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.launch.lease import StoreLease
-from hypertf.store import Store, auth
-from hypertf.store.allocation import kill
-from hypertf.store.jobs import read_job
-from hypertf.store.waitqueue import enqueue
+from hypertf.store import Store, credentials
 
 
 def test_the_record_and_the_launcher_name_the_command_that_ended_the_job(secured, layout):
@@ -19,17 +16,17 @@ def test_the_record_and_the_launcher_name_the_command_that_ended_the_job(secured
         user = Store(client, layout)
         lease = StoreLease(user, print)
         for command in ("hypertf cancel", "hypertf kill", "hypertf sweep cancel"):
-            key = new_task_key(auth.login_user())
-            enqueue(user, key, Request((TaskSlot("worker", 0, 0),), ("n1",)), {})
-            assert kill(user, key, command)
-            by = (read_job(user, key) or {})["cancelled_by"]
+            key = new_task_key(credentials.login_user())
+            user.queue.enqueue(key, Request((TaskSlot("worker", 0, 0),), ("n1",)), {})
+            assert user.matrix.kill(key, command)
+            by = (user.jobs.read(key) or {})["cancelled_by"]
             assert by["command"] == command and by["identity"] == user.credential.identity
             assert lease.ended_by(key) == (f"{command} by {by['identity']} from "
                                            f"{by['host']}")
-        assert lease.ended_by(new_task_key(auth.login_user())) == "hypertf kill or cancel"
-        key = new_task_key(auth.login_user())  # the killer's own text: printed plain
-        enqueue(user, key, Request((TaskSlot("worker", 0, 0),), ("n1",)), {})
-        assert kill(user, key, "hypertf kill\x1b]0;owned\x07")
+        assert lease.ended_by(new_task_key(credentials.login_user())) == "hypertf kill or cancel"
+        key = new_task_key(credentials.login_user())  # the killer's own text: printed plain
+        user.queue.enqueue(key, Request((TaskSlot("worker", 0, 0),), ("n1",)), {})
+        assert user.matrix.kill(key, "hypertf kill\x1b]0;owned\x07")
         assert lease.ended_by(key).startswith("hypertf kill]0;owned by ")
     finally:
         store.close(client)

@@ -18,9 +18,6 @@ from hypertf.core.matrix import FREE
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
-from hypertf.store.allocation import read_matrix, release
-from hypertf.store.jobs import read_job
-from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
 
 JOBS, SUBMITTERS = 100, 10
@@ -47,14 +44,14 @@ def test_a_keeper_killed_mid_burst_admits_each_job_once_and_books_no_gpu_twice(
         try:
             for _ in range(JOBS // SUBMITTERS):
                 key = new_task_key("root")
-                grant = submit(Store(client, layout), request, key)
+                grant = Store(client, layout).queue.submit(request, key)
                 granted = time.time()
                 time.sleep(0.05)
                 releasing = time.time()
                 placement = grant.placements[0]
                 with lock:
                     grants.append((key, placement.host, placement.gpus[0], granted, releasing))
-                release(Store(client, layout), key)
+                Store(client, layout).matrix.release(key)
         except BaseException as err:  # reported by the test, not lost in a thread
             errors.append(err)
         finally:
@@ -82,11 +79,11 @@ def test_a_keeper_killed_mid_burst_admits_each_job_once_and_books_no_gpu_twice(
             intervals.sort()
             for (_, end), (start, _) in itertools.pairwise(intervals):
                 assert start >= end, f"{gpu} held by two jobs at once"
-        states = {read_job(Store(zk, layout), key)["state"] for key, *_ in grants}
+        states = {Store(zk, layout).jobs.read(key)["state"] for key, *_ in grants}
         assert states == {"released"}
 
         def all_free() -> bool:
-            matrix, _ = read_matrix(Store(zk, layout))
+            matrix, _ = Store(zk, layout).matrix.read()
             cells = [cell for row in matrix.gpus.values() for cell in row]
             return cells == [FREE] * 8 and not matrix.ports and not Store(zk, layout).leases()
 

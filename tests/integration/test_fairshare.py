@@ -24,9 +24,7 @@ from hypertf.core.scheduler import TaskSlot
 from hypertf.core.usage import Chunk, Summary, parse_chunk_name
 from hypertf.keeper import queueview, usageview
 from hypertf.store import Layout, Store
-from hypertf.store.allocation import release
-from hypertf.store.auth import set_user_limits
-from hypertf.store.waitqueue import enqueue, read_grant, read_view
+from hypertf.store.bootstrap import set_user_limits
 from hypertf.store.zkclient import get_many
 from tests.conftest import wait_for
 
@@ -75,20 +73,20 @@ def test_alice_goes_before_bobs_remaining_jobs_unless_bob_has_the_share(
     bob, alice = Store(users["bob"], layout), Store(users["alice"], layout)
     bobs = [new_task_key("bob") for _ in range(6)]
     for key in bobs:
-        enqueue(bob, key, one_gpu(), {"share": 1000, "usage": 0, "gpu_seconds": 0})
+        bob.queue.enqueue(key, one_gpu(), {"share": 1000, "usage": 0, "gpu_seconds": 0})
     wait_for(lambda: sum(1 for k in bobs if granted(zk, layout, k)) == 4, 10, "bob's 4 jobs")
     running = [k for k in bobs if granted(zk, layout, k)]
     time.sleep(1.5)  # bob's usage grows
     alices = [new_task_key("alice") for _ in range(3)]
     for key in alices:
-        enqueue(alice, key, one_gpu(), {})
-    view = wait_for(lambda: len(read_view(Store(zk, layout))) == 5 and
-                    read_view(Store(zk, layout)), 10, "5 jobs in the keeper's view")
+        alice.queue.enqueue(key, one_gpu(), {})
+    view = wait_for(lambda: len(Store(zk, layout).queue.read_view()) == 5 and
+                    Store(zk, layout).queue.read_view(), 10, "5 jobs in the keeper's view")
     if not bob_share:
         assert {e["reason"] for e in view if e["task_key"].endswith(".bob")} == {"Fairshare"}
     for key in running:  # one at a time: each freed GPU is one decision
         before = {k for k in bobs + alices if granted(zk, layout, k)}
-        release(bob, key)
+        bob.matrix.release(key)
         wait_for(lambda seen=before: len({k for k in bobs + alices
                                           if granted(zk, layout, k)} - seen) == 1,
                  10, "the next admission")
@@ -113,20 +111,20 @@ def test_the_ledger_counts_each_attempt_once_across_a_keeper_failover(
     two = Request((TaskSlot("worker", 0, 1), TaskSlot("worker", 1, 1)), tuple(HOSTS),
                   port_ranges=PortRanges(tuple(HOSTS), (20000, 20999)))
     key1 = new_task_key("bob")
-    enqueue(bob, key1, two, {"attempt": 1})
-    wait_for(lambda: read_grant(Store(zk, layout), key1), 10, "the first attempt's grant")
+    bob.queue.enqueue(key1, two, {"attempt": 1})
+    wait_for(lambda: Store(zk, layout).queue.read_grant(key1), 10, "the first attempt's grant")
     start1 = time.time()
     first.stop()  # the keeper fails over mid-run
     time.sleep(1.0)
     keeper()
-    release(bob, key1, state="retried")
+    bob.matrix.release(key1, state="retried")
     held1 = time.time() - start1
     key2 = new_task_key("bob")  # the restart: a new attempt
-    enqueue(bob, key2, two, {"attempt": 2, "job_id": key1})
-    wait_for(lambda: read_grant(Store(zk, layout), key2), 10, "the second attempt's grant")
+    bob.queue.enqueue(key2, two, {"attempt": 2, "job_id": key1})
+    wait_for(lambda: Store(zk, layout).queue.read_grant(key2), 10, "the second attempt's grant")
     start2 = time.time()
     time.sleep(1.0)
-    release(bob, key2, state="succeeded")
+    bob.matrix.release(key2, state="succeeded")
     held2 = time.time() - start2
     wait_for(lambda: not zk.exists(layout.grant(key2)), 10, "the second grant's end")
     keeper()  # a third keeper reads the ledger again: nothing counted twice
@@ -157,19 +155,19 @@ def test_a_user_past_the_budget_waits_and_a_no_wait_job_is_refused(
     keeper()
     alice = Store(users["alice"], layout)
     running = new_task_key("alice")
-    enqueue(alice, running, one_gpu(), {})
-    wait_for(lambda: read_grant(Store(zk, layout), running), 10, "alice's first job")
+    alice.queue.enqueue(running, one_gpu(), {})
+    wait_for(lambda: Store(zk, layout).queue.read_grant(running), 10, "alice's first job")
     set_user_limits(zk, secured.zk_root, "alice", None, None, gpu_hours_per_month=0.0001)
     time.sleep(0.6)  # 0.36 GPU-seconds are used
     waiting, refused = new_task_key("alice"), new_task_key("alice")
-    enqueue(alice, waiting, one_gpu(), {})
-    enqueue(alice, refused, one_gpu(), {}, wait=False)
-    wait_for(lambda: [e for e in read_view(Store(zk, layout)) if e["task_key"] == waiting
+    alice.queue.enqueue(waiting, one_gpu(), {})
+    alice.queue.enqueue(refused, one_gpu(), {}, wait=False)
+    wait_for(lambda: [e for e in Store(zk, layout).queue.read_view() if e["task_key"] == waiting
                       and e["reason"] == "Budget"], 10, "the Budget reason")
     record = wait_for(lambda: (r := json.loads(zk.get(layout.job(refused))[0]))["state"]
                       == "refused" and r, 10, "the refusal")
     assert "budget" in record["refused_reason"]  # type: ignore[index]
-    assert read_grant(Store(zk, layout), running) is not None
+    assert Store(zk, layout).queue.read_grant(running) is not None
 
 
 def test_the_thief_writes_no_usage_no_share_and_no_budget(users, zk, layout, secured,
@@ -178,9 +176,9 @@ def test_the_thief_writes_no_usage_no_share_and_no_budget(users, zk, layout, sec
     and the limits (shares, budgets), refuse them."""
     keeper()
     key = new_task_key("bob")
-    enqueue(Store(users["bob"], layout), key, one_gpu(), {})
-    wait_for(lambda: read_grant(Store(zk, layout), key), 10, "bob's job")
-    release(Store(users["bob"], layout), key)
+    Store(users["bob"], layout).queue.enqueue(key, one_gpu(), {})
+    wait_for(lambda: Store(zk, layout).queue.read_grant(key), 10, "bob's job")
+    Store(users["bob"], layout).matrix.release(key)
     wait_for(lambda: chunks(zk, layout), 10, "a chunk of the ledger")
     chunk = chunks(zk, layout)[0].name
     for who in ("bob", "agent"):

@@ -30,8 +30,6 @@ from hypertf.config.inventory import load_inventory
 from hypertf.core.placement import PortRanges, Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Layout, Store, encode
-from hypertf.store.allocation import read_matrix, release
-from hypertf.store.waitqueue import enqueue, submit
 from hypertf.store.zkclient import pipelined
 from tests.conftest import wait_for
 
@@ -48,7 +46,7 @@ def finished(key: str, when: float) -> dict[str, Any]:
     """A released job's record, dated ``when`` (what its owner may write)."""
     return {"task_key": key, "state": "released", "created": when - 60, "admitted": when - 50,
             "released": when, "stopped_on": "all", "owner": {"user": key.partition(".")[2],
-                                                              "host": "h", "pid": 1}}
+                                                             "host": "h", "pid": 1}}
 
 
 def create_many(client: KazooClient, layout: Layout, records: dict[str, bytes]) -> None:
@@ -106,8 +104,8 @@ def lab(zk_server, tmp_path) -> Iterator[Callable[..., tuple[Path, dict[str, Kaz
              "--host", HOST], stderr=subprocess.DEVNULL, text=True))
         layout = Layout(load_inventory(made["path"]).cluster.zk_root)
         reader = clients[0]
-        wait_for(lambda: reader.exists(layout.matrix) and read_matrix(
-            Store(reader, layout))[0].gpus.get(HOST) == [1, 1], 60, "the agent's row")
+        wait_for(lambda: reader.exists(layout.matrix) and Store(reader, layout).matrix.read()[
+            0].gpus.get(HOST) == [1, 1], 60, "the agent's row")
 
     make.agent = agent  # type: ignore[attr-defined]
     yield make
@@ -188,7 +186,6 @@ def test_junk_in_one_folder_is_skipped_and_counted_for_everyone(lab, capsys):
     say what they skipped."""
     from hypertf.cli import commands
     from hypertf.dashboard.source import ClusterSource
-    from hypertf.store.jobs import list_jobs
 
     path, users = lab()
     alice, bob = users["alice"], users["bob"]
@@ -209,7 +206,7 @@ def test_junk_in_one_folder_is_skipped_and_counted_for_everyone(lab, capsys):
     bob.create(layout.job(f"{stamp}-5.bob"), encode(finished(f"{stamp}-5.bob", 1e300)),
                acl=acl)
 
-    listed = list_jobs(Store(alice, layout))
+    listed = Store(alice, layout).jobs.listing()
     assert [job["task_key"] for job in listed] == [mine]
     assert commands.jobs(str(path)) == 0
     out, err = capsys.readouterr()
@@ -236,15 +233,15 @@ def test_a_junk_record_of_an_ended_job_does_not_stop_the_keepers_sync(
     alice = store.connect(secured, identity="user.alice")
     bob = store.connect(secured, identity="user.bob")
     try:
-        grant = submit(Store(bob, layout), one_gpu("n1"), new_task_key("bob"))
+        grant = Store(bob, layout).queue.submit(one_gpu("n1"), new_task_key("bob"))
         key = grant.task_key
         bob.set(layout.job(key), encode({**finished(key, time.time()), "stopped_on": 5}))
         bob.delete(layout.lease(key))
         theirs = new_task_key("alice")
-        enqueue(Store(alice, layout), theirs, one_gpu("n2"), {})
+        Store(alice, layout).queue.enqueue(theirs, one_gpu("n2"), {})
         wait_for(lambda: json.loads(alice.get(layout.job(theirs))[0])["state"] == "allocated",
                  15, "the keeper to admit alice's job despite bob's junk record")
-        release(Store(alice, layout), theirs, stopped_on=["n2"])
+        Store(alice, layout).matrix.release(theirs, stopped_on=["n2"])
     finally:
         store.close(alice)
         store.close(bob)
@@ -270,9 +267,9 @@ def test_thousands_of_junk_records_never_stall_an_admission(lab):
     while time.monotonic() - started < 30:
         key = new_task_key("alice")
         asked = time.monotonic()
-        submit(Store(alice, layout), one_gpu(HOST), key)
+        Store(alice, layout).queue.submit(one_gpu(HOST), key)
         waits.append(time.monotonic() - asked)
-        release(Store(alice, layout), key, stopped_on=[HOST])
+        Store(alice, layout).matrix.release(key, stopped_on=[HOST])
         if not folder(alice, layout, "bob") and time.monotonic() - started > 3:
             break
     left = len(folder(alice, layout, "bob"))

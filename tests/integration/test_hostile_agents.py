@@ -17,8 +17,6 @@ from hypertf.core.errors import InsufficientResources
 from hypertf.core.placement import PortRanges, Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import AgentRecord, Store
-from hypertf.store.allocation import read_matrix
-from hypertf.store.waitqueue import submit
 from tests.integration.test_trust import no_double_booking
 
 HOSTS = {"n1": 2, "n2": 2}
@@ -66,14 +64,14 @@ def test_a_hostile_agent_record_counts_its_host_down_and_stops_nobody(thief, zk,
     agent, alice = thief
     agent.create(layout.resource(THIEF), HOSTILE[name], ephemeral=True)
     keeper()
-    grant = submit(Store(alice, layout), workers(4), new_task_key("alice"))
+    grant = Store(alice, layout).queue.submit(workers(4), new_task_key("alice"))
     assert {p.host for p in grant.placements} == set(HOSTS)  # admitted, not on n3
-    matrix, _ = read_matrix(Store(zk, layout))
+    matrix, _ = Store(zk, layout).matrix.read()
     assert not any(matrix.gpus.get(THIEF, []))  # no cell of n3 (none, or unavailable)
     no_double_booking(zk, layout)
     # the cluster is what the honest hosts hold: a 5-GPU job can never fit
     with pytest.raises(InsufficientResources):
-        submit(Store(alice, layout), workers(5), new_task_key("alice"), wait=False)
+        Store(alice, layout).queue.submit(workers(5), new_task_key("alice"), wait=False)
     # every reader of the records goes on: without n3's unreadable one (1,000 GPUs reads,
     # and only the keeper's hypertf_host_gpus_max refuses it)
     readable = set(Store(alice, layout).records())

@@ -24,8 +24,6 @@ from hypertf.core.matrix import Matrix
 from hypertf.core.placement import Request
 from hypertf.core.scheduler import TaskSlot
 from hypertf.store import Store
-from hypertf.store.allocation import read_matrix
-from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
 
 HOSTS = ("node1", "node2")
@@ -82,7 +80,7 @@ def stored(keeper_lab) -> Iterator[Callable[[], Matrix]]:
     def read() -> Matrix:
         if client.exists(layout.matrix) is None:
             return Matrix()
-        return read_matrix(store.Store(client, layout))[0]
+        return store.Store(client, layout).matrix.read()[0]
 
     yield read
     store.close(client)
@@ -136,7 +134,7 @@ def test_keeper_frees_the_cells_of_a_job_whose_lease_vanished(keeper_lab, agents
     try:
         request = Request(slots=(TaskSlot("worker", 0, 2), TaskSlot("worker", 1, 1)),
                           hosts=HOSTS, policy="pack")
-        submit(Store(launcher, layout), request, "job-1.root")
+        Store(launcher, layout).queue.submit(request, "job-1.root")
     finally:
         taken = stored().gpus
         store.close(launcher)  # the session ends: the lease is gone

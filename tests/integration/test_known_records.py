@@ -15,10 +15,7 @@ from hypertf.core.grants import RecordStamp, grant_to_json
 from hypertf.core.jobrecord import JobState
 from hypertf.core.placement import new_task_key
 from hypertf.core.records import decode
-from hypertf.store import Store, knownrecords
-from hypertf.store.allocation import kill, release
-from hypertf.store.jobs import update_job
-from hypertf.store.waitqueue import read_grant, submit
+from hypertf.store import Store
 from tests.integration.zkspy import one_gpu, spy
 
 
@@ -35,10 +32,10 @@ def test_a_cycle_writes_its_record_without_reading_it(zk, layout, fake_agents, k
     launcher = Store(zk, layout)
     gets = spy(zk, "get")
     key = new_task_key("root")
-    grant = submit(launcher, one_gpu(), key)
-    update_job(launcher, key, state=JobState.STARTING)
-    assert read_grant(launcher, key) == grant  # a later read of the grant forgets nothing
-    assert release(launcher, key) is True
+    grant = launcher.queue.submit(one_gpu(), key)
+    launcher.jobs.update(key, state=JobState.STARTING)
+    assert launcher.queue.read_grant(key) == grant  # a later read of the grant forgets nothing
+    assert launcher.matrix.release(key) is True
     assert layout.job(key) not in gets
     ended = record(zk, layout.job(key))
     assert ended["state"] == JobState.RELEASED
@@ -55,14 +52,14 @@ def test_another_write_in_between_is_read_and_kept(zk, secured, layout, fake_age
     keeper()
     launcher = Store(zk, layout)
     key = new_task_key("root")
-    submit(launcher, one_gpu(), key)
+    launcher.queue.submit(one_gpu(), key)
     other = store.connect(secured, identity="admin")
     try:
-        update_job(Store(other, layout), key, note="from elsewhere")
+        Store(other, layout).jobs.update(key, note="from elsewhere")
     finally:
         store.close(other)
     gets = spy(zk, "get")
-    assert release(launcher, key) is True
+    assert launcher.matrix.release(key) is True
     assert layout.job(key) in gets
     ended = record(zk, layout.job(key))
     assert ended["state"] == JobState.RELEASED and ended["note"] == "from elsewhere"
@@ -73,9 +70,9 @@ def test_a_kill_in_between_keeps_the_killed_end(zk, layout, fake_agents, keeper)
     keeper()
     launcher = Store(zk, layout)
     key = new_task_key("root")
-    submit(launcher, one_gpu(), key)
-    assert kill(launcher, key, command="hypertf kill") is True
-    assert release(launcher, key) is False  # the lease was gone: the end is recorded only
+    launcher.queue.submit(one_gpu(), key)
+    assert launcher.matrix.kill(key, command="hypertf kill") is True
+    assert launcher.matrix.release(key) is False  # the lease was gone: the end is recorded only
     ended = record(zk, layout.job(key))
     assert ended["state"] == JobState.KILLED and ended["killed_by"]["command"] == "hypertf kill"
 
@@ -87,14 +84,14 @@ def test_a_stamp_that_does_not_match_is_not_believed(zk, layout, fake_agents, ke
     keeper()
     launcher = Store(zk, layout)
     key = new_task_key("root")
-    grant = submit(launcher, one_gpu(), key)
-    knownrecords.take(launcher, key)  # what the real stamp taught: forgotten
+    grant = launcher.queue.submit(one_gpu(), key)
+    launcher.jobs.known.take(key)  # what the real stamp taught: forgotten
     version = zk.exists(layout.job(key)).version
     zk.set(layout.grant(key), grant_to_json(
         key, grant.placements, grant.ports, 1.0, record=RecordStamp.of(b"other", version, 1.0)))
-    assert read_grant(launcher, key) is not None  # learns nothing: the digest differs
+    assert launcher.queue.read_grant(key) is not None  # learns nothing: the digest differs
     gets = spy(zk, "get")
-    assert release(launcher, key) is True
+    assert launcher.matrix.release(key) is True
     assert layout.job(key) in gets
     assert record(zk, layout.job(key))["state"] == JobState.RELEASED
 

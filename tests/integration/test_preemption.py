@@ -32,9 +32,7 @@ from hypertf.keeper import queueview
 from hypertf.node.hostreport import HostReport
 from hypertf.node.metrics import AgentCollector
 from hypertf.store import AgentRecord, Layout, Store
-from hypertf.store.allocation import read_matrix, release
-from hypertf.store.auth import set_user_limits
-from hypertf.store.waitqueue import enqueue, read_grant
+from hypertf.store.bootstrap import set_user_limits
 from tests.conftest import wait_for
 
 HOSTS = {"n1": 2, "n2": 2}
@@ -87,8 +85,8 @@ def run_all(zk: KazooClient, layout: Layout, client: KazooClient, user: str, n: 
             extra: dict | None = None, priority: int = 0) -> str:
     """A job of ``user`` holding ``n`` GPUs, admitted."""
     key = new_task_key(user)
-    enqueue(Store(client, layout), key, gpus(n), extra or {}, priority=priority)
-    wait_for(lambda: read_grant(Store(zk, layout), key), 10, f"{user}'s job admitted")
+    Store(client, layout).queue.enqueue(key, gpus(n), extra or {}, priority=priority)
+    wait_for(lambda: Store(zk, layout).queue.read_grant(key), 10, f"{user}'s job admitted")
     return key
 
 
@@ -105,9 +103,9 @@ def test_a_higher_tier_preempts_and_the_victim_resumes_at_its_old_place(
                   extra={"no_preempt": True, "no_preempt_ok": True, "preemptible": False})
     order = zk.exists(layout.job(bob)).czxid
     carol = new_task_key("carol")
-    enqueue(Store(users["carol"], layout), carol, gpus(1), {})
+    Store(users["carol"], layout).queue.enqueue(carol, gpus(1), {})
     alice = new_task_key("alice")
-    enqueue(Store(users["alice"], layout), alice, gpus(4), {}, priority=5)
+    Store(users["alice"], layout).queue.enqueue(alice, gpus(4), {}, priority=5)
     notice = wait_for(lambda: notice_of(zk, layout, bob), 10, "the notice to bob")
     assert isinstance(notice, Notice)
     assert (notice.by, notice.reason, notice.order, notice.count) == (alice, "priority",
@@ -119,18 +117,18 @@ def test_a_higher_tier_preempts_and_the_victim_resumes_at_its_old_place(
     assert [row["reason"] for row in queueview.collect(Store(zk, layout))
             if row["task_key"] == alice] == ["Preempting"]
     # bob's launcher: the tasks stopped, the attempt released 'preempted', the next queued
-    release(Store(users["bob"], layout), bob, state="preempted")
+    Store(users["bob"], layout).matrix.release(bob, state="preempted")
     bob2 = new_task_key("bob")
-    enqueue(Store(users["bob"], layout), bob2, gpus(4), {}, resumes=bob)
-    wait_for(lambda: read_grant(Store(zk, layout), alice), 10, "alice admitted")
-    assert read_grant(Store(zk, layout), carol) is None  # the freed GPUs were alice's
+    Store(users["bob"], layout).queue.enqueue(bob2, gpus(4), {}, resumes=bob)
+    wait_for(lambda: Store(zk, layout).queue.read_grant(alice), 10, "alice admitted")
+    assert Store(zk, layout).queue.read_grant(carol) is None  # the freed GPUs were alice's
     entries = wait_for(lambda: [(e["task_key"], e["reason"]) for e in
                                 view(zk, layout).get("waiting", [])] == [
         (bob2, "Requeued"), (carol, "Resources")] and True, 10, "bob's attempt Requeued")
     assert entries
-    release(Store(users["alice"], layout), alice)
-    wait_for(lambda: read_grant(Store(zk, layout), bob2), 10, "bob's next attempt admitted")
-    assert read_grant(Store(zk, layout), carol) is None  # bob was ahead of her
+    Store(users["alice"], layout).matrix.release(alice)
+    wait_for(lambda: Store(zk, layout).queue.read_grant(bob2), 10, "bob's next attempt admitted")
+    assert Store(zk, layout).queue.read_grant(carol) is None  # bob was ahead of her
     terms = terms_of_grant(zk.get(layout.grant(bob2))[0])
     assert terms is not None and (terms.order, terms.preemptions, terms.resumes) == (
         order, 1, bob)
@@ -146,7 +144,7 @@ def test_the_minimum_runtime_holds(users, zk, layout, secured, keeper) -> None:
     bob = run_all(zk, layout, users["bob"], "bob")
     granted = json.loads(zk.get(layout.grant(bob))[0])["granted"]
     alice = new_task_key("alice")
-    enqueue(Store(users["alice"], layout), alice, gpus(2), {}, priority=5)
+    Store(users["alice"], layout).queue.enqueue(alice, gpus(2), {}, priority=5)
     wait_for(lambda: reason_of(zk, layout, alice) == "Resources", 10, "alice waiting")
     notice = wait_for(lambda: notice_of(zk, layout, bob), 10, "the notice after 2 s")
     assert isinstance(notice, Notice) and notice.at >= granted + 2.0
@@ -160,8 +158,8 @@ def test_the_same_tier_and_an_exempt_user_are_not_preempted(
     keeper(preempting(secured))
     bob = run_all(zk, layout, users["bob"], "bob")
     alice, carol = new_task_key("alice"), new_task_key("carol")
-    enqueue(Store(users["alice"], layout), alice, gpus(1), {})
-    enqueue(Store(users["carol"], layout), carol, gpus(1), {}, priority=5)
+    Store(users["alice"], layout).queue.enqueue(alice, gpus(1), {})
+    Store(users["carol"], layout).queue.enqueue(carol, gpus(1), {}, priority=5)
     wait_for(lambda: reason_of(zk, layout, alice) and reason_of(zk, layout, carol), 10,
              "both waiting")
     time.sleep(1.0)  # passes every 0.2 s
@@ -207,7 +205,7 @@ def test_the_deadline_drains_a_victim_that_ignores_its_notice(
     agents = {h: store.connect(secured, identity=f"agent.{h}") for h in HOSTS}
     bob = run_all(zk, layout, users["bob"], "bob")
     alice = new_task_key("alice")
-    enqueue(Store(users["alice"], layout), alice, gpus(2), {}, priority=5)
+    Store(users["alice"], layout).queue.enqueue(alice, gpus(2), {}, priority=5)
     notice = wait_for(lambda: notice_of(zk, layout, bob), 10, "the notice")
     assert isinstance(notice, Notice)
     if time.time() < notice.deadline - 0.3:  # within the grace his live job is his
@@ -215,23 +213,23 @@ def test_the_deadline_drains_a_victim_that_ignores_its_notice(
         assert reports["n1"].drained == set()
 
     def drained() -> bool:
-        matrix, _ = read_matrix(Store(zk, layout))
+        matrix, _ = Store(zk, layout).matrix.read()
         return all(cell == f"draining:{bob}" for row in matrix.gpus.values() for cell in row)
 
     wait_for(drained, 10, "bob's cells draining at the deadline")
     assert time.time() >= notice.deadline
     time.sleep(0.6)  # passes: the live grant is not restored, alice not admitted on faith
-    assert drained() and read_grant(Store(zk, layout), alice) is None
+    assert drained() and Store(zk, layout).queue.read_grant(alice) is None
     assert zk.exists(layout.lease(bob)) and zk.exists(layout.grant(bob))
     for host, report in reports.items():
         report.confirm_drained(Store(agents[host], layout))
         assert report.drained == {bob}, host
         store.close(agents[host])
     agents_report(users["records"], layout, [bob])  # what each agent's record then says
-    wait_for(lambda: read_grant(Store(zk, layout), alice), 10, "alice admitted")
-    release(Store(users["bob"], layout), bob, state="preempted")
+    wait_for(lambda: Store(zk, layout).queue.read_grant(alice), 10, "alice admitted")
+    Store(users["bob"], layout).matrix.release(bob, state="preempted")
     wait_for(lambda: not zk.exists(layout.grant(bob)), 10, "bob's grant gone")
-    assert read_grant(Store(zk, layout), alice) is not None
+    assert Store(zk, layout).queue.read_grant(alice) is not None
 
 
 def test_a_victim_whose_launcher_died_ends_preempted_not_lost(
@@ -242,14 +240,14 @@ def test_a_victim_whose_launcher_died_ends_preempted_not_lost(
     launcher = store.connect(secured, identity="user.bob")
     bob = run_all(zk, layout, launcher, "bob")
     alice = new_task_key("alice")
-    enqueue(Store(users["alice"], layout), alice, gpus(4), {}, priority=5)
+    Store(users["alice"], layout).queue.enqueue(alice, gpus(4), {}, priority=5)
     wait_for(lambda: notice_of(zk, layout, bob), 10, "the notice")
     store.close(launcher)
     record = wait_for(lambda: (r := json.loads(zk.get(layout.job(bob))[0]))["state"]
                       != "allocated" and r, 15, "bob's record ended")
     assert record["state"] == "preempted" and record["preempted_by"] == alice  # type: ignore[index]
     agents_report(users["records"], layout, [bob])
-    wait_for(lambda: read_grant(Store(zk, layout), alice), 10, "alice admitted")
+    wait_for(lambda: Store(zk, layout).queue.read_grant(alice), 10, "alice admitted")
 
 
 def test_thieves_write_no_notice_take_no_place_and_exempt_nobody(
@@ -261,7 +259,7 @@ def test_thieves_write_no_notice_take_no_place_and_exempt_nobody(
     keeper(preempting(secured))
     bob = run_all(zk, layout, users["bob"], "bob")
     urgent = new_task_key("alice")
-    enqueue(Store(users["alice"], layout), urgent, gpus(4), {}, priority=5)
+    Store(users["alice"], layout).queue.enqueue(urgent, gpus(4), {}, priority=5)
     wait_for(lambda: notice_of(zk, layout, bob), 10, "the notice to bob")
     original = zk.get(layout.preempt(bob))[0]
     forged = Notice(urgent, bob, time.time(), time.time() + 1, "priority").to_json()
@@ -280,18 +278,19 @@ def test_thieves_write_no_notice_take_no_place_and_exempt_nobody(
     # carol's early job, then the thieves' requests naming attempts that are not theirs
     # or not preempted: they stay behind carol's, at their own places
     first = new_task_key("carol")
-    enqueue(Store(users["carol"], layout), first, gpus(4), {})
+    Store(users["carol"], layout).queue.enqueue(first, gpus(4), {})
     stolen, unpreempted = new_task_key("carol"), new_task_key("bob")
-    enqueue(Store(users["carol"], layout), stolen, gpus(4), {}, resumes=bob)
-    enqueue(Store(users["bob"], layout), unpreempted, gpus(4), {},
-            resumes=new_task_key("bob"))  # his own, never preempted
+    Store(users["carol"], layout).queue.enqueue(stolen, gpus(4), {}, resumes=bob)
+    # his own, never preempted
+    Store(users["bob"], layout).queue.enqueue(unpreempted, gpus(4), {},
+                                              resumes=new_task_key("bob"))
     wait_for(lambda: len(view(zk, layout).get("waiting", [])) == 4, 10, "all waiting")
-    release(Store(users["bob"], layout), bob, state="preempted")
-    wait_for(lambda: read_grant(Store(zk, layout), urgent), 10, "alice admitted")
+    Store(users["bob"], layout).matrix.release(bob, state="preempted")
+    wait_for(lambda: Store(zk, layout).queue.read_grant(urgent), 10, "alice admitted")
     waiting = wait_for(lambda: [(e["task_key"], e["reason"]) for e in
                                 view(zk, layout)["waiting"]] == [
         (first, "Resources"), (stolen, "Resources"), (unpreempted, "Resources")]
-        and True, 10, "the thieves at their own places")
+                       and True, 10, "the thieves at their own places")
     assert waiting
 
 
@@ -304,18 +303,18 @@ def test_a_new_keeper_keeps_the_notices_places_and_counts(users, zk, layout, sec
     bob = run_all(zk, layout, users["bob"], "bob")
     order = zk.exists(layout.job(bob)).czxid
     alice = new_task_key("alice")
-    enqueue(Store(users["alice"], layout), alice, gpus(4), {}, priority=5)
+    Store(users["alice"], layout).queue.enqueue(alice, gpus(4), {}, priority=5)
     wait_for(lambda: notice_of(zk, layout, bob), 10, "the notice")
     first.stop()
     keeper(preempting(secured))
     wait_for(lambda: reason_of(zk, layout, alice) == "Preempting", 10, "alice Preempting")
-    release(Store(users["bob"], layout), bob, state="preempted")
+    Store(users["bob"], layout).matrix.release(bob, state="preempted")
     bob2 = new_task_key("bob")
-    enqueue(Store(users["bob"], layout), bob2, gpus(4), {}, resumes=bob)
-    wait_for(lambda: read_grant(Store(zk, layout), alice), 10, "alice admitted")
+    Store(users["bob"], layout).queue.enqueue(bob2, gpus(4), {}, resumes=bob)
+    wait_for(lambda: Store(zk, layout).queue.read_grant(alice), 10, "alice admitted")
     wait_for(lambda: reason_of(zk, layout, bob2) == "Requeued", 10, "bob's attempt Requeued")
-    release(Store(users["alice"], layout), alice)
-    wait_for(lambda: read_grant(Store(zk, layout), bob2), 10, "bob's next attempt admitted")
+    Store(users["alice"], layout).matrix.release(alice)
+    wait_for(lambda: Store(zk, layout).queue.read_grant(bob2), 10, "bob's next attempt admitted")
     terms = terms_of_grant(zk.get(layout.grant(bob2))[0])
     assert terms is not None and (terms.order, terms.preemptions) == (order, 1)
     wait_for(lambda: not zk.exists(layout.preempt(bob)), 10, "the served notice deleted")

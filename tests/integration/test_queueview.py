@@ -12,8 +12,7 @@ from hypertf.core.records import encode
 from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper import queueview
 from hypertf.keeper.admitter import VIEW_BYTES_MAX, encode_view
-from hypertf.store import Store, auth
-from hypertf.store.waitqueue import enqueue, read_grant, read_queue_view
+from hypertf.store import Store, credentials
 from tests.conftest import wait_for
 
 SHOWN = ("task_key", "position", "user", "priority", "shape", "gpus", "script", "queued",
@@ -29,13 +28,13 @@ def test_the_view_shows_what_the_pass_here_shows(secured, layout, fake_agents, k
     keeper()
     user = Store(store.connect(secured), layout)
     try:
-        holder = new_task_key(auth.login_user())
-        enqueue(user, holder, gpus(2), {"script": "hold.py"})
-        wait_for(lambda: read_grant(user, holder), 10, "the holder admitted")
-        keys = [new_task_key(auth.login_user()) for _ in range(3)]
+        holder = new_task_key(credentials.login_user())
+        user.queue.enqueue(holder, gpus(2), {"script": "hold.py"})
+        wait_for(lambda: user.queue.read_grant(holder), 10, "the holder admitted")
+        keys = [new_task_key(credentials.login_user()) for _ in range(3)]
         for n, key in enumerate(keys):
-            enqueue(user, key, gpus(3 + n % 2), {"script": f"train{n}.py"}, priority=n % 2)
-        wait_for(lambda: len(read_queue_view(user).get("waiting", [])) == 3, 10,
+            user.queue.enqueue(key, gpus(3 + n % 2), {"script": f"train{n}.py"}, priority=n % 2)
+        wait_for(lambda: len(user.queue.read_queue_view().get("waiting", [])) == 3, 10,
                  "3 jobs in the keeper's view")
         view = queueview.collect_view(user)
         here = queueview.collect(user)
@@ -55,9 +54,9 @@ def test_a_job_the_keeper_has_not_seen_shows_as_new_after_the_others(secured, la
     fake_agents({"n1": 2})
     user = Store(store.connect(secured), layout)
     try:
-        seen, new = (new_task_key(auth.login_user()) for _ in range(2))
-        enqueue(user, seen, gpus(3), {"script": "a.py"})
-        enqueue(user, new, gpus(1), {"script": "b\x1b[2J.py"}, priority=2)
+        seen, new = (new_task_key(credentials.login_user()) for _ in range(2))
+        user.queue.enqueue(seen, gpus(3), {"script": "a.py"})
+        user.queue.enqueue(new, gpus(1), {"script": "b\x1b[2J.py"}, priority=2)
         entry = {"task_key": seen, "position": 1, "reason": "Resources", "priority": 0,
                  "gpus": 3, "shape": "3 worker (1 GPU each): 3 GPUs in all",
                  "script": "a.py", "created": 1.0}

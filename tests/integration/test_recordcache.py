@@ -19,8 +19,6 @@ from hypertf.keeper import sync
 from hypertf.keeper.recordcache import RecordCache, content_of
 from hypertf.keeper.role import KeeperRole
 from hypertf.store import AgentRecord, Store
-from hypertf.store.allocation import read_matrix
-from hypertf.store.waitqueue import submit
 from tests.conftest import wait_for
 
 
@@ -124,9 +122,9 @@ def test_an_agents_unreadable_record_counts_its_host_down_and_stops_nobody(
         hosts = ("n1", "n2")
         request = Request((TaskSlot("worker", 0, 2),), hosts,
                           port_ranges=PortRanges(hosts, (20000, 20999)))
-        grant = submit(Store(user, layout), request, new_task_key("alice"))
+        grant = Store(user, layout).queue.submit(request, new_task_key("alice"))
         assert [p.host for p in grant.placements] == ["n2"]
-        matrix, _ = read_matrix(Store(zk, layout))
+        matrix, _ = Store(zk, layout).matrix.read()
         assert matrix.gpus.get("n1", []) == [] or all(
             cell != "free" for cell in matrix.gpus["n1"])
         wait_for(lambda: keeping.passes > 0, 10, "the keeper's pass counted")  # no error
@@ -155,7 +153,7 @@ def test_a_pass_with_nothing_moved_does_not_sync_again(secured, layout, fake_age
         old = record_of(agents, layout, "n1")
         agents.set(layout.resource("n1"), replace(old, gpu_avail_list=[0]).to_json())
         wait_for(lambda: role.keep() is not None and calls, 10, "a sync after the change")
-        matrix, _ = read_matrix(Store(zk, layout))
+        matrix, _ = Store(zk, layout).matrix.read()
         assert matrix.gpus["n1"] == [1, 0]
     finally:
         role.stop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypertf.core.matrix import shard_of
 from hypertf.store import Store
-from hypertf.store.allocation import ShardCache, overwrite_matrix, read_matrix, watch_matrix
+from hypertf.store.matrixshards import ShardCache
 from tests.conftest import wait_for
 
 
@@ -17,34 +17,34 @@ def test_a_read_gets_the_shards_that_changed_and_returns_what_is_stored(
     admin = Store(zk, layout)
     cache = ShardCache()
     woken: list[int] = []
-    watch_matrix(admin, lambda *_: woken.append(1) or True, cache)
+    admin.matrix.watch(lambda *_: woken.append(1) or True, cache)
     assert cache.enabled
-    matrix, version = read_matrix(admin, cache=cache)
-    assert (matrix, version) == read_matrix(admin)
+    matrix, version = admin.matrix.read(cache=cache)
+    assert (matrix, version) == admin.matrix.read()
     assert sorted(cache.parts) == list(range(version.shards))
 
     # Another writer (the admin) changes one host's row: only its shard is read again.
     changed = dict(matrix.gpus)
     changed["n3"] = ["20261127-000000-abcdef.alice", 1]
-    overwrite_matrix(admin, type(matrix)(changed, dict(matrix.ports)))
+    admin.matrix.overwrite(type(matrix)(changed, dict(matrix.ports)))
     shard = shard_of("n3", version.shards)
     wait_for(lambda: cache._dirty == {shard}, 10, "the watch naming the shard")
     kept = {i: part for i, (part, _) in cache.parts.items() if i != shard}
-    matrix, version = read_matrix(admin, cache=cache)
-    assert (matrix, version) == read_matrix(admin)
+    matrix, version = admin.matrix.read(cache=cache)
+    assert (matrix, version) == admin.matrix.read()
     assert matrix.gpus["n3"][0] == "20261127-000000-abcdef.alice"
     assert all(cache.parts[i][0] is part for i, part in kept.items()), "others kept"
 
     # A reconnect (events lost): every shard is read again.
     cache.invalidate()
     assert cache.wanted(version.shards) == list(range(version.shards))
-    assert read_matrix(admin, cache=cache) == read_matrix(admin)
+    assert admin.matrix.read(cache=cache) == admin.matrix.read()
 
 
 def test_without_the_watch_every_read_is_whole(secured, layout, fake_agents, zk):
     fake_agents({"n1": 1, "n2": 1})
     cache = ShardCache()  # never enabled: no persistent watch
     admin = Store(zk, layout)
-    _, version = read_matrix(admin, cache=cache)
+    _, version = admin.matrix.read(cache=cache)
     assert cache.wanted(version.shards) == list(range(version.shards))
     assert cache.wanted(version.shards) == list(range(version.shards))

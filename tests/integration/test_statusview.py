@@ -24,9 +24,7 @@ from hypertf.core.records import AgentRecord, GpuInfo
 from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper.statusview import StatusPublisher
 from hypertf.keeper.sync import sync
-from hypertf.store import Store, auth, status
-from hypertf.store.allocation import release
-from hypertf.store.waitqueue import submit
+from hypertf.store import Store, credentials, status
 from tests.conftest import wait_for
 
 HOSTS = 70  # past statustable.COMPACT_FROM_HOSTS: the compact view, from the keeper's
@@ -62,7 +60,7 @@ def shown(report: dict) -> dict:
 
 
 def test_status_from_the_keepers_view_shows_what_the_records_show(big, secured, layout,
-                                                                   keeper):
+                                                                  keeper):
     path, agents, odd = big
     inventory = load_inventory(path)
     client = store.connect(secured)
@@ -85,12 +83,12 @@ def test_status_from_the_keepers_view_shows_what_the_records_show(big, secured, 
             odd.gpus[0], replace(odd.gpus[1], reason="fell off the bus")]).to_json())
         wait_for(lambda: [h["gpus"][1].get("reason") for h in status.collect_view(
             client, inventory)["hosts"] if h["name"] == "n01"] == ["fell off the bus"], 10,
-            "the new reason in the view")
+                 "the new reason in the view")
 
         # A job admitted now shows in the view at the keeper's next passes.
         user = Store(client, layout)
-        key = new_task_key(auth.login_user())
-        submit(user, Request((TaskSlot("worker", 0, 2),), ("n10",)), key)
+        key = new_task_key(credentials.login_user())
+        user.queue.submit(Request((TaskSlot("worker", 0, 2),), ("n10",)), key)
 
         def n10() -> list[dict]:
             view = status.collect_view(client, inventory) or {"hosts": []}
@@ -104,7 +102,7 @@ def test_status_from_the_keepers_view_shows_what_the_records_show(big, secured, 
         out = io.StringIO()
         statustable.render(view, Console(file=out, width=200))
         assert "from the keeper's view" in out.getvalue()
-        release(user, key)
+        user.matrix.release(key)
 
         # The keeper gone, its view goes with its session: status reads the records.
         thread.stop()

@@ -27,9 +27,8 @@ from hypertf.core.placement import PortRanges, Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
 from hypertf.keeper.queueview import collect
 from hypertf.store import Layout, Store, encode
-from hypertf.store.allocation import MatrixDamaged, read_matrix, release
-from hypertf.store.jobs import read_job
-from hypertf.store.waitqueue import enqueue, request_to_json, submit, wait_for_admission
+from hypertf.store.matrixshards import MatrixDamaged
+from hypertf.store.waitqueue import request_to_json
 from tests.conftest import wait_for
 
 HOSTS = {"n1": 2, "n2": 2}
@@ -56,7 +55,7 @@ def one_gpu(host: str = "n1", tasks: int = 1) -> Request:
 
 def no_double_booking(zk: KazooClient, layout: Layout) -> dict[str, str]:
     """Every held cell's job has a grant naming exactly that cell; returns cell -> job."""
-    matrix, _ = read_matrix(Store(zk, layout))
+    matrix, _ = Store(zk, layout).matrix.read()
     cells = {f"{h}:{i}": key for h, row in matrix.gpus.items()
              for i, c in enumerate(row) if (key := holder(c))}
     for key in set(cells.values()):
@@ -81,18 +80,18 @@ def test_a_users_own_record_admits_nothing_and_the_keeper_adopts_nothing(
         users, zk, layout, keeper):
     keeper()
     alice, mallory = users["alice"], users["mallory"]
-    victim = submit(Store(alice, layout), one_gpu(), new_task_key("alice"))
+    victim = Store(alice, layout).queue.submit(one_gpu(), new_task_key("alice"))
     taken = victim.placements[0]
     # 1. mallory's waiting job rewritten to "allocated" on alice's GPU: his launcher's
     #    wait refuses to start (no grant), the matrix never shows it
     key = new_task_key("mallory")
-    enqueue(Store(mallory, layout), key, one_gpu("n1", 2), {})
+    Store(mallory, layout).queue.enqueue(key, one_gpu("n1", 2), {})
     record = json.loads(mallory.get(layout.job(key))[0])
     mallory.set(layout.job(key), encode({**record, "state": "allocated", "placements": [
         {"role": "worker", "index": 0, "host": taken.host, "gpus": list(taken.gpus),
          "port": 20500}]}))
     with pytest.raises(NotAllowed, match="granted it nothing"):
-        wait_for_admission(Store(mallory, layout), key, lambda _line: None, threading.Event())
+        Store(mallory, layout).queue.wait_for_admission(key, lambda _line: None, threading.Event())
     # 2. a lease and a record "allocated" from the start on every free GPU: adopted by no
     #    keeper pass (mallory's GPU limit is irrelevant: nothing is his)
     forged = new_task_key("mallory")
@@ -105,32 +104,32 @@ def test_a_users_own_record_admits_nothing_and_the_keeper_adopts_nothing(
     assert forged not in cells.values() and key not in cells.values()
     assert zk.exists(layout.grant(forged)) is None
     # alice's --no-wait job takes the GPUs mallory's record named
-    other = submit(Store(alice, layout), one_gpu("", 3), new_task_key("alice"), wait=False)
+    other = Store(alice, layout).queue.submit(one_gpu("", 3), new_task_key("alice"), wait=False)
     assert sum(len(p.gpus) for p in other.placements) == 3
     assert set(no_double_booking(zk, layout).values()) == {victim.task_key, other.task_key}
 
 
 def test_a_lease_under_another_users_folder_keeps_nothing_alive(users, zk, layout, keeper,
-                                                                 secured):
+                                                                secured):
     keeper()
     alice = store.connect(secured, identity="user.alice")
-    grant = submit(Store(alice, layout), one_gpu(), new_task_key("alice"))
+    grant = Store(alice, layout).queue.submit(one_gpu(), new_task_key("alice"))
     mallory = users["mallory"]
     mallory.create(f"{layout.user_leases('mallory')}/{grant.task_key}", b"{}",
                    acl=store.acls(mallory).lease(), ephemeral=True)
     store.close(alice)  # her launcher SIGKILLed: its session, and so its lease, is gone
     host, gpu = grant.placements[0].host, grant.placements[0].gpus[0]
-    wait_for(lambda: read_matrix(Store(zk, layout))[0].gpus[host][gpu]
+    wait_for(lambda: Store(zk, layout).matrix.read()[0].gpus[host][gpu]
              == f"{DRAINING}{grant.task_key}", 20, "alice's cell draining")
     # the record is written just after the matrix's transaction: wait for it, not a race
-    wait_for(lambda: read_job(Store(zk, layout), grant.task_key)["state"] == "lost", 10,
+    wait_for(lambda: Store(zk, layout).jobs.read(grant.task_key)["state"] == "lost", 10,
              "alice's record marked lost")
     # a job that ends normally is freed too, whatever mallory's forged lease says
-    ended = submit(Store(users["alice"], layout), one_gpu("n2"), new_task_key("alice"))
+    ended = Store(users["alice"], layout).queue.submit(one_gpu("n2"), new_task_key("alice"))
     mallory.create(f"{layout.user_leases('mallory')}/{ended.task_key}", b"{}",
                    acl=store.acls(mallory).lease(), ephemeral=True)
-    release(Store(users["alice"], layout), ended.task_key, stopped_on=["n2"])
-    wait_for(lambda: ended.task_key not in read_matrix(Store(zk, layout))[0].task_keys(), 10,
+    Store(users["alice"], layout).matrix.release(ended.task_key, stopped_on=["n2"])
+    wait_for(lambda: ended.task_key not in Store(zk, layout).matrix.read()[0].task_keys(), 10,
              "the ended job's cell freed")
     wait_for(lambda: zk.exists(layout.grant(ended.task_key)) is None, 10, "its grant gone")
 
@@ -155,16 +154,16 @@ def test_malformed_records_are_refused_with_their_reason_and_stop_nobody(users, 
         forge(mallory, layout, key, {**request_to_json(one_gpu(), 0), **change})
     never = new_task_key("mallory")  # 100 GPUs on a 4-GPU cluster: refused, reserves nothing
     forge(mallory, layout, never, request_to_json(one_gpu("", 100), 0))
-    alice = submit(Store(users["alice"], layout), one_gpu("n2"), new_task_key("alice"))
+    alice = Store(users["alice"], layout).queue.submit(one_gpu("n2"), new_task_key("alice"))
     assert alice.placements  # admitted meanwhile
     loud = new_task_key("mallory")  # priority 10^9: capped, and shown capped
     forge(mallory, layout, loud, request_to_json(one_gpu("", 4), 10**9))
     for name, (_, reason) in BAD.items():
-        record = wait_for(lambda k=keys[name]: (r := read_job(Store(zk, layout), k))
+        record = wait_for(lambda k=keys[name]: (r := Store(zk, layout).jobs.read(k))
                           and r["state"] == "refused" and r, 10, f"{name} refused")
         assert reason in record["refused_reason"], (name, record["refused_reason"])
         assert record.get("refused_kind") == "invalid"
-    refused = wait_for(lambda: (r := read_job(Store(zk, layout), never))
+    refused = wait_for(lambda: (r := Store(zk, layout).jobs.read(never))
                        and r["state"] == "refused" and r, 10, "100 GPUs refused")
     assert "more than the cluster's hosts can ever hold" in refused["refused_reason"]
     rows = {row["task_key"]: row for row in collect(Store(mallory, layout))}
@@ -175,19 +174,19 @@ def test_malformed_records_are_refused_with_their_reason_and_stop_nobody(users, 
     # the launcher's side: an invalid request is a usage error with the keeper's reason
     key = new_task_key("mallory")
     with pytest.raises(UsageError, match="outside"):
-        submit(Store(mallory, layout), Request((TaskSlot("worker", 0, 2),
-                                                TaskSlot("worker", 1, 2),
-                                                TaskSlot("worker", 2, -4)), ("n1", "n2")),
-               key)
+        Store(mallory, layout).queue.submit(Request((TaskSlot("worker", 0, 2),
+                                                     TaskSlot("worker", 1, 2),
+                                                     TaskSlot("worker", 2, -4)), ("n1", "n2")),
+                                            key)
     with pytest.raises(InsufficientResources, match="can ever hold"):
-        submit(Store(mallory, layout), one_gpu("", 100), new_task_key("mallory"))
+        Store(mallory, layout).queue.submit(one_gpu("", 100), new_task_key("mallory"))
 
 
 def _admission_s(client: KazooClient, layout: Layout) -> float:
     started = time.monotonic()
-    grant = submit(Store(client, layout), one_gpu("n2"), new_task_key("alice"))
+    grant = Store(client, layout).queue.submit(one_gpu("n2"), new_task_key("alice"))
     took = time.monotonic() - started
-    release(Store(client, layout), grant.task_key, stopped_on=["n2"])
+    Store(client, layout).matrix.release(grant.task_key, stopped_on=["n2"])
     return took
 
 
@@ -195,13 +194,13 @@ def test_a_flood_of_waiting_requests_does_not_slow_another_users_admission(
         users, zk, layout, keeper):
     """500 requests of one user: past hypertf_user_queue_limit the newest are refused, the
     oldest 200 wait, and another user's jobs are admitted meanwhile; past the leases
-    folder's quota (hypertf.store.auth.UserQuotas: 457 znodes) ZooKeeper itself refuses
+    folder's quota (hypertf.store.quotas.UserQuotas: 457 znodes) ZooKeeper itself refuses
     more. How much slower the others are is measured, not asserted here: bench/flood.py
     (docs/benchmarks.md)."""
     keeper(user_queue_limit=200)
     alice, mallory = users["alice"], users["mallory"]
     idle = statistics.median(_admission_s(alice, layout) for _ in range(7))
-    blocker = submit(Store(mallory, layout), one_gpu("n1", 2), new_task_key("mallory"))
+    blocker = Store(mallory, layout).queue.submit(one_gpu("n1", 2), new_task_key("mallory"))
     stamp = new_task_key("mallory").partition(".")[0]
     flood = [f"{stamp}-{i:04d}.mallory" for i in range(500)]
     tx_at = time.monotonic()
@@ -220,33 +219,33 @@ def test_a_flood_of_waiting_requests_does_not_slow_another_users_admission(
     with pytest.raises(QuotaExceededError):
         mallory.create(layout.lease(f"{stamp}-9999.mallory"), b"{}",
                        acl=store.acls(mallory).lease(), ephemeral=True)
-    wait_for(lambda: read_job(Store(zk, layout), flood[-1])["state"] == "refused", 60,
+    wait_for(lambda: Store(zk, layout).jobs.read(flood[-1])["state"] == "refused", 60,
              "the flood past the queue limit refused")
     settled_s = time.monotonic() - tx_at
     flooded = statistics.median(_admission_s(alice, layout) for _ in range(7))
     print(f"\nsubmit -> granted: idle {idle * 1000:.1f} ms, with 500 of mallory's requests "
           f"{flooded * 1000:.1f} ms ({flooded / idle:.2f}x); flood settled in {settled_s:.1f} s")
-    assert "hypertf_user_queue_limit" in read_job(Store(zk, layout), flood[-1])["refused_reason"]
-    waiting = [k for k in flood[:300] if read_job(Store(zk, layout), k)["state"] == "queued"]
+    assert "hypertf_user_queue_limit" in Store(zk, layout).jobs.read(flood[-1])["refused_reason"]
+    waiting = [k for k in flood[:300] if Store(zk, layout).jobs.read(k)["state"] == "queued"]
     assert len(waiting) == 200
-    release(Store(mallory, layout), blocker.task_key)
+    Store(mallory, layout).matrix.release(blocker.task_key)
 
 
 def test_a_damaged_shard_is_refused_in_one_line_then_rewritten_by_the_keeper(
         users, zk, layout, keeper):
     thread = keeper()
-    grant = submit(Store(users["alice"], layout), one_gpu(), new_task_key("alice"))
+    grant = Store(users["alice"], layout).queue.submit(one_gpu(), new_task_key("alice"))
     thread.stop()
-    _, version = read_matrix(Store(zk, layout))
+    _, version = Store(zk, layout).matrix.read()
     for shard in version.versions:
         zk.set(layout.matrix_shard(shard), b'{"format": 1, "gpus": {"n1": "garbage"}}')
     with pytest.raises(MatrixDamaged, match="'hypertf auth init -i INVENTORY'"):
-        read_matrix(Store(users["alice"], layout))
+        Store(users["alice"], layout).matrix.read()
     keeper()
     wait_for(lambda: _readable(users["alice"], layout), 20, "the matrix rewritten")
     host, gpu = grant.placements[0].host, grant.placements[0].gpus[0]
     # rewritten empty first (a new keeper has no good read), then its grant restored
-    wait_for(lambda: read_matrix(Store(zk, layout))[0].gpus.get(host, [None] * 4)[gpu]
+    wait_for(lambda: Store(zk, layout).matrix.read()[0].gpus.get(host, [None] * 4)[gpu]
              == grant.task_key, 20, "the running job's cell restored from its grant")
     zk.set(layout.matrix, b"garbage")  # the index too
     wait_for(lambda: _readable(users["alice"], layout), 20, "the index rewritten")
@@ -255,7 +254,7 @@ def test_a_damaged_shard_is_refused_in_one_line_then_rewritten_by_the_keeper(
 
 def _readable(client: KazooClient, layout: Layout) -> bool:
     try:
-        read_matrix(Store(client, layout))
+        Store(client, layout).matrix.read()
     except MatrixDamaged:
         return False
     return True
@@ -276,8 +275,9 @@ def test_a_record_that_shuts_the_keeper_out_waits_alone(users, zk, layout, keepe
                                        "queue": request_to_json(one_gpu(), 0)}), acl=mine_only)
     tx.commit()
     done = threading.Event()
-    threading.Thread(target=lambda: (submit(Store(users["alice"], layout), one_gpu("n2"),
-                                            new_task_key("alice")), done.set()),
+    alice = Store(users["alice"], layout)
+    threading.Thread(target=lambda: (alice.queue.submit(one_gpu("n2"), new_task_key("alice")),
+                                     done.set()),
                      daemon=True).start()
     assert done.wait(10), "alice was not admitted"
     no_double_booking(zk, layout)
@@ -288,7 +288,7 @@ def test_auth_init_rewrites_a_damaged_index_and_shard(users, zk, layout, secured
     zk.set(layout.matrix_shard(0), b"not json")
     zk.set(layout.matrix, b'{"format": 2, "shards": -3}')
     with pytest.raises(MatrixDamaged):
-        read_matrix(Store(users["alice"], layout))
+        Store(users["alice"], layout).matrix.read()
     store.secure_cluster(secured, list(HOSTS))
     assert _readable(users["alice"], layout)
 
@@ -298,7 +298,6 @@ def test_a_users_own_record_cannot_write_to_another_users_terminal(users, zk, la
     sequences in what ``hypertf jobs`` prints (the script, the failure's reason, her host):
     alice's listing shows them as '?', never as control characters."""
     from hypertf.cli.jobtable import job_table
-    from hypertf.store.jobs import collect_jobs
 
     mallory = users["mallory"]
     key = new_task_key("mallory")
@@ -307,8 +306,8 @@ def test_a_users_own_record_cannot_write_to_another_users_terminal(users, zk, la
         "task_key": key, "state": "failed", "created": time.time(), "released": time.time(),
         "script": f"train.py{clear}", "owner": {"user": "mallory", "host": f"ws{title}"},
         "summary": {"message": f"worker:0 exited 1{clear}{title}fake: all good"}}),
-        acl=store.acls(mallory).job())
-    lines = job_table(collect_jobs(Store(users["alice"], layout)).jobs)
+                   acl=store.acls(mallory).job())
+    lines = job_table(Store(users["alice"], layout).jobs.collect().jobs)
     mine = next(line for line in lines if key in line)
     assert "\x1b" not in "\n".join(lines) and "\x07" not in "\n".join(lines)
     assert "train.py?[2J?[H" in mine and "worker:0 exited 1?[2J" in mine

@@ -40,8 +40,6 @@ from hypertf.dashboard.usage import UsageReader, totals
 from hypertf.keeper.ledger import Ledger
 from hypertf.keeper.thread import KeeperThread
 from hypertf.store import AgentRecord, GpuInfo, Layout, Store
-from hypertf.store.allocation import release
-from hypertf.store.waitqueue import enqueue, read_grant, read_view
 from tests.conftest import wait_for
 
 MODELS = {"n1": "NVIDIA H100 80GB HBM3", "n2": "NVIDIA A100-SXM4-80GB"}
@@ -93,19 +91,19 @@ def run_jobs(cluster: dict[str, Any]) -> tuple[dict[str, float], str, str]:
              ("alice", new_task_key("alice"))]
     running = new_task_key("alice")
     for user, key in [*ended, ("alice", running)]:
-        enqueue(users[user], key, gpus(1), {})
-    started = {key: wait_for(lambda k=key: read_grant(admin, k) and time.time(), 10,
+        (users[user]).queue.enqueue(key, gpus(1), {})
+    started = {key: wait_for(lambda k=key: admin.queue.read_grant(k) and time.time(), 10,
                              f"{key}'s grant") for _, key in [*ended, ("alice", running)]}
     time.sleep(1.0)
     held = {}
     for user, key in ended:
-        release(users[user], key)
+        (users[user]).matrix.release(key)
         held[key] = time.time() - started[key]
     waiting = new_task_key("bob")
-    enqueue(users["bob"], waiting, gpus(4), {})
+    (users["bob"]).queue.enqueue(waiting, gpus(4), {})
     wait_for(lambda: all(not admin.client.exists(layout.grant(k)) for _, k in ended), 10,
              "the ended grants counted")
-    wait_for(lambda: any(e["task_key"] == waiting for e in read_view(admin)), 10,
+    wait_for(lambda: any(e["task_key"] == waiting for e in admin.queue.read_view()), 10,
              "bob's 4-GPU job in the keeper's view")
     return held, running, waiting
 
@@ -220,7 +218,7 @@ def test_the_dashboards_usage_chart_and_metrics(cluster) -> None:
     assert [s["user"] for s in mine["series"]] == ["alice", "(others)"]
 
     # alice's running job ends: the counter now comes from the ledger alone, not lower
-    release(Store(cluster["alice"], cluster["layout"]), running)
+    Store(cluster["alice"], cluster["layout"]).matrix.release(running)
     wait_for(lambda: not cluster["admin"].exists(cluster["layout"].grant(running)), 10,
              "alice's last attempt counted")
     ended = ledger_attempts(cluster["admin"], cluster["layout"])

@@ -24,7 +24,7 @@ from hypertf.launch.login import as_job_owner
 from hypertf.launch.remote import Session
 from hypertf.ops import lab as lab_module
 from hypertf.ops import labcluster
-from hypertf.store import auth
+from hypertf.store import credentials
 from tests.conftest import wait_for
 from tests.launcher.helpers import FAKE, all_free, strict_env
 
@@ -85,7 +85,7 @@ def users_lab(state_home: Path) -> Iterator[lab_module.Lab]:
 
 
 def as_user(user: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**strict_env(), auth.IDENTITY_ENV: f"user.{user}"}
+    env = {**strict_env(), credentials.IDENTITY_ENV: f"user.{user}"}
     return subprocess.run([sys.executable, "-m", "hypertf.cli", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=180)
 
@@ -116,7 +116,7 @@ def test_a_thief_with_his_own_account_gets_nothing_of_a_neighbours_job(users_lab
     lab = users_lab
     secret = f"s3cret-{secrets.token_hex(8)}"
     finish = open_dir / "finish"
-    env = {**strict_env(), auth.IDENTITY_ENV: "user.alice", "SECRET_TOKEN": secret}
+    env = {**strict_env(), credentials.IDENTITY_ENV: "user.alice", "SECRET_TOKEN": secret}
     done = subprocess.run(
         [sys.executable, "-m", "hypertf.cli", "train", "-i", lab.inventory, "--script", FAKE,
          "--worker", "1", "--detach", "--max-restarts", "1", "--env", "SECRET_TOKEN", "--",
@@ -164,7 +164,7 @@ def test_a_thief_with_his_own_account_gets_nothing_of_a_neighbours_job(users_lab
                         str(lab.user_dir("alice") / "id_ed25519")],
     }
     code, out, err = on_host_as(lab, "bob", host, f"python3 -c {shlex_quote(THIEF)} "
-                                                  f"{shlex_quote(json.dumps(target))}")
+                                f"{shlex_quote(json.dumps(target))}")
     assert code == 0, err
     seen = json.loads(out)
     assert seen.pop("uid") != 0
@@ -248,7 +248,7 @@ def test_a_user_without_a_key_gets_one_line(users_lab, tmp_path):
 
 
 def test_the_preflight_refuses_a_node_whose_credentials_a_task_could_read(users_lab,
-                                                                         tmp_path):
+                                                                          tmp_path):
     lab = users_lab
     folder = lab.dir / "h2" / "srv/hypertf/credentials"
     credential = folder / "agent.h2.yml"

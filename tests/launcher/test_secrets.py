@@ -21,7 +21,7 @@ from hypertf.config.inventory import load_inventory
 from hypertf.core.rundir import make_private, write_private
 from hypertf.dashboard import ClusterSource
 from hypertf.launch.request import TrainRequest
-from hypertf.store import auth
+from hypertf.store import credentials
 from tests.conftest import on_host, wait_for
 from tests.launcher.helpers import FAKE, all_free, finish_file, hypertf, processes_of
 
@@ -49,7 +49,7 @@ def cmdlines_seen_by_nobody() -> str:
 
 
 def as_bob(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, auth.IDENTITY_ENV: "user.bob"}
+    env = {**os.environ, credentials.IDENTITY_ENV: "user.bob"}
     return subprocess.run([sys.executable, "-m", "hypertf.cli", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -74,7 +74,7 @@ def files_on_nodes(inventory_path: str, key: str) -> str:
     """Every file of the job's run directory on every node, concatenated."""
     inventory = load_inventory(inventory_path)
     return "".join(on_host(inventory, host, f"find {inventory.node(host).settings.workdir}"
-                                            f"/runs/{key} -type f -exec cat {{}} + || true")
+                           f"/runs/{key} -type f -exec cat {{}} + || true")
                    for host in inventory.nodes)
 
 
@@ -147,7 +147,7 @@ def test_env_name_alone_must_be_set_in_the_environment(tmp_path, monkeypatch):
 
 
 def test_env_name_takes_its_value_from_the_environment_and_files_get_names(tmp_path,
-                                                                            monkeypatch):
+                                                                           monkeypatch):
     """``--env NAME`` reads NAME here; what goes into a file or onto a command line
     (``without_env_values``) holds names only; a run directory is 0700 and its summary 0600
     whatever the umask."""

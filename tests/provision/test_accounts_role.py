@@ -18,7 +18,7 @@ from hypertf import store
 from hypertf.config.inventory import load_inventory
 from hypertf.launch.remote import Session
 from hypertf.ops import accounts
-from hypertf.store import auth
+from hypertf.store import credentials
 from tests.conftest import on_host
 
 pytestmark = pytest.mark.lab
@@ -29,7 +29,7 @@ def test_add_user_makes_the_account_on_every_node_with_its_own_key(make_lab, tmp
     account = f"{lab.account_prefix}erin"
     # the accounts the role makes (erin's, and this test's own user's, registered by the
     # lab's 'auth init'), with uids no other lab on this machine picks, removed with the lab
-    own = auth.job_owner()
+    own = credentials.job_owner()
     lab.accounts += [account, f"{lab.account_prefix}{own}"]
     lab.save()
     data = yaml.safe_load(Path(lab.inventory).read_text())

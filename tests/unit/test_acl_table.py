@@ -1,4 +1,4 @@
-"""Who may touch a znode is declared once (hypertf.store.auth.RULES, keyed by Layout's path
+"""Who may touch a znode is declared once (hypertf.store.acltable.RULES, keyed by Layout's path
 names): every path Layout names has its rule, every rule names a path, and the access table
 of docs/zookeeper-layout.md says what the rules say."""
 
@@ -12,7 +12,8 @@ import pytest
 from kazoo.security import Permissions
 
 from hypertf.core.layout import Layout, path_names
-from hypertf.store.auth import RULES, Acls, Credential
+from hypertf.store.acltable import RULES, Acls
+from hypertf.store.credentials import Credential
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "zookeeper-layout.md"
 LETTERS = (("R", Permissions.READ), ("W", Permissions.WRITE), ("C", Permissions.CREATE),
@@ -36,7 +37,7 @@ def doc_path(name: str) -> str:
 def test_every_path_layout_names_has_a_rule_and_every_rule_a_path() -> None:
     names = path_names()
     assert len(names) == len(set(names)) > 10
-    assert not set(names) - set(RULES), f"Layout paths without a rule in auth.RULES: " \
+    assert not set(names) - set(RULES), f"Layout paths without a rule in acltable.RULES: " \
         f"{sorted(set(names) - set(RULES))}"
     assert not set(RULES) - set(names), f"rules for no Layout path: " \
         f"{sorted(set(RULES) - set(names))}"

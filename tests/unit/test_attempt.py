@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from hypertf.config.inventory import Inventory, load_inventory
-from hypertf.core.errors import Interrupted
+from hypertf.core.errors import Interrupted, RemoteError
 from hypertf.core.jobrecord import JobState
 from hypertf.core.monitor import Event, EventKind
 from hypertf.core.placement import Grant
@@ -234,6 +234,38 @@ def test_a_failing_task_fails_the_attempt_and_the_running_one_is_stopped(
     assert lease.released == [(attempt.task_key, JobState.FAILED, ["h1", "h2"])]
     summary = (tmp_path / "runs" / attempt.task_key / "summary.json").read_text()
     assert '"result": "failed"' in summary and "stopped by HyperTF (SIGTERM)" in summary
+
+
+@dataclass
+class RefusingFleet(FakeFleet):
+    """Nodes whose every start fails, each with its own error (as ``Cluster.each`` gives
+    them back: an exception per host)."""
+
+    def start(self, starts: Mapping[str, HostStart],
+              events: queue.Queue[Event]) -> GroupResult[dict[str, int]]:
+        self.starts.append(dict(starts))
+        self.events = events
+        return GroupResult({host: RemoteError(f"{host}: tasknode: no such file ({i})")
+                            for i, host in enumerate(sorted(starts))})
+
+
+def test_a_start_failing_on_two_hosts_is_one_error_that_keeps_each_hosts_own(
+        inventory: Inventory, tmp_path: Path) -> None:
+    """Fabric's GroupException: one exception for people (one line), each host's own
+    error kept beside it for code and logs; the hosts are forgotten by the preflight."""
+    fleet, lease, placer, said = RefusingFleet(lambda _n, _t: "run"), FakeLease(), \
+        FakePlacer(), []
+    attempt = attempt_of(job_of(inventory, tmp_path, fleet, lease, placer, said))
+    with pytest.raises(JobFailed) as failed:
+        attempt.run(list(HOSTS), {})
+    assert str(failed.value) == ("could not start tasks: h1: h1: tasknode: no such file (0); "
+                                 "h2: h2: tasknode: no such file (1)")
+    assert sorted(failed.value.failures) == ["h1", "h2"]
+    assert [str(e) for e in failed.value.failures.values()] == [
+        "h1: tasknode: no such file (0)", "h2: tasknode: no such file (1)"]
+    assert all(isinstance(e, RemoteError) for e in failed.value.failures.values())
+    assert failed.value.hosts == frozenset({"h1", "h2"})
+    assert placer.forgotten == ["h1", "h2"]
 
 
 def test_a_dropped_lease_is_a_kill_and_ctrl_c_an_interruption(

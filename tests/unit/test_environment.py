@@ -39,7 +39,7 @@ def test_every_declaration_is_in_the_list_once_with_a_meaning() -> None:
     ("-4", 0.0), ("soon", 120.0),
 ])
 def test_seconds_are_a_float_at_least_zero_else_the_default(value: str | None,
-                                                             seconds: float) -> None:
+                                                            seconds: float) -> None:
     env = {} if value is None else {"HYPERTF_X": value}
     assert Seconds("HYPERTF_X", "x", 120.0).read(env) == seconds
 
@@ -85,7 +85,7 @@ def test_the_readers_read_through_the_declarations(monkeypatch: pytest.MonkeyPat
     from hypertf.cli.trainargs import default_inventory
     from hypertf.dashboard.server import new_token
     from hypertf.launch.preflightcache import ttl_s
-    from hypertf.store.auth import default_identity
+    from hypertf.store.credentials import default_identity
 
     monkeypatch.setenv("HYPERTF_INVENTORY", "inv.yml")
     monkeypatch.setenv("HYPERTF_DASHBOARD_TOKEN", " mine ")
@@ -108,8 +108,8 @@ def _hypertf_constants() -> dict[str, str]:
     for path in PACKAGE.rglob("*.py"):
         for node in ast.parse(path.read_text()).body:
             if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-                    and isinstance(node.value.value, str)
-                    and node.value.value.startswith("HYPERTF_")):
+                and isinstance(node.value.value, str)
+                and node.value.value.startswith("HYPERTF_")):
                 for target in node.targets:
                     if isinstance(target, ast.Name):
                         found[target.id] = node.value.value
@@ -131,8 +131,8 @@ def _read_names(tree: ast.AST) -> Iterator[tuple[int, ast.AST]]:
             func = node.func
             if ((isinstance(func, ast.Attribute) and func.attr in ("get", "pop", "setdefault")
                  and _is_environ(func.value))
-                    or (isinstance(func, ast.Attribute) and func.attr == "getenv")
-                    or (isinstance(func, ast.Name) and func.id == "getenv")):
+                or (isinstance(func, ast.Attribute) and func.attr == "getenv")
+                or (isinstance(func, ast.Name) and func.id == "getenv")):
                 yield node.lineno, node.args[0]
         elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
               and _is_environ(node.value)):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypertf.core.errors import RemoteError
+from hypertf.core.errors import GroupError, RemoteError
 from hypertf.launch.remote import GroupResult, Result
 
 
@@ -30,6 +30,8 @@ def test_raise_failed_makes_one_error_listing_each_host():
         results.raise_failed("preflight", "; nothing was started or allocated")
     assert str(caught.value) == ("preflight failed on 2 host(s); nothing was started or "
                                  "allocated:\n  h1: worse\n  h2: bad")
+    assert isinstance(caught.value, GroupError)
+    assert {h: str(e) for h, e in caught.value.failures.items()} == {"h1": "worse", "h2": "bad"}
     GroupResult(h1="fine").raise_failed("anything")  # nothing failed: no error
     with pytest.raises(RemoteError, match=r"^agent start failed on 1 node\(s\):"):
         GroupResult(n=OSError("x")).raise_failed("agent start", noun="node")

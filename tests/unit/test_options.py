@@ -21,7 +21,7 @@ from invoke.parser import ParseResult
 import tasks
 from hypertf.cli import main as cli
 from hypertf.launch.request import TRAIN_OPTIONS, Option, TrainRequest
-from hypertf.store import auth
+from hypertf.store import credentials
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -229,9 +229,9 @@ def test_add_user_names_the_default_directory_of_the_cluster() -> None:
     cluster's own directory, not ~/.hypertf/credentials/credentials/."""
     hosts, root = "10.0.0.1:2181", "/hypertf"
     setting = "/srv/lab/credentials"
-    directory = auth.credentials_dir(setting, hosts, root)
-    note = auth.handover_note("alice", directory, setting, hosts, root)
-    default = auth.credentials_dir(None, hosts, root)
+    directory = credentials.credentials_dir(setting, hosts, root)
+    note = credentials.handover_note("alice", directory, setting, hosts, root)
+    default = credentials.credentials_dir(None, hosts, root)
     assert "credentials/credentials" not in note
     assert f"~/.hypertf/credentials/{default.name}/" in note
     assert setting in note and note.startswith(f"{directory}/user.alice.yml: give this file")
@@ -239,8 +239,8 @@ def test_add_user_names_the_default_directory_of_the_cluster() -> None:
 
 def test_add_user_without_the_setting_names_the_default() -> None:
     hosts, root = "zk1:2181,zk2:2181", "/team"
-    directory = auth.credentials_dir(None, hosts, root)
-    note = auth.handover_note("bob", directory, None, hosts, root)
+    directory = credentials.credentials_dir(None, hosts, root)
+    note = credentials.handover_note("bob", directory, None, hosts, root)
     assert f"by default ~/.hypertf/credentials/{directory.name}/)" in note
 
 

@@ -31,7 +31,8 @@ FIRST, SECOND = "20261125-140000-aaaaaa.alice", "20261125-140100-bbbbbb.alice"
 
 @dataclass
 class FakeQueue:
-    """The queue's store side over a matrix in memory: the dry run and the keeper's grant
+    """The store's queue and matrix (as the placer uses them) over a matrix in memory: the
+    dry run and the keeper's grant
     are the core's scheduler and port picking on ``cells`` (free GPUs per host)."""
 
     cells: Matrix
@@ -39,7 +40,7 @@ class FakeQueue:
     enqueued: list[tuple[str, Request, Mapping[str, Any], bool]] = field(default_factory=list)
     while_waiting: Callable[[], None] = lambda: None  # what happens while the job waits
 
-    def view(self) -> list[dict[str, Any]]:
+    def read_view(self) -> list[dict[str, Any]]:
         return list(self.waiting)
 
     def plan(self, request: Request) -> list[Placement]:
@@ -50,12 +51,12 @@ class FakeQueue:
         return schedule({h: self.cells.free(h) for h in hosts}, request.slots, request.policy,
                         cpu_hosts=hosts)
 
-    def matrix(self) -> Matrix:
-        return self.cells
+    def read(self) -> tuple[Matrix, object]:
+        return self.cells, None
 
     def enqueue(self, task_key: str, request: Request, record: Mapping[str, Any],
-                priority: int, exclude: Mapping[str, set[int]], wait: bool,
-                resumes: str = "") -> None:
+                priority: int = 0, exclude_ports: Mapping[str, set[int]] | None = None,
+                wait: bool = True, resumes: str = "") -> None:
         self.enqueued.append((task_key, request, dict(record), wait))
 
     def wait_for_admission(self, task_key: str, say: Callable[[str], None],
@@ -148,7 +149,7 @@ def setup(inventory: Inventory, tmp_path: Path, gpus: Mapping[str, int] | None =
     checks, connected, said = FakeChecks(), [], []
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    placer = KeeperPlacer(queue, hosts, checks, connected.extend, inventory,
+    placer = KeeperPlacer(queue, queue, hosts, checks, connected.extend, inventory,
                           TrainRequest(script=str(script), **request), Reporter(said.append),
                           threading.Event())
     return Setup(placer, queue, hosts, checks, connected, said)

@@ -18,7 +18,7 @@ from hypertf.core.layout import Layout
 from hypertf.dashboard.server import Dashboard
 from hypertf.dashboard.source import ClusterSource, sweep_rows
 from hypertf.launch.request import TrainRequest
-from hypertf.store.zkstore import Store
+from hypertf.store.session import Store
 from hypertf.sweep import driver as sweeps
 from hypertf.sweep.spec import SweepSpec, expand, parse_grid_option
 
