@@ -72,7 +72,10 @@ class AdminLimits:
 @dataclass
 class Admitter:
     """The keeper's pass: sync the matrix, decide every waiting job, commit admissions
-    (each with its grant) and refusals in one transaction, publish the view."""
+    (each with its grant) and refusals in one transaction, publish the view. The
+    ``Committer`` is handed the parts it writes through (the reader, the ledger, the
+    preempter, the sync's memo: objects with methods of their own, no bare collection);
+    which records shut the keeper out is the committer's to know and this pass's to ask."""
 
     store: Store
     user_gpu_limit: int = 0
@@ -91,7 +94,6 @@ class Admitter:
     committer: Committer = field(init=False)
     limits: AdminLimits = field(init=False)
     published: bytes | None = None
-    unwritable: set[str] = field(default_factory=set)  # records whose ACL shuts the keeper out
     _synced_live: list[str] | None = None
     _read_waiting: list[Waiting] | None = None
     _read_matrix: tuple[Matrix, MatrixVersion] | None = None
@@ -111,7 +113,7 @@ class Admitter:
         self.ledger = Ledger(self.store, self.half_life_s, self.clock)
         self.preempter = Preempter(self.store, self.preempt, self.clock)
         self.committer = Committer(self.store, self.reader, self.ledger, self.preempter,
-                                   self._memo, self.unwritable, self.clock, self.user_gpu_limit)
+                                   self._memo, self.clock, self.user_gpu_limit)
         self.limits = AdminLimits(self.store)
 
     def keep(self) -> list[Decision]:
@@ -216,14 +218,14 @@ class Admitter:
             waiting, self._read_waiting = self._read_waiting, None
             if waiting is None:
                 waiting = self.reader.waiting()
-            waiting = [w for w in waiting if w.task_key not in self.unwritable]
+            waiting = [w for w in waiting if self.committer.writable(w.task_key)]
             live = self.live_hosts()
             limits = self.limits()
             versions = {key: v for key, (_, v) in self.reader.records.items()}
             waiting, screened = self.screen(waiting, versions, matrix, limits)
             waiting = self.preempter.requeue(waiting, self.reader.grants)
             refusals = {**{key: why for key, (_, _, why) in self.reader.rejected.items()
-                           if key not in self.unwritable}, **screened}
+                           if self.committer.writable(key)}, **screened}
             self._load_ledger()
             now = self.clock()
             users = {w.user for w in waiting}

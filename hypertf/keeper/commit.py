@@ -44,20 +44,24 @@ class Commit(Enum):
 class Committer:
     """Commits a pass's settled decisions, handed the keeper's parts it writes through or
     keeps in step: the reader (records, grants), the ledger (an attempt opened), the
-    preempter (the grant's terms), the sync's memo, and the records the keeper may not
-    write (``unwritable``: the admitter's set, shared)."""
+    preempter (the grant's terms) and the sync's memo. It alone keeps the records the keeper
+    may not write, as its commits find them (``writable``: the admitter asks)."""
 
     def __init__(self, store: Store, reader: QueueReader, ledger: Ledger, preempter: Preempter,
-                 memo: SyncMemo, unwritable: set[str], clock: Callable[[], float],
-                 user_gpu_limit: int = 0) -> None:
+                 memo: SyncMemo, clock: Callable[[], float], user_gpu_limit: int = 0) -> None:
         self.store = store
         self.reader = reader
         self.ledger = ledger
         self.preempter = preempter
         self.memo = memo
-        self.unwritable = unwritable
+        self._unwritable: set[str] = set()  # records whose ACL shuts the keeper out
         self.clock = clock
         self.user_gpu_limit = user_gpu_limit
+
+    def writable(self, key: str) -> bool:
+        """False for a job whose record shut the keeper out at a commit (its owner's ACL):
+        left out of every later pass, never retried."""
+        return key not in self._unwritable
 
     def _record_of(self, key: str) -> tuple[dict[str, Any] | None, int]:
         if key in self.reader.records:
@@ -129,7 +133,7 @@ class Committer:
             if culprit_key is not None and isinstance(error, NoAuthError):
                 log.warning("the record of %s does not let the keeper write it (its ACL): "
                             "it is never admitted", culprit_key)
-                self.unwritable.add(culprit_key)
+                self._unwritable.add(culprit_key)
             elif culprit_key is not None and isinstance(error, NodeExistsError):
                 log.error("%s already has a grant: it is not admitted again", culprit_key)
                 self.reader.settled.add(culprit_key)
