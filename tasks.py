@@ -1,5 +1,6 @@
 """Invoke tasks: ``invoke --list``. Each task calls the same typed functions as the
-``hypertf`` command (hypertf.cli.commands), with typed values: no command line in between.
+``hypertf`` command (hypertf.cli.commands and the other verb modules beside it: authverbs,
+clusterverbs, labverbs), with typed values: no command line in between.
 
 The tasks of hypertf's verbs are made from the verb table (hypertf.cli.options.VERB_OPTIONS)
 and hypertf's own tree, one line each in ``VERB_TASKS``; ``train``, ``export`` and ``sweep``
