@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hypertf.config.inventory import Inventory, load_inventory
+from hypertf.config.inventory import Inventory
 from hypertf.core import diagnose
 from hypertf.core.diagnose import (
     MAX_SCAN_FILES,
@@ -199,13 +199,6 @@ def test_a_ps_that_fails_or_got_its_flags_gets_no_legacy_flags_hint():
 
 
 # -- item 7: --chief only for a TF2 parameter-server script ------------------------------------
-@pytest.fixture
-def inventory(tmp_path: Path) -> Inventory:
-    path = tmp_path / "cluster.yml"
-    path.write_text("all:\n  vars:\n    hypertf_zookeeper_hosts: 'zk.example:2181'\n"
-                    "  children:\n    gpu_nodes:\n      hosts:\n"
-                    "        h1: {ansible_host: 10.0.0.1}\n")
-    return load_inventory(path)
 
 
 def announced(inventory: Inventory, script: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hypertf.config.inventory import Inventory, load_inventory
+from hypertf.config.inventory import Inventory
 from hypertf.core.errors import UsageError
 from hypertf.core.monitor import (
     Decision,
@@ -126,13 +126,6 @@ def test_a_chief_is_the_coordinator_named_alone_at_the_deadline() -> None:
 
 
 # -- the mode decided and said at start -------------------------------------------------------
-@pytest.fixture
-def inventory(tmp_path: Path) -> Inventory:
-    path = tmp_path / "cluster.yml"
-    path.write_text("all:\n  vars:\n    hypertf_zookeeper_hosts: 'zk.example:2181'\n"
-                    "  children:\n    gpu_nodes:\n      hosts:\n"
-                    "        h1: {ansible_host: 10.0.0.1}\n")
-    return load_inventory(path)
 
 
 def started(inventory: Inventory, request: TrainRequest) -> tuple[Readiness, list[str]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from hypertf.config.inventory import Inventory, load_inventory
+from hypertf.config.inventory import Inventory
 from hypertf.core.layout import Layout
 from hypertf.dashboard.server import Dashboard
 from hypertf.dashboard.source import ClusterSource, sweep_rows
@@ -30,13 +30,6 @@ def hypertf(*argv: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.fixture
-def inventory(tmp_path: Path) -> Inventory:
-    path = tmp_path / "cluster.yml"
-    path.write_text("all:\n  vars:\n    hypertf_zookeeper_hosts: 'zk.example:2181'\n"
-                    "  children:\n    gpu_nodes:\n      hosts:\n"
-                    "        h1: {ansible_host: 10.0.0.1}\n")
-    return load_inventory(path)
 
 
 @pytest.fixture

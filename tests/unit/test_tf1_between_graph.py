@@ -6,20 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from hypertf.node import tasknode
-
-
-def _bare_env(tmp_path: Path, python: bool) -> Path:
-    """A hand-made (or conda) environment: bin/python, no bin/activate."""
-    venv = tmp_path / "env"
-    (venv / "bin").mkdir(parents=True)
-    if python:
-        (venv / "bin" / "python").symlink_to(sys.executable)
-    return venv
+from tests.unit.test_task_environment import _bare_env
 
 
 def _placements(*names: str) -> list:
