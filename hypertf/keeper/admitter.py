@@ -5,7 +5,7 @@ admissions (each with its grant) and refusals in ONE transaction: the matrix
 hypertf.keeper.commit). A keeper that dies mid-admission commits everything or nothing;
 the next keeper starts the pass again.
 The view it publishes (``keeper/queue``: position and reason) is what waiters read after
-a while (hypertf.store.waitqueue.wait_for_admission). Each pass orders a priority tier by
+a while (hypertf.store.waitqueue.JobQueue.wait_for_admission). Each pass orders a priority tier by
 fair share from the keeper's usage ledger (hypertf.keeper.ledger), which also ends an
 attempt in the transaction that deletes its grant. With ``hypertf_preempt`` on, a committed
 pass then preempts for the jobs it left waiting for GPUs (hypertf.keeper.preempter); its
@@ -41,7 +41,7 @@ from hypertf.keeper.recordcache import RecordCache
 from hypertf.keeper.screen import INVALID, Screen
 from hypertf.keeper.sync import Synced, SyncMemo, sync
 from hypertf.store import AgentRecord, Store, encode, until_committed
-from hypertf.store.allocation import MatrixDamaged, MatrixVersion, ShardCache, read_matrix
+from hypertf.store.matrixshards import MatrixDamaged, MatrixVersion, ShardCache
 
 log = logging.getLogger(__name__)
 REPAIR_AFTER_S = 2.0  # a matrix that reads damaged this long is rewritten by the keeper
@@ -175,7 +175,7 @@ class Admitter:
         cells of a job whose lease is gone, so its grant goes too, in the transaction that
         ends its attempt in the usage ledger (``records``: the agents', for GPU models;
         ``ended_jobs``: the ended jobs' records the sync read, for words). Launchers wait
-        for the grant's deletion (hypertf.store.allocation.wait_settled): never deferred."""
+        for the grant's deletion (``Store.matrix.wait_settled``): never deferred."""
         ended = [key for key in self.reader.grants if key not in leases]
         if not ended:
             return
@@ -214,7 +214,7 @@ class Admitter:
         """One pass; returns the decisions (admitted and refused ones committed)."""
         def attempt(_retries: int) -> list[Decision]:
             seen, self._read_matrix = self._read_matrix, None
-            matrix, version = seen or read_matrix(self.store, cache=self.shards)
+            matrix, version = seen or self.store.matrix.read(cache=self.shards)
             waiting, self._read_waiting = self._read_waiting, None
             if waiting is None:
                 waiting = self.reader.waiting()

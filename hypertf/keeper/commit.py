@@ -27,7 +27,7 @@ from hypertf.keeper.preempter import Preempter
 from hypertf.keeper.reader import QueueReader
 from hypertf.keeper.sync import SyncMemo
 from hypertf.store import Store, encode
-from hypertf.store.allocation import TRANSACTION_BYTES, MatrixVersion, matrix_writes
+from hypertf.store.matrixshards import TRANSACTION_BYTES, MatrixVersion, matrix_writes
 from hypertf.store.waitqueue import REASONS
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from hypertf.core.layout import is_task_key
 from hypertf.keeper.treefollow import CREATED, DELETED, TreeFollow
-from hypertf.store.zkstore import Store
+from hypertf.store.session import Store
 
 __all__ = ["LeaseCache"]
 

@@ -46,7 +46,6 @@ from hypertf.core.matrix import Held, Matrix, job_of
 from hypertf.core.preemption import Preemption, Reason, Running, Standing, victims_for
 from hypertf.core.preemptnotice import Notice
 from hypertf.store import Store, decode, encode
-from hypertf.store.jobs import mark_lost
 from hypertf.store.zkclient import get_many
 
 log = logging.getLogger(__name__)
@@ -333,7 +332,7 @@ class Preempter:
         keeper had preempted it, else ``lost`` (the sync's, hypertf.store.jobs)."""
         notice = self.notices.get(key)
         if notice is None:
-            mark_lost(self.store, key)
+            self.store.jobs.mark_lost(key)
             return
         client, path = self.store.client, self.store.layout.job(key)
         try:

@@ -34,7 +34,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from hypertf.core.errors import StoreError
 from hypertf.core.jobrecord import LIVE_STATES
 from hypertf.store import Store
-from hypertf.store.jobs import Folder, mark_lost, read_folder, users
+from hypertf.store.jobs import Folder
 from hypertf.store.zkclient import pipelined
 
 log = logging.getLogger(__name__)
@@ -117,8 +117,8 @@ def prune_jobs(store: Store, max_age_s: float, max_records: int, now: float | No
     against days of retention); ``pause`` is called between chunks of reads."""
     now = time.time() if now is None else now
     done = Pruned()
-    for user in users(store):
-        folder = read_folder(store, user, pause)
+    for user in store.jobs.users():
+        folder = store.jobs.read_folder(user, pause)
         leases = _leases(store, user)  # after the records: a listed one without one is over
         victims, stale = doomed(folder, leases, max_age_s, max_records, now)
         going = {key for key, _ in victims}
@@ -127,7 +127,7 @@ def prune_jobs(store: Store, max_age_s: float, max_records: int, now: float | No
             done.backlog = True
         victims = victims[:max_deletes]
         for key in stale[:max_deletes - len(victims)]:
-            mark_lost(store, key)
+            store.jobs.mark_lost(key)
         deleted = _delete(store, user, victims)
         if deleted:
             done.deleted[user] = deleted

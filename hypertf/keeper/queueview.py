@@ -25,9 +25,6 @@ from hypertf.keeper.preempter import Preempter, PreemptSettings
 from hypertf.keeper.reader import QueueReader, read_limits
 from hypertf.keeper.screen import INVALID, Screen
 from hypertf.store import Store
-from hypertf.store.allocation import read_matrix
-from hypertf.store.jobs import read_jobs
-from hypertf.store.waitqueue import read_queue_view
 
 STARTING = "Starting"  # fits now: the keeper admits it at its next pass
 NEW = "New"  # queued after the keeper's last pass: it has not decided on it yet
@@ -40,7 +37,7 @@ def collect_view(store: Store) -> list[dict[str, Any]] | None:
     most of the command. A job whose lease is newer than the keeper's last pass shows as
     ``New`` after the others (its record read). None when there is no whole view (no keeper
     now, an older one, or a queue too long for its znode): then ``collect``."""
-    view = read_queue_view(store)
+    view = store.queue.read_queue_view()
     entries = view.get("waiting")
     if not isinstance(entries, list) or "truncated" in view or not all(
             isinstance(e, dict) and {"shape", "script", "created"} <= e.keys()
@@ -60,7 +57,7 @@ def collect_view(store: Store) -> list[dict[str, Any]] | None:
                          str(entry["shape"]), entry.get("gpus", 0),
                          plain_text(entry["script"], SCRIPT_SHOWN), created, now,
                          str(entry.get("reason", ""))))
-    for key, record in sorted(read_jobs(store, new).items()):
+    for key, record in sorted(store.jobs.read_many(new).items()):
         if record.get("state") != JobState.QUEUED:
             continue  # admitted, refused or ended since the listing
         stamp, asked = record.get("created"), record.get("queue")
@@ -86,7 +83,7 @@ def collect(store: Store, user_gpu_limit: int = 0, user_queue_limit: int = 0,
     each priority (the priority shown is the one that counts), fair share orders each
     tier from the keeper's ledger, and requests the keeper refuses before its pass
     (invalid, past a limit, never fitting) show as ``Invalid`` with the reason."""
-    matrix, _ = read_matrix(store)
+    matrix, _ = store.matrix.read()
     reader = QueueReader(store, writes=False)
     limits = read_limits(store)
     read = clamped(reader.waiting(), limits)
@@ -130,7 +127,7 @@ def shares(store: Store, half_life_s: float = DEFAULT_HALF_LIFE_DAYS * DAY_S,
     """``hypertf queue --shares``: every user with usage, a running or a waiting job, or a
     share the admin set: their share, decayed usage (GPU-hours), the GPUs they hold, their
     factor F = 2^(-U/S) and this month's GPU-hours (with their budget, if any)."""
-    matrix, _ = read_matrix(store)
+    matrix, _ = store.matrix.read()
     reader = QueueReader(store, writes=False)
     limits = read_limits(store)
     waiting = reader.waiting()

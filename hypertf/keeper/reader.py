@@ -31,7 +31,6 @@ from hypertf.core.requestcheck import (
     waiting_from_record,
 )
 from hypertf.store import Store, decode
-from hypertf.store.jobs import mark_lost
 from hypertf.store.zkclient import get_many, pipelined
 
 log = logging.getLogger(__name__)
@@ -125,7 +124,7 @@ class QueueReader:
         gone = set(self.records) - leases
         if self.writes:
             for key in gone:  # a waiter whose lease went without a cancel: launcher gone
-                mark_lost(self.store, key)
+                self.store.jobs.mark_lost(key)
         keys = sorted(leases - self.settled)
         self._known = {key: known for key, known in self._known.items() if key in leases}
         now = time.monotonic()

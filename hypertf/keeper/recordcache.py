@@ -30,7 +30,7 @@ from hypertf.core.errors import StoreError
 from hypertf.core.layout import RESOURCE_LEAF
 from hypertf.core.records import AgentRecord
 from hypertf.keeper.treefollow import CREATED, DELETED, TreeFollow
-from hypertf.store.zkstore import Store
+from hypertf.store.session import Store
 
 __all__ = ["RecordCache", "content_of"]
 

@@ -31,7 +31,6 @@ from hypertf.keeper.preempter import PreemptSettings, preempt_settings
 from hypertf.keeper.prune import Pruner
 from hypertf.keeper.statusview import StatusPublisher
 from hypertf.store import LeaseState, Store
-from hypertf.store.allocation import watch_matrix
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,7 @@ class KeeperRole:
         self.admitter.cache.changed = self._on_record
         self._hosts = HostWatch(client, layout, self._poke, follow=self.admitter.cache.follow)
         self.admitter.hosts = self._registered
-        watch_matrix(self.store, self._poke, self.admitter.shards)
+        self.store.matrix.watch(self._poke, self.admitter.shards)
         return self
 
     def keep(self) -> list[Decision]:

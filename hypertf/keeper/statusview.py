@@ -29,7 +29,7 @@ from hypertf.core.hostview import REFRESH_S, HostView, cpu_jobs, encode_shard, h
 from hypertf.core.matrix import Matrix, shard_of
 from hypertf.core.records import AgentRecord
 from hypertf.store import Store
-from hypertf.store.allocation import MatrixVersion
+from hypertf.store.matrixshards import MatrixVersion
 from hypertf.store.zkclient import pipelined
 
 __all__ = ["WRITE_EVERY_S", "StatusPublisher"]

@@ -23,20 +23,8 @@ from hypertf.core.matrix import (
     synced,
 )
 from hypertf.keeper.recordcache import RecordCache
-from hypertf.store import (
-    AgentRecord,
-    Store,
-    auth,
-    until_committed,
-)
-from hypertf.store.allocation import (
-    MatrixDamaged,
-    MatrixVersion,
-    ShardCache,
-    read_matrix,
-    written_version,
-)
-from hypertf.store.jobs import mark_lost, read_jobs
+from hypertf.store import AgentRecord, Store, bootstrap, until_committed
+from hypertf.store.matrixshards import MatrixDamaged, MatrixVersion, ShardCache
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +107,12 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
     that changed are read)."""
     def attempt(_retries: int) -> tuple[Synced, set[str]]:
         try:
-            matrix, version = read_matrix(store, cache=shards)
+            matrix, version = store.matrix.read(cache=shards)
         except MatrixDamaged as err:
             if not repair:
                 raise
             log.error("%s: rewriting it", err)
-            auth.ensure_matrix(store.client, store.layout, store.acls.matrix(), 0,
+            bootstrap.ensure_matrix(store.client, store.layout, store.acls.matrix(), 0,
                                fallback=last_good)
             raise ForceRetryError() from None
         registered = registered_hosts() if registered_hosts else store.hosts()
@@ -142,7 +130,7 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
             current = current.drain(set(drain))
         current = freed_by_reports(current, records)
         lost = set()
-        ended = read_jobs(store, dead)  # one round trip for every ended job
+        ended = store.jobs.read_many(dead)  # one round trip for every ended job
         for key in dead:
             released, hosts = ended_job_hosts(ended.get(key))
             if not released:
@@ -157,7 +145,7 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
             if memo is not None:
                 memo.key = None if dead else inputs
             return Synced(current, version, records, leases, ended), set()
-        written = written_version(store, matrix, current, version)
+        written = store.matrix.written_version(matrix, current, version)
         if written is None:
             raise ForceRetryError()
         if memo is not None and inputs is not None:  # what it wrote is in line with them
@@ -169,7 +157,7 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
         if mark is not None:
             mark(task_key)
         else:
-            mark_lost(store, task_key)
+            store.jobs.mark_lost(task_key)
     return done
 
 

@@ -13,8 +13,8 @@ import threading
 
 from kazoo.protocol.states import KazooState
 
+from hypertf.store.session import Store
 from hypertf.store.zkclient import unwatch_tree, watch_tree
-from hypertf.store.zkstore import Store
 
 CREATED, DELETED = 1, 2  # ZooKeeper's event types (kazoo's protocol codes)
 

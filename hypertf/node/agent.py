@@ -52,7 +52,6 @@ from hypertf.node.probes import (
     select_address,
 )
 from hypertf.store import AgentRecord, Layout, RecordWrite, Store
-from hypertf.store.allocation import watch_shard_of
 
 KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at most)
 KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
@@ -373,7 +372,7 @@ class NodeAgent:
                     self._records_changed.clear()
                     sweep_due = now + max(interval, QUIET_SWEEP_S)
                     if not shard_watched:  # its own row: the keeper marked cells draining
-                        watch_shard_of(zk, self.node.name, self._wake_up)
+                        zk.matrix.watch_shard_of(self.node.name, self._wake_up)
                         shard_watched = True
                     self.keeper.step(zk)  # the keeper's pass, while this agent holds the lease
                     self.report.reap_orphans(zk)

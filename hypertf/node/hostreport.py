@@ -22,7 +22,6 @@ from hypertf.core.rundir import RunDir
 from hypertf.node import confine, dcgmmap, runcontrol, trespass
 from hypertf.node.metrics import AgentCollector
 from hypertf.store import Store
-from hypertf.store.allocation import read_matrix
 
 MAX_DRAINED = 1000  # ended jobs one report names at most (the rest: next report)
 STOP_GRACE_S = 5.0  # TERM to KILL for tasks of a job that ended without its launcher
@@ -74,7 +73,7 @@ class HostReport:
             found = trespass.judge(seen, self.row, record.gpus)
             if found:
                 zk.client.sync(self.layout.matrix)  # the keeper's latest grants
-                fresh, _ = read_matrix(zk, hosts=[self.node.name])
+                fresh, _ = zk.matrix.read(hosts=[self.node.name])
                 self.row = list(fresh.gpus.get(self.node.name, []))
                 found = trespass.judge(seen, self.row, record.gpus)
             suspects = {(t.pid, t.gpu, t.claims, t.holder) for t in found}
@@ -152,7 +151,7 @@ class HostReport:
         while a process lives: a GPU is free only when this node says so. True when the
         report changed (the agent writes its record then)."""
         host = self.node.name
-        matrix, _ = read_matrix(zk, hosts=[host])  # its own row's shard only
+        matrix, _ = zk.matrix.read(hosts=[host])  # its own row's shard only
         # After the matrix (see allocation); only the jobs of its own row, as in reap_orphans.
         row = [*matrix.gpus.get(host, []), *matrix.ports.get(host, {}).values()]
         leases = zk.leases_of((key for cell in row if (key := job_of(cell))),
