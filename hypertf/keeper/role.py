@@ -9,9 +9,12 @@ next firing, and a later term starts from a fresh read. The records are kept by 
 admitter's ``RecordCache``, the leases by its ``LeaseCache``: one persistent recursive
 watch each, so no user's folder is listed again at each change (hypertf.keeper.leasecache).
 
-``KeeperTerm`` is the agent's side: it takes the lease when it is free (only an agent with
-the keeper's credential tries), starts a role for each term and stops it when the lease is
-lost, runs the pass and keeps the prune thread (hypertf.keeper.prune) running beside it.
+``KeeperTerm`` is the agent's side: its loop takes the lease when it is free (only an
+agent with the keeper's credential tries) and begins a term: a role, the thread its passes
+run on (hypertf.keeper.passes.PassThread: never the agent's loop, so a slow or failing pass
+delays no heartbeat and no drain report) and the prune thread (hypertf.keeper.prune). The
+term ends when the lease is lost or the agent's session ends: its pass thread stops after
+the pass in progress, then stops the role.
 """
 
 from __future__ import annotations
@@ -22,17 +25,18 @@ from collections.abc import Callable
 from hypertf import store
 from hypertf.config.inventory import Inventory
 from hypertf.core.admission import Decision
-from hypertf.core.errors import StoreError
 from hypertf.core.fairshare import DAY_S, DEFAULT_HALF_LIFE_DAYS
 from hypertf.core.requestcheck import PortBounds
 from hypertf.keeper.admitter import Admitter
 from hypertf.keeper.hostwatch import HostWatch
+from hypertf.keeper.passes import PassCounts, PassThread
 from hypertf.keeper.preempter import PreemptSettings, preempt_settings
 from hypertf.keeper.prune import Pruner
 from hypertf.keeper.statusview import StatusPublisher
 from hypertf.store import LeaseState, Store
 
 log = logging.getLogger(__name__)
+QUIET_PASS_S = 30.0  # an agent's keeper passes at least this often, whatever woke it
 
 
 class KeeperRole:
@@ -112,55 +116,70 @@ class KeeperRole:
             self._records_changed()
 
 
-
-
 class KeeperTerm:
     """An agent's terms of the keeper lease. Only the hosts the admin names hold the
     keeper's credential (``keeper.yml``): elsewhere a stolen agent credential reports about
-    its own host and decides nothing. ``step`` takes the lease when it is free, starts a
-    role for a new term (stops it when the lease is lost: a later term starts from a fresh
-    read) and runs one pass; ``end`` stops the role when the agent's session ends."""
+    its own host and decides nothing. ``step`` (the agent's loop, whenever it looks around)
+    takes the lease when it is free, begins a term when it was taken (a role, its pass
+    thread and its prune thread) and ends it when the lease is lost, and wakes the term's
+    pass thread: the passes themselves never run on the agent's loop. ``end`` ends the term
+    when the agent's session ends. ``counts``: every term's passes, for the agent's
+    /metrics."""
 
     def __init__(self, inventory: Inventory, host: str, wake: Callable[..., object],
-                 records_changed: Callable[[], object],
                  running: Callable[[], bool]) -> None:
         self.inventory = inventory
         self.host = host
         self.capable = host in inventory.keeper_hosts and (
             store.credentials_dir(inventory.cluster) / "keeper.yml").exists()
+        self.interval = inventory.node(host).settings.agent_interval
+        self.counts = PassCounts()
         self.role: KeeperRole | None = None
-        self._wake = wake
-        self._records_changed = records_changed
+        self._passes: PassThread | None = None  # the term's passes
+        self._wake = wake  # the agent's: the keeper lease's watch wakes its loop
         self._running = running  # False once the agent stops: the prune thread ends too
         self._pruner: tuple[KeeperRole, Pruner] | None = None  # the keeper's prune thread
 
     def step(self, zk: Store) -> None:
-        """Hold the role while this agent holds the lease, and run the pass then. Only the
-        keeper wakes when GPUs are freed and when a host comes or goes (10,000 agents x
-        10,000 host watches would be 10^8 watches in ZooKeeper); it looks again, at its
-        next interval, when a record changed."""
+        """Hold a term while this agent holds the lease, and ask it for a pass (as often as
+        the agent looks around: a watch of its own, its record changed, the quiet sweep).
+        Only the keeper wakes when GPUs are freed and when a host comes or goes (10,000
+        agents x 10,000 host watches would be 10^8 watches in ZooKeeper): its role's watches
+        wake its pass thread; a changed record, at its next interval."""
         if not self.holds_lease(zk):
             self.end()
             return
-        if self.role is None:
-            cluster = self.inventory.cluster
-            self.role = KeeperRole(zk, self._wake, cluster.user_gpu_limit,
-                                   cluster.user_queue_limit,
-                                   records_changed=self._records_changed,
-                                   host_gpus_max=cluster.host_gpus_max,
-                                   port_bounds=PortBounds.of(
-                                       {name: node.settings.port_range
-                                        for name, node in self.inventory.nodes.items()}),
-                                   half_life_s=cluster.fairshare_half_life * DAY_S,
-                                   preempt=preempt_settings(cluster),
-                                   ).start()
-        self.keep(zk, self.role)
+        if self.role is None or self._passes is None or not self._passes.alive:
+            self.end()  # a pass thread that ended by itself (it never should) is replaced
+            self.role, self._passes = self._begin(zk)
+        self.prune(zk, self.role)
+        self._passes.wake()
 
-    def end(self) -> None:
-        """Stop the role (its watches end at their next firing)."""
-        if self.role is not None:
-            self.role.stop()
-            self.role = None
+    def _begin(self, zk: Store) -> tuple[KeeperRole, PassThread]:
+        """A new term: its role (watches, admitter) and the thread of its passes, the first
+        at once. The role stops on that thread once its last pass is over."""
+        cluster = self.inventory.cluster
+        passes = PassThread(self.interval, max(self.interval, QUIET_PASS_S), self.counts)
+        role = KeeperRole(zk, passes.wake, cluster.user_gpu_limit, cluster.user_queue_limit,
+                          records_changed=passes.records_changed,
+                          host_gpus_max=cluster.host_gpus_max,
+                          port_bounds=PortBounds.of(
+                              {name: node.settings.port_range
+                               for name, node in self.inventory.nodes.items()}),
+                          half_life_s=cluster.fairshare_half_life * DAY_S,
+                          preempt=preempt_settings(cluster),
+                          ).start()
+        return role, passes.start(lambda: self.keep(role), on_end=role.stop)
+
+    def end(self, wait: float | None = 0.0, finish: bool = False) -> None:
+        """End the term: its pass thread stops after the pass in progress and then stops the
+        role (its watches end at their next firing). ``wait``: how long to wait for that
+        (the agent's session is closing); ``finish``: the pass asked for runs first
+        (``hypertf agent --once``)."""
+        passes, self._passes, self.role = self._passes, None, None
+        if passes is not None and not passes.stop(wait, finish) and wait != 0.0:
+            log.warning("the keeper's pass did not end within %.0f s of its term; it ends "
+                        "with its pass", wait or 0.0)
 
     def holds_lease(self, zk: Store) -> bool:
         """Whether this agent keeps the matrix (it takes the keeper lease when it is free;
@@ -172,19 +191,15 @@ class KeeperTerm:
             log.info("this agent now keeps the matrix (keeper lease taken)")
         return taken in (LeaseState.TAKEN, LeaseState.HELD)
 
-    def keep(self, zk: Store, role: KeeperRole) -> None:
-        """The keeper's pass: sync the matrix (and repair it), admit or refuse waiting jobs;
-        see that the prune thread runs."""
-        try:
-            for decision in role.keep():
-                if decision.admitted:
-                    log.info("admitted %s: %s", decision.task_key,
-                             ", ".join(f"{p.name}@{p.host}" for p in decision.placements))
-                elif decision.refused:
-                    log.info("refused %s (--no-wait): %s", decision.task_key, decision.reason)
-        except StoreError as err:  # e.g. the matrix outgrew its znode
-            log.error("cannot sync the matrix or admit waiting jobs: %s", err)
-        self.prune(zk, role)
+    def keep(self, role: KeeperRole) -> None:
+        """The keeper's pass (on the term's pass thread): sync the matrix (and repair it),
+        admit or refuse waiting jobs. A failure is the pass thread's to say and count."""
+        for decision in role.keep():
+            if decision.admitted:
+                log.info("admitted %s: %s", decision.task_key,
+                         ", ".join(f"{p.name}@{p.host}" for p in decision.placements))
+            elif decision.refused:
+                log.info("refused %s (--no-wait): %s", decision.task_key, decision.reason)
 
     def prune(self, zk: Store, role: KeeperRole) -> None:
         """The keeper's prune thread (hypertf.keeper.prune) runs while ``role``'s term

@@ -1,28 +1,28 @@
-"""The keeper's pass (``Admitter.keep``) in a thread, for a process that is no agent.
+"""``KeeperThread``: the keeper's pass (``KeeperRole.keep``) on a thread, for a process that is
+no agent.
 
-An agent's keeper runs the pass in its service loop (hypertf.node.agent, through
-hypertf.keeper.role.KeeperTerm). Benches and tests whose hosts are records they publish
-themselves have no agent process, so nothing would admit their jobs: this runs the same
-pass, as the admin, waking on the changes an agent's keeper watches (every user's leases,
-the records, the matrix) and every 0.2 s besides. Only one keeper should run per root: the
-cluster's agents take the keeper lease, this does not.
+An agent's keeper runs its passes on a thread of its own while it holds the keeper lease
+(hypertf.keeper.role.KeeperTerm, on a hypertf.keeper.passes.PassThread). Benches and tests
+whose hosts are records they publish themselves have no agent process, so nothing would
+admit their jobs: this runs the same pass on the same kind of thread, as the admin, waking
+on the changes an agent's keeper watches (every user's leases, the records, the matrix)
+and every 0.2 s besides. Only one keeper should run per root: the cluster's agents take
+the keeper lease, this does not.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 
 from hypertf import store
 from hypertf.config.settings import ClusterSettings
 from hypertf.core import gctune
 from hypertf.core.fairshare import DAY_S
+from hypertf.keeper.passes import END_WAIT_S, PassThread
 from hypertf.keeper.preempter import preempt_settings
 from hypertf.keeper.role import KeeperRole
 from hypertf.store import Layout, Store
-
-log = logging.getLogger(__name__)
 
 
 class KeeperThread:
@@ -32,39 +32,33 @@ class KeeperThread:
                  identity: str = "admin", user_queue_limit: int = 200) -> None:
         self.client = store.connect(cluster, identity=identity)
         self.layout = Layout(cluster.zk_root)
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self.role = KeeperRole(Store(self.client, self.layout), self._wake.set,
+        self._passes = PassThread(interval=0.2, quiet=0.2)
+        self.role = KeeperRole(Store(self.client, self.layout), self._passes.wake,
                                user_gpu_limit, user_queue_limit,
                                host_gpus_max=cluster.host_gpus_max,
                                half_life_s=cluster.fairshare_half_life * DAY_S,
                                preempt=preempt_settings(cluster))
         self.admitter = self.role.admitter
-        self._thread = threading.Thread(target=self._run, daemon=True, name="keeper")
-        self.passes = 0
+
+    @property
+    def passes(self) -> int:
+        """The passes that went through so far."""
+        return self._passes.counts.passes
+
+    @property
+    def failures(self) -> int:
+        """The passes that failed so far (each logged with its cause)."""
+        return self._passes.counts.failures
 
     def start(self) -> KeeperThread:
         self.role.start()
-        self._thread.start()
+        # the role's keep looked up at each pass: a bench may wrap it (a profiler)
+        self._passes.start(lambda: self.role.keep())
         return self
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(0.2)
-            self._wake.clear()
-            if self._stop.is_set():
-                break
-            try:
-                self.role.keep()
-                self.passes += 1
-            except Exception as err:  # the next pass tries again, as an agent's keeper does
-                log.warning("keeper pass failed: %s", err)
-
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
         self.role.stop()
-        self._thread.join(10)
+        self._passes.stop(wait=END_WAIT_S)
         with contextlib.suppress(Exception):
             store.close(self.client)
 

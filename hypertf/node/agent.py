@@ -37,6 +37,7 @@ from hypertf import store
 from hypertf.config.inventory import Inventory, Node
 from hypertf.config.settings import GpuSourceKind
 from hypertf.core.errors import HyperTFError, StoreError
+from hypertf.keeper.passes import END_WAIT_S
 from hypertf.keeper.role import KeeperTerm
 from hypertf.node import confine, taskaccount
 from hypertf.node.hostreport import HostReport
@@ -56,7 +57,7 @@ from hypertf.store import AgentRecord, Layout, RecordWrite, Store
 KEEPALIVE_S = 60.0  # an unchanged record is written again after this long (at most)
 KEEPALIVE_BEATS = 30  # ... or after this many quiet intervals, if that is sooner
 CONNECT_RETRY_S = 2.0  # a new client's next try when ZooKeeper cannot take the agent
-QUIET_SWEEP_S = 30.0  # a pass nothing woke reads ZooKeeper (keep, reap, drain) this seldom
+QUIET_SWEEP_S = 30.0  # a look around nothing woke reads ZooKeeper (reap, drain) this seldom
 ADDRESSES_EVERY_S = 10.0  # the NIC addresses are read again this often (and when reconnected)
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,54 @@ class WritePolicy:
         self.due_at = now + self.keepalive * self.rng.uniform(0.75, 1.0)
 
 
+def confinement(node: Node, zk_root: str) -> confine.JobCgroups:
+    """What ``node`` can enforce (its cgroup subtrees made), written for tasknode."""
+    settings = node.settings
+    relative = confine.host_subtree(settings.cgroup_root, zk_root, node.name)
+    state = confine.detect(relative, settings.gpu_confine)
+    try:
+        confine.write_state(settings.workdir, state)
+    except OSError as err:
+        state = confine.NodeCgroups(why=f"cannot write {confine.STATE_FILE} ({err})",
+                                    required=state.required)
+    if state.mode is not confine.Mode.DEVICES:
+        log.warning("%s: tasks are %s: %s", node.name, state.label,
+                    "the trespass detector still stops processes on GPUs not granted "
+                    "to their job" if state.mode is confine.Mode.NONE else state.why)
+    return confine.JobCgroups(state)
+
+
+@dataclass
+class Turns:
+    """The pace of an agent's loop around one client. Work proportional to change: every
+    interval the node is probed (and its record written if that changed), but the reap,
+    the drain check and the keeper lease read ZooKeeper only when a watch woke the loop (a
+    lease, the keeper lease, its own row's shard), the record changed, or after
+    QUIET_SWEEP_S (a net)."""
+
+    interval: float
+    beat_at: float = 0.0  # the next heartbeat (monotonic)
+    look_at: float = 0.0  # the next look around however quiet (monotonic)
+    woken: bool = True  # a look around now
+    shard_watched: bool = False  # its own row's shard: watched once per client
+    record: AgentRecord | None = None  # the record as last published
+
+    def beaten(self, record: AgentRecord, changed: bool, now: float) -> None:
+        self.record = record
+        self.woken |= changed  # a new record (not a keep-alive): look around too
+        self.beat_at = now + self.interval
+
+    def look_due(self, now: float) -> bool:
+        return self.woken or now >= self.look_at
+
+    def looked(self, now: float) -> None:
+        self.woken = False
+        self.look_at = now + max(self.interval, QUIET_SWEEP_S)
+
+    def until_beat(self, now: float) -> float:
+        return max(0.0, self.beat_at - now)
+
+
 class NodeAgent:
     """The service loop around one ZooKeeper client."""
 
@@ -176,10 +225,10 @@ class NodeAgent:
         self.layout = Layout(inventory.cluster.zk_root)
         self.prober = prober or Prober(self.node, gpu_source(self.node))
         self._wake = threading.Event()
-        self._records_changed = threading.Event()  # the keeper: some host's record changed
         self._stop = threading.Event()
-        # the keeper lease's terms (only on a keeper host with the keeper's credential)
-        self.keeper = KeeperTerm(inventory, host, self._wake_up, self._records_changed.set,
+        # the keeper lease's terms (only on a keeper host with the keeper's credential): the
+        # passes run on a thread of their own, never on this agent's loop
+        self.keeper = KeeperTerm(inventory, host, self._wake_up,
                                  running=lambda: not self._stop.is_set())
         also = ("keeper",) if self.keeper.capable else ()
         self._client_factory = client_factory or (lambda: store.connect(
@@ -190,29 +239,13 @@ class NodeAgent:
         self._republish = True
         self._writes = WritePolicy(self.node.settings.agent_interval)
         self._content: tuple[AgentRecord | None, bytes] = (None, b"")  # a record, serialised
-        self.metrics = AgentCollector(host)
+        self.metrics = AgentCollector(host, keeper=self.keeper.counts if self.keeper.capable
+                                      else None)
         self.metrics_server = MetricsServer(self.metrics)
         # what the node enforces: found (its cgroup subtrees made) when it starts serving
         self.cgroups = confine.JobCgroups(confine.NodeCgroups(why="the agent is not serving"))
         self.report = HostReport(self.node, self.layout, self.metrics, self._wake_up,
                                  cgroups=self.cgroups, minors=lambda: self.prober.minors)
-
-    def _confinement(self) -> confine.JobCgroups:
-        """What this node can enforce (its cgroup subtrees made), written for tasknode."""
-        settings = self.node.settings
-        relative = confine.host_subtree(settings.cgroup_root, self.inventory.cluster.zk_root,
-                                        self.node.name)
-        state = confine.detect(relative, settings.gpu_confine)
-        try:
-            confine.write_state(settings.workdir, state)
-        except OSError as err:
-            state = confine.NodeCgroups(why=f"cannot write {confine.STATE_FILE} ({err})",
-                                        required=state.required)
-        if state.mode is not confine.Mode.DEVICES:
-            log.warning("%s: tasks are %s: %s", self.node.name, state.label,
-                        "the trespass detector still stops processes on GPUs not granted "
-                        "to their job" if state.mode is confine.Mode.NONE else state.why)
-        return confine.JobCgroups(state)
 
     def _on_state(self, state: str) -> None:
         """Listeners must not block: note what happened and wake the loop."""
@@ -289,7 +322,8 @@ class NodeAgent:
         node's cgroup subtrees exist while it serves: removed (when empty) however it ends."""
         record = None
         taskaccount.publish(self.node.settings.workdir, self.inventory.cluster.account_policy)
-        self.cgroups = self.report.cgroups = self._confinement()
+        self.cgroups = self.report.cgroups = confinement(self.node,
+                                                          self.inventory.cluster.zk_root)
         self.prober.cgroups = self.cgroups.state
         if not once:  # per-user tasks wait for it to join their cgroups (HostReport)
             threading.Thread(target=self.report.adopt_often, args=(self._stop,),
@@ -337,74 +371,75 @@ class NodeAgent:
         return client
 
     def _serve(self, client: KazooClient, once: bool) -> AgentRecord | None:
-        """Publish every interval (or after a reconnect); on a watch wake-up only sync the
-        matrix and reap, so job starts and ends cost no write per node."""
+        """Serve one client: heartbeat every interval (or after a reconnect), look around
+        when a watch woke the loop (``Turns``), until stopped, stale (a new client) or, with
+        ``once``, after one turn. The keeper's passes (this agent holding the keeper lease)
+        run on their own thread, which ends with this client's term."""
         zk = Store(client, self.layout)
-        record = None
-        shard_watched = False
-        next_beat = 0.0
-        # Work proportional to change: every interval the node is probed (and its record
-        # written if that changed), but the keeper's pass, the reap and the drain check
-        # read ZooKeeper only when a watch woke the loop (a lease, the keeper lease, its
-        # own row's shard; the keeper: every shard, a host's folder or record), the record
-        # changed, or after QUIET_SWEEP_S (a net).
-        woken, sweep_due, swept_at = True, 0.0, 0.0
-        interval = self.node.settings.agent_interval
-        while not self._stop.is_set():
-            if self._wake.is_set():  # cleared only when seen: a watch firing now is kept
-                self._wake.clear()
-                woken = True
-            if self._stale():
-                break  # a new client (run): this one's watches and role end here
-            if not client.connected:
-                self._wake.wait(1.0)  # calls would queue and block until reconnected
-                woken = True
-                continue
-            try:
-                if self._republish or time.monotonic() >= next_beat:
-                    record, changed = self._publish_probe(zk)
-                    woken |= changed  # a new record (not a keep-alive): look around too
-                    next_beat = time.monotonic() + self.node.settings.agent_interval
-                now = time.monotonic()
-                if woken or now >= sweep_due or (self._records_changed.is_set()
-                                                  and now >= swept_at + interval):
-                    woken, swept_at = False, now
-                    self._records_changed.clear()
-                    sweep_due = now + max(interval, QUIET_SWEEP_S)
-                    if not shard_watched:  # its own row: the keeper marked cells draining
-                        zk.matrix.watch_shard_of(self.node.name, self._wake_up)
-                        shard_watched = True
-                    self.keeper.step(zk)  # the keeper's pass, while this agent holds the lease
-                    self.report.reap_orphans(zk)
-                    self.confirm_drained(zk)
-            except NoNodeError:
-                log.error("ZooKeeper has no HyperTF root %s (did it lose its data?): the admin "
-                          "runs 'hypertf auth init'; retrying", self.layout.root)
-                self._wake.wait(2.0)
-                woken = True
-                continue
-            except (KazooException, KazooTimeoutError) as err:
-                log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
-                self._wake.wait(1.0)
-                woken = True
-                continue
-            except (StoreError, OSError) as err:  # unreadable data, a full disk: keep serving
-                log.error("agent pass failed: %s; retrying", err)
-                self._wake.wait(1.0)
-                woken = True
-                continue
-            except HyperTFError:
-                raise  # a setting to fix (a network that is not there...): say it and stop
-            except Exception:  # a bug must not take every agent down in turn: log, go on
-                log.exception("agent pass failed unexpectedly; retrying")
-                self._wake.wait(5.0)
-                woken = True
-                continue
-            if once:
-                break
-            woken = self._wake.wait(max(0.0, next_beat - time.monotonic()))
-        self.keeper.end()  # a new session's term starts from a fresh read
-        return record
+        turns = Turns(self.node.settings.agent_interval)
+        try:
+            while not self._stop.is_set():
+                if self._wake.is_set():  # cleared only when seen: a watch firing now is kept
+                    self._wake.clear()
+                    turns.woken = True
+                if self._stale():
+                    break  # a new client (run): this one's watches and keeper term end here
+                pause = self._turn(zk, turns)
+                if pause is not None:
+                    self._wake.wait(pause)
+                    turns.woken = True
+                    continue
+                if once:
+                    break
+                turns.woken = self._wake.wait(turns.until_beat(time.monotonic()))
+        finally:  # a new session's term starts from a fresh read
+            self.keeper.end(wait=None if once else END_WAIT_S, finish=once)
+        return turns.record
+
+    def _turn(self, zk: Store, turns: Turns) -> float | None:
+        """One turn of the loop: the heartbeat when due, then a look around when due. None
+        when it went through, else the pause before the next try (the failure said)."""
+        if not zk.client.connected:
+            return 1.0  # calls would queue and block until reconnected
+        try:
+            self._heartbeat(zk, turns)
+            if turns.look_due(time.monotonic()):
+                self._look_around(zk, turns)
+        except NoNodeError:
+            log.error("ZooKeeper has no HyperTF root %s (did it lose its data?): the admin "
+                      "runs 'hypertf auth init'; retrying", self.layout.root)
+            return 2.0
+        except (KazooException, KazooTimeoutError) as err:
+            log.warning("ZooKeeper unavailable (%s); retrying", type(err).__name__)
+            return 1.0
+        except (StoreError, OSError) as err:  # unreadable data, a full disk: keep serving
+            log.error("agent pass failed: %s; retrying", err)
+            return 1.0
+        except HyperTFError:
+            raise  # a setting to fix (a network that is not there...): say it and stop
+        except Exception:  # a bug must not take every agent down in turn: log, go on
+            log.exception("agent pass failed unexpectedly; retrying")
+            return 5.0
+        return None
+
+    def _heartbeat(self, zk: Store, turns: Turns) -> None:
+        """Probe the node and write its record if that changed, every interval (at once
+        after a reconnect); a new record (not a keep-alive) makes the loop look around."""
+        if self._republish or time.monotonic() >= turns.beat_at:
+            record, changed = self._publish_probe(zk)
+            turns.beaten(record, changed, time.monotonic())
+
+    def _look_around(self, zk: Store, turns: Turns) -> None:
+        """What a watch (a lease, the keeper lease, its own row's shard), a new record or
+        the quiet sweep asks for: the keeper lease held or taken (its pass thread woken),
+        the tasks of dead launchers stopped, this host's drained jobs reported."""
+        turns.looked(time.monotonic())
+        if not turns.shard_watched:  # its own row: the keeper marked cells draining
+            zk.matrix.watch_shard_of(self.node.name, self._wake_up)
+            turns.shard_watched = True
+        self.keeper.step(zk)
+        self.report.reap_orphans(zk)
+        self.confirm_drained(zk)
 
     def _stop_requested_cleanup(self, client: KazooClient) -> None:
         """Close the session: its ephemeral record goes at once (an agent may not delete

@@ -15,10 +15,16 @@ import socketserver
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from hypertf.core.matrix import Cell, GpuState, job_of, state_of
@@ -28,11 +34,23 @@ STATES = tuple(GpuState)
 log = logging.getLogger(__name__)
 
 
-class AgentCollector(Collector):
-    """Renders the latest record and matrix row on every scrape."""
+class KeeperFigures(Protocol):
+    """What the agent's keeper counts (hypertf.keeper.passes.PassCounts), read at a scrape."""
 
-    def __init__(self, host: str) -> None:
+    @property
+    def passes(self) -> int: ...
+
+    @property
+    def failures(self) -> int: ...
+
+
+class AgentCollector(Collector):
+    """Renders the latest record and matrix row on every scrape; on a keeper host (``keeper``
+    given), the keeper's passes and failed passes in this agent, every term's."""
+
+    def __init__(self, host: str, keeper: KeeperFigures | None = None) -> None:
         self.host = host
+        self.keeper = keeper
         self._lock = threading.Lock()
         self._record: AgentRecord | None = None
         self._row: Sequence[Cell] = ()
@@ -89,6 +107,19 @@ class AgentCollector(Collector):
                 trespass.add_metric(values, sum(1 for t in record.trespasses
                                                 if t.gpu == gpu.index))
         yield from (util, used, total, state, task, foreign, trespass, age, info)
+        if self.keeper is not None:
+            yield from self._keeper(self.keeper)
+
+    def _keeper(self, keeper: KeeperFigures) -> Iterator[Metric]:
+        passes = CounterMetricFamily("hypertf_keeper_passes",
+                                     "keeper passes this agent ran (holding the keeper lease)",
+                                     labels=["host"])
+        passes.add_metric([self.host], keeper.passes)
+        failures = CounterMetricFamily("hypertf_keeper_pass_failures",
+                                       "keeper passes of this agent that failed (each logged "
+                                       "with its cause, then tried again)", labels=["host"])
+        failures.add_metric([self.host], keeper.failures)
+        yield from (passes, failures)
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
