@@ -73,7 +73,8 @@ class PassThread:
         self._records = threading.Event()  # a pass at the next interval
         self._poke = threading.Event()  # one of the above, or the stop: look again
         self._stop = threading.Event()
-        self._finish = False  # a stop that serves the pass already asked for first
+        self._finish = False  # a stop that lets the term's first pass run first
+        self._ran = False  # a pass has run (gone through or failed)
         self._last = 0.0  # when the last pass began (monotonic)
         self._retry_at: float | None = None  # after a failed pass: when to try again
         self._thread: threading.Thread | None = None
@@ -98,9 +99,9 @@ class PassThread:
         self._poke.set()
 
     def stop(self, wait: float | None = 0.0, finish: bool = False) -> bool:
-        """End the thread after the pass in progress (with ``finish``, after the pass
-        already asked for); wait for it up to ``wait`` seconds (None: as long as it takes).
-        True once it has ended."""
+        """End the thread after the pass in progress (with ``finish``: not before the term's
+        first pass has run, as ``hypertf agent --once`` runs one); wait for it up to ``wait``
+        seconds (None: as long as it takes). True once it has ended."""
         self._finish = finish
         self._stop.set()
         self._poke.set()
@@ -130,7 +131,7 @@ class PassThread:
         while True:
             self._poke.clear()  # cleared before the flags are read: a wake-up now is kept
             if self._stop.is_set():
-                return self._finish and self._wake.is_set()
+                return self._finish and not self._ran
             now = time.monotonic()
             due = self._last + self.quiet
             if self._records.is_set():
@@ -145,7 +146,7 @@ class PassThread:
         """One pass, its failure said with its cause and counted."""
         self._wake.clear()
         self._records.clear()
-        self._last, self._retry_at = time.monotonic(), None
+        self._last, self._retry_at, self._ran = time.monotonic(), None, True
         try:
             keep()
         except StoreError as err:  # unreadable data, e.g. the matrix outgrew its znode

@@ -151,9 +151,10 @@ class KeeperTerm:
             return
         if self.role is None or self._passes is None or not self._passes.alive:
             self.end()  # a pass thread that ended by itself (it never should) is replaced
-            self.role, self._passes = self._begin(zk)
+            self.role, self._passes = self._begin(zk)  # its first pass: at once
+        else:
+            self._passes.wake()
         self.prune(zk, self.role)
-        self._passes.wake()
 
     def _begin(self, zk: Store) -> tuple[KeeperRole, PassThread]:
         """A new term: its role (watches, admitter) and the thread of its passes, the first
@@ -174,8 +175,8 @@ class KeeperTerm:
     def end(self, wait: float | None = 0.0, finish: bool = False) -> None:
         """End the term: its pass thread stops after the pass in progress and then stops the
         role (its watches end at their next firing). ``wait``: how long to wait for that
-        (the agent's session is closing); ``finish``: the pass asked for runs first
-        (``hypertf agent --once``)."""
+        (the agent's session is closing); ``finish``: not before the term's first pass has
+        run (``hypertf agent --once``)."""
         passes, self._passes, self.role = self._passes, None, None
         if passes is not None and not passes.stop(wait, finish) and wait != 0.0:
             log.warning("the keeper's pass did not end within %.0f s of its term; it ends "

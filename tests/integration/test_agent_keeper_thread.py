@@ -2,7 +2,7 @@
 a keeper pass that raises is logged with its cause and counted in the agent's /metrics while
 the agent's heartbeat goes on; a pass that hangs delays no heartbeat; a lost keeper lease
 ends its term's pass thread once the pass in progress is over, and the agent's next term
-keeps the matrix again.
+keeps the matrix again; ``--once`` runs the term's first pass and leaves no thread behind.
 
 The agent is the real NodeAgent (its loop, its keeper term, its pass thread) in a thread of
 this process; only the pass itself (``KeeperRole.keep``) is made to fail or to hang here."""
@@ -184,3 +184,13 @@ def test_a_hung_pass_delays_no_heartbeat_and_a_lost_lease_ends_its_term(
         assert keeper_metric(agent, "hypertf_keeper_pass_failures_total") == 0
     finally:
         release.set()
+
+
+def test_once_runs_the_terms_first_pass_and_leaves_no_thread(inventory, admin) -> None:
+    """``hypertf agent --once`` publishes one record and, holding the keeper lease, runs one
+    keeper pass (inline before the pass thread): the term's first, then its thread ends."""
+    agent = NodeAgent(inventory, HOST)
+    assert agent.run(once=True) is not None
+    assert (agent.keeper.counts.passes, agent.keeper.counts.failures) == (1, 0)
+    assert not keeper_threads()
+    assert record(admin, inventory) is None  # its session closed: the record went with it
