@@ -20,7 +20,6 @@ from hypertf import store
 from hypertf.cli import statustable
 from hypertf.config.inventory import load_inventory
 from hypertf.store import Store, status
-from hypertf.store.allocation import read_matrix
 from tests.conftest import wait_for
 
 
@@ -56,13 +55,13 @@ def test_agent_publishes_refreshes_and_deletes_on_sigterm(agent_inventory):
         assert record.data_addr == record.mgmt_addr == "127.0.0.1"
         assert 20000 <= record.port <= 20999
         assert [g.available for g in record.gpus] == [True, True, False]
-        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus.get("node1") == [1, 1, 0],
+        wait_for(lambda: Store(client, layout).matrix.read()[0].gpus.get("node1") == [1, 1, 0],
                  10, "the keeper's row for node1")
         # The static source is re-read every heartbeat: GPU 0 gets busy, GPU 2 idle.
         gpus.write_text(json.dumps([{"memory_used": 15 * 1024**3}, {}, {}]))
         wait_for(lambda: store.Store(client, layout).records()["node1"].gpu_avail_list == [1, 2],
                  10, "the new availability")
-        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus.get("node1") == [0, 1, 1], 10,
+        wait_for(lambda: Store(client, layout).matrix.read()[0].gpus.get("node1") == [0, 1, 1], 10,
                  "the matrix to follow (keeper agent)")
         # Nothing changes now: the record is not written again before its keep-alive (the
         # agent probes every interval, writes on change: idle agents cost ZooKeeper nothing).
@@ -123,7 +122,7 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
         assert record.gpus[0].reason == f"foreign process pid {foreign.pid}"
         assert record.gpus[1].reason == f"in use by {key}"
         assert record.gpus[1].processes == [store.GpuProcess(stray.pid, None, key)]
-        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus.get("node1") == [0, 0, 1], 10,
+        wait_for(lambda: Store(client, layout).matrix.read()[0].gpus.get("node1") == [0, 0, 1], 10,
                  "the matrix to follow")
         view = status.collect(client, inventory)
         first, second, third = view["hosts"][0]["gpus"]
@@ -159,7 +158,7 @@ def test_processes_on_a_gpu_show_in_record_status_and_metrics(agent_inventory):
         foreign.kill()
         stray.kill()
         gpus.write_text(json.dumps([{}, {}, {}]))
-        wait_for(lambda: read_matrix(Store(client, layout))[0].gpus.get("node1") == [1, 1, 1], 10,
+        wait_for(lambda: Store(client, layout).matrix.read()[0].gpus.get("node1") == [1, 1, 1], 10,
                  "the GPUs to free when the processes are gone")
     finally:
         for process in (agent, foreign, stray):
