@@ -34,8 +34,8 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
         exempt = True if no_preempt_ok else False if preemptible else None
         with store.opened(inv.cluster) as zk:
             limits = bootstrap.set_user_limits(zk.client, inv.cluster.zk_root, str(user),
-                                                 max_priority, gpu_limit, share,
-                                                 gpu_hours_per_month, exempt).of(str(user))
+                                               max_priority, gpu_limit, share,
+                                               gpu_hours_per_month, exempt).of(str(user))
         cap = limits.gpu_limit or "the cluster's hypertf_user_gpu_limit"
         budget = f"{limits.gpu_hours_per_month:g} GPU-hours a month" \
             if limits.gpu_hours_per_month else "no budget"

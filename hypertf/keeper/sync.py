@@ -113,7 +113,7 @@ def sync(store: Store, grants: Mapping[str, Held] | None = None,
                 raise
             log.error("%s: rewriting it", err)
             bootstrap.ensure_matrix(store.client, store.layout, store.acls.matrix(), 0,
-                               fallback=last_good)
+                                    fallback=last_good)
             raise ForceRetryError() from None
         registered = registered_hosts() if registered_hosts else store.hosts()
         records = cache.records(registered) if cache else store.records(only=registered)
