@@ -489,16 +489,6 @@ def test_start_with_nothing_on_stdin_starts_nothing_and_says_nothing() -> None:
     assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
 
 
-def test_start_imports_nothing_that_only_other_verbs_need() -> None:
-    """'start' is on every job's critical path: one Python start per node."""
-    code = ("import sys, hypertf.node.tasknode; print(sorted(m for m in "
-            "('psutil', 'tarfile', 'logging', 'argparse', 'hypertf.core.diagnose') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, timeout=30, check=True)
-    assert out.stdout.strip() == "[]"
-
-
 def one_task_request(node: Node, run: RunDir, script: Path) -> dict:
     """A 'start' request for one task, worker0, running ``script``."""
     return {"run_dir": str(run.path), "venv": str(node.venv), "tasks": [
