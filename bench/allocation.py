@@ -99,6 +99,7 @@ def worker(args: argparse.Namespace) -> int:
     payload = b"x" * args.payload
 
     def loop(client, owner: str) -> None:
+        session = Store(client, layout)  # one session: its known records and grant watches
         mine = []
         while time.time() < args.start_at:
             time.sleep(0.001)
@@ -112,7 +113,7 @@ def worker(args: argparse.Namespace) -> int:
             key = new_task_key(owner)
             t0 = time.monotonic()
             try:
-                grant = Store(client, layout).queue.submit(one_gpu(), key)
+                grant = session.queue.submit(one_gpu(), key)
             except StoreError as err:
                 mine.append({"failed": str(err)})
                 continue
@@ -122,7 +123,7 @@ def worker(args: argparse.Namespace) -> int:
             time.sleep(HOLD_S)
             releasing = time.time()
             t2 = time.monotonic()
-            Store(client, layout).matrix.release(key)
+            session.matrix.release(key)
             t3 = time.monotonic()
             mine.append({"key": key, "host": placement.host, "gpu": placement.gpus[0],
                          "granted": granted, "releasing": releasing, "retries": grant.retries,
@@ -148,16 +149,17 @@ def worker(args: argparse.Namespace) -> int:
 # -- the driver --------------------------------------------------------------------------------
 def latency(client, layout: Layout, cycles: int) -> dict[str, list[float]]:
     figures: dict[str, list[float]] = defaultdict(list)
+    session = Store(client, layout)  # one session: its known records and grant watches
     matrix_size = max(len(client.get(layout.matrix_shard(i))[0])  # the largest shard
-                      for i in range(Store(client, layout).matrix.read()[1].shards))
+                      for i in range(session.matrix.read()[1].shards))
     set_path = f"{layout.root}/plain-set"  # made by the driver, with the matrix's ACL
     payload = b"x" * matrix_size
     for _ in range(cycles):
         key = new_task_key(credentials.login_user())
         t0 = time.monotonic()
-        Store(client, layout).queue.submit(one_gpu(), key)
+        session.queue.submit(one_gpu(), key)
         t1 = time.monotonic()
-        Store(client, layout).matrix.release(key)
+        session.matrix.release(key)
         t2 = time.monotonic()
         client.set(set_path, payload)
         t3 = time.monotonic()
@@ -220,10 +222,11 @@ def keeper_for(zk_hosts: str, root: str, mode: str) -> KeeperThread:
 
 def warm_up(client, layout: Layout, cycles: int, owner: str) -> None:
     """A few cycles through a fresh keeper (its first pass loads everything)."""
+    session = Store(client, layout)  # one session: what it learns serves every cycle
     for _ in range(cycles):
         key = new_task_key(owner)
-        Store(client, layout).queue.submit(one_gpu(), key)
-        Store(client, layout).matrix.release(key)
+        session.queue.submit(one_gpu(), key)
+        session.matrix.release(key)
 
 
 def main() -> int:

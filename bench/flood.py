@@ -62,11 +62,13 @@ def main() -> int:
                 return Request(tuple(TaskSlot("worker", i, 1) for i in range(tasks)), (host,),
                                port_ranges=PortRanges((host,), (20000, 20999)))
 
+            alice_store = Store(alice, layout)  # one session, as a launcher's
+
             def admission_s() -> float:
                 started = time.monotonic()
-                grant = Store(alice, layout).queue.submit(request(names[1]), new_task_key("alice"))
+                grant = alice_store.queue.submit(request(names[1]), new_task_key("alice"))
                 took = time.monotonic() - started
-                Store(alice, layout).matrix.release(grant.task_key, stopped_on=[names[1]])
+                alice_store.matrix.release(grant.task_key, stopped_on=[names[1]])
                 return took
 
             idle = [admission_s() for _ in range(samples)]

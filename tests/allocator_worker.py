@@ -27,9 +27,10 @@ def main() -> None:
     client = store.connect(settings)
     layout = store.Layout(root)
     request = Request(slots=(TaskSlot("worker", 0, 1),), hosts=tuple(hosts.split(",")))
+    session = Store(client, layout)  # one session: its known records and grant watches
     for _ in range(cycles):
         key = new_task_key("root")
-        grant = Store(client, layout).queue.submit(request, key)  # waits in the queue
+        grant = session.queue.submit(request, key)  # waits in the queue
         start = time.time()
         placement = grant.placements[0]
         print(json.dumps({"key": key, "host": placement.host, "gpu": placement.gpus[0],
@@ -38,7 +39,7 @@ def main() -> None:
             time.sleep(3600)
         time.sleep(0.02)
         end = time.time()
-        Store(client, layout).matrix.release(key)
+        session.matrix.release(key)
         print(json.dumps({"key": key, "end": end}), flush=True)
     store.close(client)
 
