@@ -11,8 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
-# What `up` needs: ZooKeeper (the local node runs its agent and tasks without SSH).
-UP_SYSTEM_PACKAGES=(zookeeper)
+# What `up` needs: ZooKeeper (the local node runs its agent and tasks without SSH) and a JDK
+# (javac builds HyperTF's bounds provider for it: hypertf/ops/zkbounds.py).
+UP_SYSTEM_PACKAGES=(zookeeper default-jdk-headless)
 UP_EXTRAS=controller,tf
 # What the suite needs on top: sshd, ip netns and openssl (the lab, test_auth), acl (a per-user
 # lab lets its accounts through a closed home to this Python: setfacl), pdsh (bench),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hypertf.core.errors import HyperTFError
 from hypertf.node import procs
+from hypertf.ops import zkbounds
 from hypertf.store.fourletter import mode
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
@@ -28,7 +29,10 @@ INSTALL_HINT = "apt-get install zookeeper (Debian package; brings Java)"
 JUTE_MAXBUFFER = 1048575
 # The per-user folders' quotas (hypertf.store.quotas.UserQuotas) refuse past their hard
 # limits only with this (ZooKeeper 3.7 and later; Debian's package is 3.8).
-SERVER_FLAGS = ("-Dzookeeper.enforceQuota=true", f"-Djute.maxbuffer={JUTE_MAXBUFFER}")
+# A server out of heap exits (to be started again on its data) rather than limp on with
+# threads that died of it; HyperTF's provider bounds names and quotas (hypertf.ops.zkbounds).
+SERVER_FLAGS = ("-Dzookeeper.enforceQuota=true", f"-Djute.maxbuffer={JUTE_MAXBUFFER}",
+                "-XX:+ExitOnOutOfMemoryError", *zkbounds.server_flags())
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -136,6 +140,7 @@ class ZooKeeperServer:
                 f"hypertf_zookeeper_hosts at it instead of starting one"
             )
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        jars = (*jars, str(zkbounds.provider_jar()))
         config = self.write_config(tick_ms)
         with open(self.logfile, "ab") as log:
             proc = subprocess.Popen(

@@ -1,0 +1,235 @@
+/*
+ * HyperTF's bounds inside ZooKeeper (docs/zookeeper-layout.md, "Bounds"): ZooKeeper's own
+ * digest scheme, with three checks on every create and write it authorises.
+ *
+ * ZooKeeper bounds a znode's name by nothing but jute.maxbuffer, and checks a quota against
+ * the committed tree, not the requests in flight: one user's long names, or one multi of
+ * many creates, made it hold far more than the quota said. This provider takes the
+ * "digest" scheme's place (zookeeper.authProvider.hypertf=this class), so no client and no
+ * ACL changes, and refuses with NoAuth, before anything is written:
+ *   1. a create whose last name is longer than hypertf.zookeeper.nameMax characters (255);
+ *   2. under a folder with a count or byte hard quota, by an identity that does not
+ *      administer the parent: a create or write that the quota would refuse once the
+ *      requests already accepted but not yet committed are counted (ZooKeeper's own check
+ *      counts only what is committed), and a new child whose ACL lets anyone but the
+ *      parent's administrators create below it or change its ACL (such folders stay flat).
+ * So a user's count quota holds exactly and his byte quota by at most one request's data.
+ */
+package org.apache.zookeeper.server;
+
+import java.util.List;
+import java.util.Map;
+import org.apache.zookeeper.KeeperException;
+import org.apache.zookeeper.Quotas;
+import org.apache.zookeeper.StatsTrack;
+import org.apache.zookeeper.ZooDefs;
+import org.apache.zookeeper.data.ACL;
+import org.apache.zookeeper.server.auth.DigestAuthenticationProvider;
+import org.apache.zookeeper.server.auth.ServerAuthenticationProvider;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+public final class BoundedDigestProvider extends ServerAuthenticationProvider {
+
+    private static final Logger LOG = LoggerFactory.getLogger(BoundedDigestProvider.class);
+
+    public static final String NAME_MAX_PROPERTY = "hypertf.zookeeper.nameMax";
+
+    private static final int NAME_MAX = Integer.getInteger(NAME_MAX_PROPERTY, 255);
+
+    private static final int SET_ACL = ZooDefs.Perms.CREATE | ZooDefs.Perms.ADMIN;
+
+    private final DigestAuthenticationProvider digest = new DigestAuthenticationProvider();
+
+    private long refused;
+
+    @Override
+    public String getScheme() {
+        return digest.getScheme();
+    }
+
+    @Override
+    public KeeperException.Code handleAuthentication(ServerObjs objs, byte[] authData) {
+        return digest.handleAuthentication(objs.getCnxn(), authData);
+    }
+
+    @Override
+    public boolean isAuthenticated() {
+        return digest.isAuthenticated();
+    }
+
+    @Override
+    public boolean isValid(String id) {
+        return digest.isValid(id);
+    }
+
+    @Override
+    public String getUserName(String id) {
+        return digest.getUserName(id);
+    }
+
+    @Override
+    public boolean matches(ServerObjs objs, MatchValues values) {
+        if (!digest.matches(values.getId(), values.getAclExpr())) {
+            return false;
+        }
+        int perm = values.getPerm();
+        if (perm != ZooDefs.Perms.CREATE && perm != ZooDefs.Perms.WRITE) {
+            return true;
+        }
+        String why = refusal(objs.getZks(), values);
+        if (why == null) {
+            return true;
+        }
+        if (refused++ % 1000 == 0) {  // a flood: one line per thousand refusals
+            LOG.warn("refused {} on {} by digest:{}: {} ({} refused)",
+                     perm == ZooDefs.Perms.CREATE ? "a create" : "a write",
+                     abbreviated(values.getPath()), values.getId(), why, refused);
+        }
+        return false;
+    }
+
+    /** Why this create or write may not be done, or null. Runs on the one thread that
+     *  prepares requests, so what it counts cannot change under it but by commits. */
+    private static String refusal(ZooKeeperServer zks, MatchValues values) {
+        String path = values.getPath();
+        boolean create = values.getPerm() == ZooDefs.Perms.CREATE;
+        if (create && path.length() - path.lastIndexOf('/') - 1 > NAME_MAX) {
+            return "a name longer than " + NAME_MAX + " characters";
+        }
+        DataTree tree = zks.getZKDatabase().getDataTree();
+        String prefix = tree.getMaxPrefixWithQuota(path);
+        if (prefix == null || prefix.isEmpty()) {
+            return null;
+        }
+        StatsTrack limits = track(tree, Quotas.limitPath(prefix));
+        long countMax = limits == null ? -1 : bound(limits.getCount(), limits.getCountHardLimit());
+        long bytesMax = limits == null ? -1 : bound(limits.getBytes(), limits.getByteHardLimit());
+        if (countMax < 0 && bytesMax < 0) {
+            return null;
+        }
+        if (!createsIn(aclOf(zks, tree, prefix), values.getId())) {
+            return null;  // not one of the folder's users: its admin, the keeper, a reader
+        }
+        String parent = create ? path.substring(0, Math.max(path.lastIndexOf('/'), 1)) : path;
+        List<ACL> parentAcl = aclOf(zks, tree, parent);
+        if (create && values.getSetAcls() != null) {
+            for (ACL acl : values.getSetAcls()) {
+                if ((acl.getPerms() & SET_ACL) != 0
+                    && !("digest".equals(acl.getId().getScheme())
+                         && administers(parentAcl, acl.getId().getId()))) {
+                    return "a child whose ACL lets " + acl.getId() + " create below it";
+                }
+            }
+        }
+        long[] held = held(zks, tree, prefix);  // {znodes, bytes}, requests in flight included
+        if (held == null) {
+            return null;
+        }
+        long count = held[0] + (create ? 1 : 0);
+        if (countMax >= 0 && count > countMax) {
+            return "past the count quota of " + prefix + " (" + countMax
+                + ") with the requests in flight";
+        }
+        if (bytesMax >= 0 && held[1] > bytesMax) {
+            return "past the byte quota of " + prefix + " (" + bytesMax
+                + ") with the requests in flight";
+        }
+        return null;
+    }
+
+    /** What prefix's subtree holds once the accepted, uncommitted requests are counted:
+     *  znodes and data bytes (the committed stats, then each path's latest change against
+     *  what the tree holds), read under the lock that commits take; null: no stats. */
+    private static long[] held(ZooKeeperServer zks, DataTree tree, String prefix) {
+        String below = prefix + "/";
+        synchronized (zks.outstandingChanges) {
+            StatsTrack stats = track(tree, Quotas.statPath(prefix));
+            if (stats == null) {
+                return null;
+            }
+            long znodes = stats.getCount();
+            long bytes = stats.getBytes();
+            for (Map.Entry<String, ZooKeeperServer.ChangeRecord> entry
+                     : zks.outstandingChangesForPath.entrySet()) {
+                String path = entry.getKey();
+                if (!path.startsWith(below)) {
+                    continue;
+                }
+                ZooKeeperServer.ChangeRecord change = entry.getValue();
+                DataNode node = tree.getNode(path);
+                boolean willBe = change.stat != null;
+                znodes += (willBe ? 1 : 0) - (node != null ? 1 : 0);
+                bytes += (willBe && change.data != null ? change.data.length : 0) - length(node);
+            }
+            return new long[] {znodes, bytes};
+        }
+    }
+
+    private static long length(DataNode node) {
+        if (node == null) {
+            return 0;
+        }
+        synchronized (node) {
+            byte[] data = node.getData();
+            return data == null ? 0 : data.length;
+        }
+    }
+
+    private static List<ACL> aclOf(ZooKeeperServer zks, DataTree tree, String path) {
+        synchronized (zks.outstandingChanges) {
+            ZooKeeperServer.ChangeRecord change = zks.outstandingChangesForPath.get(path);
+            if (change != null && change.acl != null) {
+                return change.acl;
+            }
+        }
+        DataNode node = tree.getNode(path);
+        return node == null ? List.of() : zks.getZKDatabase().aclForNode(node);
+    }
+
+    /** The folder's users' bound: its soft limit where one is set (the hard one leaves
+     *  the keeper room for its own writes in their records), else the hard one. */
+    private static long bound(long soft, long hard) {
+        return soft >= 0 ? soft : hard;
+    }
+
+    /** Whether digestId may create in the folder without administering it: a user of it. */
+    private static boolean createsIn(List<ACL> acls, String digestId) {
+        boolean creates = false;
+        for (ACL acl : acls) {
+            if ("digest".equals(acl.getId().getScheme()) && acl.getId().getId().equals(digestId)) {
+                if ((acl.getPerms() & ZooDefs.Perms.ADMIN) != 0) {
+                    return false;
+                }
+                creates |= (acl.getPerms() & ZooDefs.Perms.CREATE) != 0;
+            }
+        }
+        return creates;
+    }
+
+    private static boolean administers(List<ACL> acls, String digestId) {
+        for (ACL acl : acls) {
+            if ((acl.getPerms() & ZooDefs.Perms.ADMIN) != 0
+                && "digest".equals(acl.getId().getScheme())
+                && acl.getId().getId().equals(digestId)) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    private static StatsTrack track(DataTree tree, String path) {
+        DataNode node = tree.getNode(path);
+        if (node == null) {
+            return null;
+        }
+        synchronized (node) {
+            return node.getData() == null ? null : new StatsTrack(node.getData());
+        }
+    }
+
+    private static String abbreviated(String path) {
+        return path.length() <= 200 ? path : path.substring(0, 200) + "... ("
+            + path.length() + " characters)";
+    }
+}
