@@ -13,12 +13,22 @@
  *      requests already accepted but not yet committed are counted (ZooKeeper's own check
  *      counts only what is committed), and a new child whose ACL lets anyone but the
  *      parent's administrators create below it or change its ACL (such folders stay flat).
+ *   3. a read by a client that already has hypertf.zookeeper.queuedMax bytes (32 MiB) of
+ *      responses queued and unsent, or 256 KiB while all clients' queues together hold a
+ *      quarter of the heap (hypertf.zookeeper.queuedTotalMax): ZooKeeper queues responses
+ *      without limit, so one client that sends reads and never reads the answers made it
+ *      run out of heap. Such a client gets NoAuth for its reads until it reads; one 32 MiB
+ *      behind (1 MiB under that pressure) is disconnected, which drops what is queued for
+ *      it (its session lives on, and it may connect again).
  * So a user's count quota holds exactly and his byte quota by at most one request's data.
  */
 package org.apache.zookeeper.server;
 
+import java.lang.reflect.Field;
+import java.nio.ByteBuffer;
 import java.util.List;
 import java.util.Map;
+import java.util.Queue;
 import org.apache.zookeeper.KeeperException;
 import org.apache.zookeeper.Quotas;
 import org.apache.zookeeper.StatsTrack;
@@ -38,6 +48,23 @@ public final class BoundedDigestProvider extends ServerAuthenticationProvider {
     private static final int NAME_MAX = Integer.getInteger(NAME_MAX_PROPERTY, 255);
 
     private static final int SET_ACL = ZooDefs.Perms.CREATE | ZooDefs.Perms.ADMIN;
+
+    private static final long QUEUED_MAX = Long.getLong("hypertf.zookeeper.queuedMax", 32L << 20);
+
+    private static final long QUEUED_SMALL = 256L << 10;
+
+    private static final long QUEUED_PRESSED = 1L << 20;
+
+    private static final long QUEUED_TOTAL_MAX = Long.getLong(
+        "hypertf.zookeeper.queuedTotalMax", Runtime.getRuntime().maxMemory() / 4);
+
+    private static final long TOTAL_EVERY_NS = 100_000_000L;
+
+    private static final Field OUTGOING = outgoingField();
+
+    private volatile long queuedTotal;
+
+    private volatile long queuedTotalAt = System.nanoTime() - TOTAL_EVERY_NS;
 
     private final DigestAuthenticationProvider digest = new DigestAuthenticationProvider();
 
@@ -74,16 +101,21 @@ public final class BoundedDigestProvider extends ServerAuthenticationProvider {
             return false;
         }
         int perm = values.getPerm();
-        if (perm != ZooDefs.Perms.CREATE && perm != ZooDefs.Perms.WRITE) {
+        String why;
+        if (perm == ZooDefs.Perms.READ) {
+            why = backlog(objs);
+        } else if (perm == ZooDefs.Perms.CREATE || perm == ZooDefs.Perms.WRITE) {
+            why = refusal(objs.getZks(), values);
+        } else {
             return true;
         }
-        String why = refusal(objs.getZks(), values);
         if (why == null) {
             return true;
         }
         if (refused++ % 1000 == 0) {  // a flood: one line per thousand refusals
             LOG.warn("refused {} on {} by digest:{}: {} ({} refused)",
-                     perm == ZooDefs.Perms.CREATE ? "a create" : "a write",
+                     perm == ZooDefs.Perms.CREATE ? "a create"
+                         : perm == ZooDefs.Perms.WRITE ? "a write" : "a read",
                      abbreviated(values.getPath()), values.getId(), why, refused);
         }
         return false;
@@ -185,6 +217,71 @@ public final class BoundedDigestProvider extends ServerAuthenticationProvider {
         }
         DataNode node = tree.getNode(path);
         return node == null ? List.of() : zks.getZKDatabase().aclForNode(node);
+    }
+
+    /** Why this connection may not be sent one more response now, or null. */
+    private String backlog(ServerObjs objs) {
+        long own = queued(objs.getCnxn());
+        if (own < QUEUED_SMALL) {
+            return null;
+        }
+        if (own >= QUEUED_MAX) {
+            // Hopelessly behind: closing drops what is queued (its session lives on, and the
+            // client may connect again); refusing alone would queue the refusals.
+            objs.getCnxn().close(ServerCnxn.DisconnectReason.CONNECTION_CLOSE_FORCED);
+            return own + " bytes of responses unread by the client: connection closed";
+        }
+        long now = System.nanoTime();
+        if (now - queuedTotalAt >= TOTAL_EVERY_NS) {
+            long total = 0;
+            for (ServerCnxnFactory factory : new ServerCnxnFactory[] {
+                     objs.getZks().getServerCnxnFactory(),
+                     objs.getZks().getSecureServerCnxnFactory()}) {
+                if (factory != null) {
+                    for (ServerCnxn cnxn : factory.getConnections()) {
+                        total += queued(cnxn);
+                    }
+                }
+            }
+            queuedTotal = total;
+            queuedTotalAt = now;
+        }
+        if (queuedTotal >= QUEUED_TOTAL_MAX) {
+            if (own >= QUEUED_PRESSED) {
+                objs.getCnxn().close(ServerCnxn.DisconnectReason.CONNECTION_CLOSE_FORCED);
+            }
+            return own + " bytes unread by the client while all clients' hold " + queuedTotal;
+        }
+        return null;
+    }
+
+    /** The bytes queued for this connection and not yet sent (NIO's queue; 0 for others:
+     *  the Netty factory, used with TLS, keeps its own). */
+    private static long queued(ServerCnxn cnxn) {
+        if (OUTGOING == null || !(cnxn instanceof NIOServerCnxn)) {
+            return 0;
+        }
+        try {
+            long bytes = 0;
+            for (Object buffer : (Queue<?>) OUTGOING.get(cnxn)) {
+                bytes += ((ByteBuffer) buffer).remaining();
+            }
+            return bytes;
+        } catch (IllegalAccessException | RuntimeException err) {
+            return 0;
+        }
+    }
+
+    private static Field outgoingField() {
+        try {
+            Field field = NIOServerCnxn.class.getDeclaredField("outgoingBuffers");
+            field.setAccessible(true);
+            return field;
+        } catch (ReflectiveOperationException | RuntimeException err) {
+            LOG.warn("this ZooKeeper's NIOServerCnxn has no outgoingBuffers: responses a client "
+                     + "leaves unread are not bounded", err);
+            return null;
+        }
     }
 
     /** The folder's users' bound: its soft limit where one is set (the hard one leaves
