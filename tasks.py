@@ -172,6 +172,8 @@ VERB_TASKS = (
              "As the admin: each user's node account (name, uid, SSH key) as registered."),
     VerbTask("auth.limits", "auth limits",
              "As the admin: a user's maximum priority, GPU limit, share, budget, exemption."),
+    VerbTask("auth.footprint", "auth footprint",
+             "As the admin: each user's znodes, bytes and junk names; delete one user's junk."),
     VerbTask("lab.up", "lab up",
              "Create a multi-host lab on this machine; the last line printed is its inventory."),
     VerbTask("lab.down", "lab down",

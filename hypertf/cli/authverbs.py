@@ -1,6 +1,7 @@
 """``hypertf auth``, typed as in hypertf.cli.commands (the admin's verbs): init (the
 credentials and the secured root), add-user (a user's credential and, on a per-user
-cluster, their node account), accounts (the register of node accounts) and limits."""
+cluster, their node account), accounts (the register of node accounts), limits and
+footprint (what each user makes ZooKeeper hold; one user's junk deleted)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypertf.core.errors import UsageError
 
 if TYPE_CHECKING:
     from hypertf.config.inventory import Inventory
+    from hypertf.store.footprint import FolderFootprint, Footprint
 
 
 def auth(inventory: str, action: str, user: str | None = None, reset: bool = False,
@@ -19,13 +21,16 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
          gpu_limit: int | None = None, share: float | None = None,
          gpu_hours_per_month: float | None = None, no_preempt_ok: bool = False,
          preemptible: bool = False, ssh_key: str | None = None, uid: int | None = None,
-         no_nodes: bool = False, as_json: bool = False) -> int:
+         no_nodes: bool = False, as_json: bool = False,
+         delete_junk: str | None = None) -> int:
     from hypertf import store
     from hypertf.store import bootstrap, credentials
 
     inv = load_inventory(inventory)
     if action == "accounts":
         return _accounts(inv, as_json)
+    if action == "footprint":
+        return _footprint(inv, as_json, delete_junk)
     if action in ("add-user", "limits") and not user:
         raise UsageError(f"hypertf auth {action} NAME: name the user")
     if action == "limits":
@@ -74,6 +79,65 @@ def _accounts(inv: Inventory, as_json: bool) -> int:
         print(f"{row.user:<16} {row.account:<24} uid {uid:<12} "
               f"{'key' if row.public_key else 'NO KEY'}")
     return 0
+
+
+def _footprint(inv: Inventory, as_json: bool, delete_junk: str | None) -> int:
+    """``hypertf auth footprint``: each user's folders as ZooKeeper holds them, largest
+    first; ``--delete-junk USER``: that user's junk names deleted first (admin only)."""
+    import json
+
+    from hypertf import store
+    from hypertf.store import footprint
+
+    with store.opened(inv.cluster) as zk:
+        footprint.require_admin(zk, "run 'hypertf auth footprint'")
+        deleted = footprint.delete_junk(zk, delete_junk) if delete_junk else None
+        seen = footprint.footprint(zk)
+    if as_json:
+        print(json.dumps({**seen.as_dict(),
+                          **({"deleted": deleted.as_dict()} if deleted else {})}, indent=2))
+        return 0
+    if deleted:
+        refused = (f"; {len(deleted.refused)} refused (their ACL shuts the admin out: "
+                   f"ZooKeeper's super user can delete them)" if deleted.refused else "")
+        print(f"{deleted.user}: deleted {deleted.names} junk names ({deleted.znodes} znodes, "
+              f"{deleted.data_bytes:,} data bytes, {deleted.name_bytes:,} name bytes)"
+              f"{refused}")
+    print(footprint_table(seen))
+    return 0
+
+
+FOOTPRINT_COLUMNS = (("USER", 16), ("LEASES", 13), ("LEASE DATA", 19), ("JOBS", 13),
+                     ("JOB DATA", 15), ("NAME BYTES", 12), ("JUNK", 7), ("TOTAL BYTES", 13))
+
+
+def _used(used: int | None, limit: int | None, unit: str = "") -> str:
+    """``used/limit`` (``-``: not known, or no limit)."""
+    return (f"{'-' if used is None else f'{used:,}'}{unit}/"
+            f"{'-' if limit is None else f'{limit:,}'}")
+
+
+def _folder_cells(folder: FolderFootprint) -> list[str]:
+    if not folder.listed:
+        return ["(no folder)", "-"]
+    quota = folder.quota
+    return [_used(quota.znodes, quota.znode_limit), _used(quota.data_bytes, quota.byte_limit)]
+
+
+def footprint_table(seen: Footprint) -> str:
+    """The footprint as a table: a row per user (znodes/limit and data bytes/limit of each
+    folder, its names' bytes, its junk names, data and names together), then the total."""
+    lines = [" ".join(f"{name:<{width}}" for name, width in FOOTPRINT_COLUMNS).rstrip()]
+    for row in seen.users:
+        cells = [row.user, *_folder_cells(row.leases), *_folder_cells(row.jobs),
+                 f"{row.name_bytes:,}", f"{row.junk:,}", f"{row.total_bytes:,}"]
+        lines.append(" ".join(f"{cell:<{width}}" for cell, (_, width)
+                              in zip(cells, FOOTPRINT_COLUMNS, strict=True)).rstrip())
+    users = len(seen.users)
+    lines.append(f"total: {users} user{'' if users == 1 else 's'}, "
+                 f"{seen.data_bytes:,} data bytes, {seen.name_bytes:,} name bytes, "
+                 f"{seen.junk:,} junk names, {seen.total_bytes:,} bytes in all")
+    return "\n".join(lines)
 
 
 def _add_account(inv: Inventory, directory: Path, user: str, ssh_key: str | None,

@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
           "a user's maximum priority, GPU limit, fair share, monthly budget and "
           "preemption exemption, which the keeper enforces",
           words="auth limits")
+    _verb(verbs, "footprint", authverbs.auth,
+          "what each user's folders make ZooKeeper hold (znodes, bytes, junk names); "
+          "--delete-junk USER deletes that user's junk", words="auth footprint")
 
     sub.add_parser("train", help="run a distributed TensorFlow job (see hypertf train -h)",
                    add_help=False)

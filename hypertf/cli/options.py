@@ -96,6 +96,10 @@ VERB_OPTIONS: dict[str, tuple[VerbOption, ...]] = {
                                  "the nodes later (invoke cluster.setup)"),
                       PRINT_DIR),
     "auth accounts": (_json("print the register as JSON (what the user_accounts role reads)"),),
+    "auth footprint": (_json("print the footprint as JSON"),
+                       VerbOption("delete_junk", str, None, "first delete this user's junk: "
+                                  "the names in their folders that are not their task keys "
+                                  "(their jobs and leases stay)", "USER")),
     "auth limits": (_user("the registered user to limit"),
                     VerbOption("max_priority", int, None, "the highest --priority that counts "
                                "for the user (default 10)", "N"),

@@ -279,7 +279,7 @@ BOTH = {  # invoke's task: hypertf's words (an action word included)
     "zk.status": "zk status", "agent.start": "agents start", "agent.stop": "agents stop",
     "usage": "usage",
     "auth.init": "auth init", "auth.add-user": "auth add-user", "auth.limits": "auth limits",
-    "auth.accounts": "auth accounts",
+    "auth.accounts": "auth accounts", "auth.footprint": "auth footprint",
     "cluster.setup": "cluster setup", "cluster.teardown": "cluster teardown",
     "lab.up": "lab up", "lab.down": "lab down", "lab.list": "lab list",
 }
