@@ -49,7 +49,9 @@ def auth(inventory: str, action: str, user: str | None = None, reset: bool = Fal
               f"share {limits.share:g}, {budget}{never}")
         return 0
     users = [credentials.check_name("user", user)] if action == "add-user" and user else []
-    directory = store.secure_cluster(inv.cluster, list(inv.nodes), users, reset=reset)
+    # An inventory with a zookeeper group provisions its ZooKeeper (the role): its own.
+    directory = store.secure_cluster(inv.cluster, list(inv.nodes), users, reset=reset,
+                                     own_server=bool(inv.zookeeper_nodes))
     if action == "add-user":
         print(credentials.handover_note(str(user), directory, inv.cluster.zk_credentials,
                                         inv.cluster.zookeeper_hosts, inv.cluster.zk_root))
@@ -90,9 +92,10 @@ def _footprint(inv: Inventory, as_json: bool, delete_junk: str | None) -> int:
     from hypertf.store import footprint
 
     with store.opened(inv.cluster) as zk:
-        footprint.require_admin(zk, "run 'hypertf auth footprint'")
-        deleted = footprint.delete_junk(zk, delete_junk) if delete_junk else None
-        seen = footprint.footprint(zk)
+        footprints = footprint.StoreFootprint(zk)
+        footprints.require_admin("run 'hypertf auth footprint'")
+        deleted = footprints.delete_junk(delete_junk) if delete_junk else None
+        seen = footprints.footprint()
     if as_json:
         print(json.dumps({**seen.as_dict(),
                           **({"deleted": deleted.as_dict()} if deleted else {})}, indent=2))

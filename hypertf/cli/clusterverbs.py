@@ -98,7 +98,7 @@ def zk(inventory: str, action: str) -> int:
     server = local_server(inv.cluster.zookeeper_hosts, state_home())
     if action == "start":
         pid = server.start()
-        directory = store.secure_cluster(inv.cluster, list(inv.nodes))
+        directory = store.secure_cluster(inv.cluster, list(inv.nodes), own_server=True)
         print(f"ZooKeeper {server.mode()} on {server.hosts} (pid {pid}, data {server.directory}); "
               f"root {inv.cluster.zk_root} secured, credentials in {directory}")
     elif action == "stop":

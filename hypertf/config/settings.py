@@ -283,6 +283,10 @@ SETTINGS: dict[str, Setting] = {
     # mtime), never by a date inside it, which its owner writes (hypertf.keeper.prune).
     "hypertf_job_retention_days": Setting(_positive(float), 30.0, scope="cluster"),
     "hypertf_job_records_max": Setting(_positive(int), 10000, scope="cluster"),
+    # The data one user's job records may hold in ZooKeeper (MiB): the quota on
+    # jobs/<user> that HyperTF's server provider holds the user to; the keeper prunes the
+    # oldest finished records past three quarters of it (docs/zookeeper-layout.md, "Bounds").
+    "hypertf_user_records_mb": Setting(_positive(int), 16, scope="cluster"),
     # How often the keeper looks for records to prune (seconds; tests shorten it).
     "hypertf_keeper_prune_interval": Setting(_positive(float), 60.0, scope="cluster"),
     # GPUs one user's running jobs may hold at once (0: no limit); the queue keeps the rest
@@ -399,6 +403,7 @@ class ClusterSettings:
     ssh_timeout: float
     job_retention_days: float = 30.0
     job_records_max: int = 10000
+    user_records_mb: int = 16  # the data of one user's job records (its quota)
     keeper_prune_interval: float = 60.0
     user_gpu_limit: int = 0  # 0: none
     user_queue_limit: int = 200  # waiting jobs per user (0: none)

@@ -13,11 +13,12 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 
-from kazoo.exceptions import NoAuthError, NodeExistsError
+from kazoo.exceptions import NoAuthError, NodeExistsError, QuotaExceededError
 
 from hypertf.core import jobtransitions as transitions
 from hypertf.core.admission import BUDGET, PRIORITY, USER_LIMIT, Decision, Waiting
 from hypertf.core.grants import GrantTerms, RecordStamp, grant_to_json
+from hypertf.core.layout import owner_of
 from hypertf.core.limits import UserLimits
 from hypertf.core.matrix import Held, Matrix
 from hypertf.core.placement import cannot_place
@@ -31,6 +32,8 @@ from hypertf.store.matrixshards import TRANSACTION_BYTES, MatrixVersion, matrix_
 from hypertf.store.waitqueue import REASONS
 
 log = logging.getLogger(__name__)
+
+QUOTA_PAUSE_S = 30.0  # a job whose owner's records had no room waits this long
 
 
 class Commit(Enum):
@@ -55,13 +58,24 @@ class Committer:
         self.preempter = preempter
         self.memo = memo
         self._unwritable: set[str] = set()  # records whose ACL shuts the keeper out
+        self._over_quota: dict[str, float] = {}  # record -> until when it is left out
         self.clock = clock
         self.user_gpu_limit = user_gpu_limit
 
     def writable(self, key: str) -> bool:
         """False for a job whose record shut the keeper out at a commit (its owner's ACL):
-        left out of every later pass, never retried."""
-        return key not in self._unwritable
+        left out of every later pass, never retried; and for QUOTA_PAUSE_S after its
+        owner's records folder had no room for the keeper's write in it (its quota): that
+        job waits, the others' admissions go on."""
+        if key in self._unwritable:
+            return False
+        until = self._over_quota.get(key)
+        if until is None:
+            return True
+        if self.clock() < until:
+            return False
+        del self._over_quota[key]
+        return True
 
     def _record_of(self, key: str) -> tuple[dict[str, Any] | None, int]:
         if key in self.reader.records:
@@ -134,6 +148,12 @@ class Committer:
                 log.warning("the record of %s does not let the keeper write it (its ACL): "
                             "it is never admitted", culprit_key)
                 self._unwritable.add(culprit_key)
+            elif culprit_key is not None and isinstance(error, QuotaExceededError):
+                log.warning("the records of %s's jobs are at their quota "
+                            "(hypertf_user_records_mb): %s waits %.0f s before it is "
+                            "tried again", owner_of(culprit_key), culprit_key,
+                            QUOTA_PAUSE_S)
+                self._over_quota[culprit_key] = self.clock() + QUOTA_PAUSE_S
             elif culprit_key is not None and isinstance(error, NodeExistsError):
                 log.error("%s already has a grant: it is not admitted again", culprit_key)
                 self.reader.settled.add(culprit_key)

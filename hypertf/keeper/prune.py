@@ -1,11 +1,13 @@
 """The keeper's pruning of finished job records: each user's history bounded on its own.
 
 ``hypertf_job_records_max`` bounds *each user's* records (a user's excess prunes only that
-user's oldest finished ones), and ``hypertf_job_retention_days`` drops a finished record
-that nobody changed for that long. Both go by the znode's ``mtime``: the ZooKeeper
-server's clock when the record was last written (by its launcher, ``kill``, or the keeper
-marking it lost), never a date inside the record, which its owner writes (bob's records
-dated 2096 once made the keeper delete every other user's history). A running job's record
+user's oldest finished ones), so do three quarters of ``hypertf_user_records_mb`` (their
+data: the user's quota is never what refuses their next job for old history), and
+``hypertf_job_retention_days`` drops a finished record that nobody changed for that long.
+Both go by the znode's ``mtime``: the ZooKeeper server's clock when the record was last
+written (by its launcher, ``kill``, or the keeper marking it lost), never a date inside the
+record, which its owner writes (bob's records dated 2096 once made the keeper delete every
+other user's history). A running job's record
 (its lease lives) is never pruned.
 
 An *unreadable* record (hypertf.store.jobs: not JSON, too deep, wrong types) of a finished
@@ -39,6 +41,7 @@ from hypertf.store.zkclient import pipelined
 
 log = logging.getLogger(__name__)
 
+PRUNE_AT = 0.75  # of a user's records quota: the oldest finished go past it
 DELETES_PER_USER = 2000  # records one run deletes (or marks lost) per user at most
 DELETE_BATCH = 200  # deletes sent before their answers are awaited
 YIELD_S = 0.005  # the thread's breath between chunks: the keeper's thread gets the GIL
@@ -58,14 +61,18 @@ class Pruned:
 
 
 def doomed(folder: Folder, leases: set[str], max_age_s: float, max_records: int,
-           now: float) -> tuple[list[tuple[str, int]], list[str]]:
+           now: float, max_bytes: int = 0) -> tuple[list[tuple[str, int]], list[str]]:
     """From one user's folder: the records to delete, oldest written first (name, version),
     and the finished records still in a live state (to mark lost). Only this user's
-    records count towards this user's bound."""
+    records count towards this user's bounds: ``max_records``, and ``max_bytes`` of data
+    (0: none), past which the oldest finished go too, so that the user's quota
+    (hypertf_user_records_mb) is not what refuses his next job."""
     finished: list[tuple[int, float, str, int]] = []  # (mzxid, mtime in s, name, version)
     live = 0
     stale: list[str] = []
+    sizes: dict[str, int] = {}
     for key, job, stat in folder.records:
+        sizes[key] = stat.dataLength
         if key in leases:
             live += 1
             continue
@@ -75,6 +82,7 @@ def doomed(folder: Folder, leases: set[str], max_age_s: float, max_records: int,
     for name, (_, stat) in folder.unreadable.items():
         if stat is None:
             continue  # not a task key: never read, left alone (see the module)
+        sizes[name] = stat.dataLength
         if name in leases:
             live += 1
             continue
@@ -83,6 +91,15 @@ def doomed(folder: Folder, leases: set[str], max_age_s: float, max_records: int,
     excess = max(0, len(finished) + live - max_records)
     chosen = [(key, version) for i, (_, written, key, version) in enumerate(finished)
               if i < excess or now - written > max_age_s]
+    if max_bytes:
+        held = sum(sizes.values()) - sum(sizes[key] for key, _ in chosen)
+        going = {key for key, _ in chosen}
+        for _, _, key, version in finished:
+            if held <= max_bytes:
+                break
+            if key not in going:
+                chosen.append((key, version))
+                held -= sizes[key]
     return chosen, stale
 
 
@@ -111,7 +128,7 @@ def _delete(store: Store, user: str, victims: list[tuple[str, int]]) -> int:
 
 def prune_jobs(store: Store, max_age_s: float, max_records: int, now: float | None = None,
                max_deletes: int = DELETES_PER_USER,
-               pause: Callable[[], object] = lambda: None) -> Pruned:
+               pause: Callable[[], object] = lambda: None, max_bytes: int = 0) -> Pruned:
     """One run over every user's folder (see the module); ``now`` in the ZooKeeper
     server's epoch seconds (the local clock by default: a skew of minutes is nothing
     against days of retention); ``pause`` is called between chunks of reads."""
@@ -120,7 +137,7 @@ def prune_jobs(store: Store, max_age_s: float, max_records: int, now: float | No
     for user in store.jobs.users():
         folder = store.jobs.read_folder(user, pause)
         leases = _leases(store, user)  # after the records: a listed one without one is over
-        victims, stale = doomed(folder, leases, max_age_s, max_records, now)
+        victims, stale = doomed(folder, leases, max_age_s, max_records, now, max_bytes)
         going = {key for key, _ in victims}
         stale = [key for key in stale if key not in going]  # deleted anyway
         if len(victims) + len(stale) > max_deletes:
@@ -144,8 +161,9 @@ class Pruner:
     every ``interval_s`` while ``active()`` (sooner while a user's backlog lasts)."""
 
     def __init__(self, store: Store, max_age_s: float, max_records: int, interval_s: float,
-                 active: Callable[[], bool]) -> None:
+                 active: Callable[[], bool], max_bytes: int = 0) -> None:
         self.store = store
+        self.max_bytes = max_bytes
         self.max_age_s, self.max_records, self.interval_s = max_age_s, max_records, interval_s
         self.active = active
         self.runs = 0
@@ -178,7 +196,7 @@ class Pruner:
             pause = self.interval_s
             try:
                 pruned = prune_jobs(self.store, self.max_age_s, self.max_records,
-                                    pause=self._breathe)
+                                    pause=self._breathe, max_bytes=self.max_bytes)
                 if pruned.total:
                     log.info("pruned %d finished job records (%s)", pruned.total, ", ".join(
                         f"{user}: {n}" for user, n in sorted(pruned.deleted.items())))

@@ -31,7 +31,7 @@ from hypertf.keeper.admitter import Admitter
 from hypertf.keeper.hostwatch import HostWatch
 from hypertf.keeper.passes import PassCounts, PassThread
 from hypertf.keeper.preempter import PreemptSettings, preempt_settings
-from hypertf.keeper.prune import Pruner
+from hypertf.keeper.prune import PRUNE_AT, Pruner
 from hypertf.keeper.statusview import StatusPublisher
 from hypertf.store import LeaseState, Store
 
@@ -216,4 +216,5 @@ class KeeperTerm:
         self._pruner = (role, Pruner(
             zk, cluster.job_retention_days * 86400, cluster.job_records_max,
             cluster.keeper_prune_interval,
-            active=lambda: not role.stopped and self._running()).start())
+            active=lambda: not role.stopped and self._running(),
+            max_bytes=int((cluster.user_records_mb << 20) * PRUNE_AT)).start())

@@ -102,7 +102,7 @@ def secure_lab_root(lab: Lab) -> None:
     from hypertf.config.inventory import load_inventory
 
     inventory = load_inventory(lab.inventory)
-    store.secure_cluster(inventory.cluster, list(inventory.nodes))
+    store.secure_cluster(inventory.cluster, list(inventory.nodes), own_server=True)
     if lab.per_user:
         from hypertf.store.credentials import job_owner
 
@@ -119,7 +119,8 @@ def add_users(lab: Lab, users: Sequence[str],
     from hypertf.store.bootstrap import set_user_limits
 
     cluster = load_inventory(lab.inventory).cluster
-    store.secure_cluster(cluster, [h.name for h in lab.hosts], users=list(users))
+    store.secure_cluster(cluster, [h.name for h in lab.hosts], users=list(users),
+                         own_server=True)
     if lab.per_user:
         labaccounts.add_accounts(lab, list(users))
     admin = store.connect(cluster, identity="admin")

@@ -70,8 +70,8 @@ def provider_jar(cache: Path | None = None) -> Path:
             raise HyperTFError(f"javac could not build {SOURCE.name} against this "
                                f"ZooKeeper ({BUILD_JARS[0]}):\n{done.stderr.strip()}")
         partial = Path(build) / "provider.jar"
-        with zipfile.ZipFile(partial, "w") as jar:
+        with zipfile.ZipFile(partial, "w") as archive:
             for cls in sorted(Path(build).rglob("*.class")):
-                jar.write(cls, cls.relative_to(build).as_posix())
+                archive.write(cls, cls.relative_to(build).as_posix())
         os.replace(partial, jar_path)
     return jar_path

@@ -30,7 +30,7 @@ from hypertf.core.matrix import (
 from hypertf.core.records import decode
 from hypertf.store.acltable import WORLD_WRITES, Acls
 from hypertf.store.credentials import Credential, check_name, known, load
-from hypertf.store.quotas import UserQuotas, set_quotas
+from hypertf.store.quotas import QUOTA_ROOT, UserQuotas, quota_acl, set_quotas
 from hypertf.store.retry import until_committed
 
 
@@ -40,13 +40,32 @@ def root_is_open(client: KazooClient, root: str) -> bool:
     return any(a.id.scheme == "world" and a.perms & WORLD_WRITES for a in acls)
 
 
+SERVER_FOLDERS = ("/", QUOTA_ROOT)  # ZooKeeper's own, open to the world by default
+
+
+def lock_server(client: KazooClient, admin: Credential) -> None:
+    """On a ZooKeeper that is the cluster's own (the zookeeper role's, the lab's): its
+    ``/`` and ``/zookeeper/quota`` become the admin's to create in (anyone may still read).
+    ZooKeeper makes both world-writable, and a create the world may make never reaches
+    HyperTF's provider: anyone who could reach the port, with no credential at all, could
+    fill them with names of 1 MiB. A shared ensemble's ``/`` is its owners' business
+    (an inventory without a ``zookeeper`` group names one it does not provision)."""
+    locked = quota_acl(admin)
+    for path in SERVER_FOLDERS:
+        acls, _ = client.get_acls(path)
+        if sorted(map(str, acls)) != sorted(map(str, locked)):
+            client.set_acls(path, locked)
+
+
 def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = False,
-                hosts: int = 0, quotas: UserQuotas | None = None) -> None:
+                hosts: int = 0, quotas: UserQuotas | None = None,
+                own_server: bool = False) -> None:
     """Create (or bring up to date) the root, its parents, the matrix and the per-user
     parents with their ACLs and quotas; idempotent. ``client`` is the admin's. An open
     root made before credentials existed is refused unless ``reset`` (which deletes it).
     The matrix gets shards for the registered hosts (or ``hosts``, if more). ``quotas``
-    (default: from the settings' defaults) are written for every user's folders."""
+    (default: from the settings' defaults) are written for every user's folders.
+    ``own_server``: the server is this cluster's own (``lock_server``)."""
     admin = load(directory, "admin")
     acls = Acls(admin)
     layout = Layout(root)
@@ -79,6 +98,8 @@ def secure_root(client: KazooClient, root: str, directory: Path, reset: bool = F
         except NodeExistsError:
             client.set_acls(path, acl)
     set_quotas(client, layout, admin, list(users), quotas or UserQuotas.of())
+    if own_server:
+        lock_server(client, admin)
     try:
         client.create(layout.limits, UserLimits().to_json(), acl=acls.of("limits"))
     except NodeExistsError:

@@ -85,7 +85,7 @@ def connect(cluster: ClusterSettings, timeout: float = 10.0, identity: str | Non
 
 
 def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] | None = None,
-                   reset: bool = False, matrix_hosts: int = 0) -> Path:
+                   reset: bool = False, matrix_hosts: int = 0, own_server: bool = False) -> Path:
     """``hypertf auth init``: credentials for the admin, every host's agent, the running
     user and ``users``, then the secured root. Idempotent; returns the directory.
     ``matrix_hosts``: shard the matrix for at least that many hosts (benches whose hosts
@@ -95,8 +95,10 @@ def secure_cluster(cluster: ClusterSettings, hosts: list[str], users: list[str] 
     client = connect(cluster, identity="admin", check=False)
     try:
         bootstrap.secure_root(client, cluster.zk_root, directory, reset=reset,
-                              hosts=matrix_hosts, quotas=quotas.UserQuotas.of(
-                             cluster.user_queue_limit, cluster.job_records_max))
+                              hosts=matrix_hosts, own_server=own_server,
+                              quotas=quotas.UserQuotas.of(
+                             cluster.user_queue_limit, cluster.job_records_max,
+                             cluster.user_records_mb))
     finally:
         close(client)
     return directory

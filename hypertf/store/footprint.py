@@ -30,8 +30,8 @@ from hypertf.store.quotas import QUOTA_LIMITS, QUOTA_ROOT, QUOTA_STATS
 from hypertf.store.zkclient import answer, get_many, pipelined
 from hypertf.store.zkstore import StoreReads
 
-__all__ = ["FolderFootprint", "Footprint", "JunkDeleted", "QuotaUse", "UserFootprint",
-           "delete_junk", "footprint", "parse_quota_text", "require_admin"]
+__all__ = ["FolderFootprint", "Footprint", "JunkDeleted", "QuotaUse", "StoreFootprint",
+           "UserFootprint", "parse_quota_text"]
 
 QUOTA_TEXT_MAX = 4096  # a quota znode's text is ~80 bytes; more is not read
 _PAIR = re.compile(r"([A-Za-z]+)=(-?\d+)")
@@ -182,20 +182,6 @@ class JunkDeleted:
                 "refused": len(self.refused)}
 
 
-def require_admin(reads: StoreReads, what: str) -> None:
-    """Refuse before touching anything unless this session logged in as the admin."""
-    credential = reads.credential
-    if credential.kind != "admin":
-        raise NotAllowed(f"only the cluster admin may {what}; this session is "
-                         f"{credential.identity}: run it as HYPERTF_ZK_IDENTITY=admin "
-                         f"(the admin's credential, admin.yml)")
-
-
-def registered_users(reads: StoreReads) -> list[str]:
-    """The registered users: the children of ``<root>/leases`` (only the admin makes them)."""
-    return reads.users(reads.layout.leases)
-
-
 def _folders(layout: Layout, user: str) -> tuple[str, str]:
     return layout.user_leases(user), layout.user_jobs(user)
 
@@ -212,25 +198,6 @@ def _listing(client: KazooClient, path: str) -> list[str] | None:
         return None
 
 
-def footprint(reads: StoreReads) -> Footprint:
-    """Every registered user's footprint (admin only). The quota znodes of every folder in
-    multi-reads, then each folder listed once, one user at a time (a listing may be a few
-    MB; none is kept)."""
-    require_admin(reads, "read every user's footprint")
-    users = registered_users(reads)
-    folders = [path for user in users for path in _folders(reads.layout, user)]
-    quota_paths = [f"{QUOTA_ROOT}{path}/{leaf}" for path in folders
-                   for leaf in (QUOTA_STATS, QUOTA_LIMITS)]
-    quota = iter(get_many(reads.client, quota_paths))
-    rows = []
-    for user in users:
-        leases, jobs = (_folder(reads.client, path, user, QuotaUse.of(
-            _data(next(quota)), _data(next(quota)))) for path in _folders(reads.layout, user))
-        rows.append(UserFootprint(user, leases, jobs))
-    rows.sort(key=lambda row: (-row.total_bytes, row.user))
-    return Footprint(reads.layout.root, tuple(rows))
-
-
 def _folder(client: KazooClient, path: str, user: str, quota: QuotaUse) -> FolderFootprint:
     names = _listing(client, path)
     if names is None:
@@ -238,21 +205,6 @@ def _folder(client: KazooClient, path: str, user: str, quota: QuotaUse) -> Folde
     return FolderFootprint(path, quota, names=len(names),
                            name_bytes=sum(len(name.encode()) for name in names),
                            junk=sum(not is_task_key(name, owner=user) for name in names))
-
-
-def delete_junk(reads: StoreReads, user: str) -> JunkDeleted:
-    """Delete every name in ``user``'s two folders that is not one of its task keys, with
-    its subtree if it has one (admin only; the user's task keys are never touched)."""
-    require_admin(reads, "delete a user's junk")
-    if user not in registered_users(reads):
-        raise UsageError(f"{user!r} is not a registered user of ZooKeeper root "
-                         f"{reads.layout.root}: 'hypertf auth footprint' lists them")
-    done = JunkDeleted(user)
-    for folder in _folders(reads.layout, user):
-        junk = [name for name in _listing(reads.client, folder) or []
-                if not is_task_key(name, owner=user)]
-        done.names += _delete_trees(reads.client, folder, junk, done)
-    return done
 
 
 def _chunks(names: list[str]) -> Iterator[list[str]]:
@@ -311,3 +263,56 @@ def _delete_children(client: KazooClient, path: str, done: JunkDeleted) -> bool:
         return True
     del done.refused[refused:]  # the junk name itself is reported, not each descendant
     return False
+
+
+class StoreFootprint:
+    """The admin's view of what each user makes the store hold, and the removal of one
+    user's junk: a recipe of one session (``StoreFootprint(store)``)."""
+
+    def __init__(self, reads: StoreReads) -> None:
+        self.reads = reads
+
+    def require_admin(self, what: str) -> None:
+        """Refuse before touching anything unless this session logged in as the admin."""
+        credential = self.reads.credential
+        if credential.kind != "admin":
+            raise NotAllowed(f"only the cluster admin may {what}; this session is "
+                             f"{credential.identity}: run it as HYPERTF_ZK_IDENTITY=admin "
+                             f"(the admin's credential, admin.yml)")
+
+    def registered_users(self) -> list[str]:
+        """The registered users: the children of ``<root>/leases`` (only the admin makes them)."""
+        return self.reads.users(self.reads.layout.leases)
+
+    def footprint(self) -> Footprint:
+        """Every registered user's footprint (admin only). The quota znodes of every folder in
+        multi-reads, then each folder listed once, one user at a time (a listing may be a few
+        MB; none is kept)."""
+        self.require_admin("read every user's footprint")
+        users = self.registered_users()
+        folders = [path for user in users for path in _folders(self.reads.layout, user)]
+        quota_paths = [f"{QUOTA_ROOT}{path}/{leaf}" for path in folders
+                       for leaf in (QUOTA_STATS, QUOTA_LIMITS)]
+        quota = iter(get_many(self.reads.client, quota_paths))
+        rows = []
+        for user in users:
+            leases, jobs = (_folder(self.reads.client, path, user, QuotaUse.of(
+                _data(next(quota)), _data(next(quota))))
+                for path in _folders(self.reads.layout, user))
+            rows.append(UserFootprint(user, leases, jobs))
+        rows.sort(key=lambda row: (-row.total_bytes, row.user))
+        return Footprint(self.reads.layout.root, tuple(rows))
+
+    def delete_junk(self, user: str) -> JunkDeleted:
+        """Delete every name in ``user``'s two folders that is not one of its task keys, with
+        its subtree if it has one (admin only; the user's task keys are never touched)."""
+        self.require_admin("delete a user's junk")
+        if user not in self.registered_users():
+            raise UsageError(f"{user!r} is not a registered user of ZooKeeper root "
+                             f"{self.reads.layout.root}: 'hypertf auth footprint' lists them")
+        done = JunkDeleted(user)
+        for folder in _folders(self.reads.layout, user):
+            junk = [name for name in _listing(self.reads.client, folder) or []
+                    if not is_task_key(name, owner=user)]
+            done.names += _delete_trees(self.reads.client, folder, junk, done)
+        return done

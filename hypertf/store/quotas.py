@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NodeExistsError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions
 
 from hypertf.core.errors import StoreError
@@ -34,6 +34,12 @@ RECORD_CHURN = 1000  # records that end between two of the keeper's prunes
 LEASE_BYTES = 1024  # a lease's data: its launcher's user, host, pid, since (~150 bytes)
 
 
+# Room above a user's own byte bound in its records folder for the keeper's writes in them
+# (admitted, refused, lost: each a few hundred bytes more than the record it rewrites);
+# past it the keeper leaves that one job out of its transaction (hypertf.keeper.commit).
+KEEPER_ROOM = 4 << 20
+
+
 @dataclass(frozen=True)
 class FolderQuota:
     """Hard limits ZooKeeper enforces on one folder (``zookeeper.enforceQuota``, 3.7+):
@@ -43,12 +49,25 @@ class FolderQuota:
 
     count: int
     data_bytes: int = -1
+    user_bytes: int = -1  # the folder's users' own bound, below data_bytes (-1: the same)
 
     def limits_data(self) -> bytes:
-        """ZooKeeper's StatsTrack text, as ``setquota -N COUNT -B BYTES`` writes it (the
-        soft limits, which only log, off)."""
-        return (f"count=-1,bytes=-1=;byteHardLimit={self.data_bytes};"
-                f"countHardLimit={self.count}").encode()
+        """ZooKeeper's StatsTrack text, as ``setquota -N COUNT -B BYTES`` writes it. The
+        server enforces the hard limits on everyone; HyperTF's provider holds the folder's
+        users (who may create in it) to the soft ones (``count``, ``bytes``), with their
+        requests in flight counted, so the keeper's writes in their records keep the room
+        between the two (hypertf/ops/zookeeper/BoundedDigestProvider.java)."""
+        return (f"count={self.count},bytes={self.user_bytes}=;byteHardLimit="
+                f"{self.data_bytes};countHardLimit={self.count}").encode()
+
+
+# What ZooKeeper's heap holds per znode besides its name (the DataNode, its stat, the path
+# and child entries): 1,864 bytes a znode with a 255-character name, measured on Debian's
+# 3.8 (docs/zookeeper-layout.md, "Bounds"), of which the name twice (path and child).
+ZNODE_HEAP = 1340
+# A listing's transient cost in the server, as a multiple of its names (the strings, the
+# response record and its serialised buffer): about 7, measured in the finding.
+LISTING_FACTOR = 7
 
 
 @dataclass(frozen=True)
@@ -57,18 +76,33 @@ class UserQuotas:
     (docs/zookeeper-layout.md, "Bounds"): leases for the waiting jobs
     (``hypertf_user_queue_limit``; 0: ``hypertf_job_records_max``) and RUNNING_MARGIN
     running ones, LEASE_BYTES each; job records for ``hypertf_job_records_max`` finished
-    ones, the live ones and RECORD_CHURN more. Job records get no byte quota: ZooKeeper
-    counts the keeper's writes in them (admitted, refused, lost) against it, so a user who
-    filled it would make the keeper's admitting transaction fail for everyone."""
+    ones, the live ones and RECORD_CHURN more, and ``hypertf_user_records_mb`` of data
+    (the user's bound; the hard limit leaves KEEPER_ROOM for the keeper's writes in them:
+    ZooKeeper counts those against the same quota)."""
 
     leases: FolderQuota
     jobs: FolderQuota
 
     @classmethod
-    def of(cls, user_queue_limit: int = 200, job_records_max: int = 10000) -> UserQuotas:
+    def of(cls, user_queue_limit: int = 200, job_records_max: int = 10000,
+           user_records_mb: int = 16) -> UserQuotas:
         live = (user_queue_limit or job_records_max) + RUNNING_MARGIN
-        return cls(leases=FolderQuota(1 + live, (1 + live) * LEASE_BYTES),
-                   jobs=FolderQuota(1 + job_records_max + live + RECORD_CHURN))
+        lease_bytes = (1 + live) * LEASE_BYTES
+        record_bytes = user_records_mb << 20
+        return cls(leases=FolderQuota(1 + live, lease_bytes, lease_bytes),
+                   jobs=FolderQuota(1 + job_records_max + live + RECORD_CHURN,
+                                    record_bytes + KEEPER_ROOM, record_bytes))
+
+
+    def worst_heap(self, name_max: int = 255) -> int:
+        """The most one user can make the server hold (bytes): both folders full of the
+        longest names, their data at the hard limits, and one listing of the larger being
+        sent (the server disconnects a reader that leaves more waiting)."""
+        znodes = self.leases.count + self.jobs.count
+        names = znodes * (ZNODE_HEAP + 2 * (name_max + 7))
+        data = max(self.leases.data_bytes, 0) + max(self.jobs.data_bytes, 0)
+        listing = LISTING_FACTOR * self.jobs.count * (name_max + 4)
+        return names + data + listing
 
 
 def quota_acl(admin: Credential) -> list[ACL]:
@@ -132,3 +166,48 @@ def set_quotas(client: KazooClient, layout: Layout, admin: Credential, users: li
     for name in users:
         set_quota(client, layout.user_leases(name), quotas.leases, acl, layout.root)
         set_quota(client, layout.user_jobs(name), quotas.jobs, acl, layout.root)
+
+
+@dataclass(frozen=True)
+class FolderUse:
+    """What ZooKeeper counts in one quota'd folder (its ``zookeeper_stats``) and its
+    limits: znodes (the folder itself included) and data bytes."""
+
+    count: int
+    data_bytes: int
+    count_max: int
+    bytes_max: int  # the users' bound: the soft limit, else the hard one (-1: none)
+
+    def full(self, margin_bytes: int = 0) -> str | None:
+        """Which limit a create of ``margin_bytes`` more would pass, in words, or None."""
+        if 0 <= self.count_max <= self.count:
+            return f"{self.count - 1} of {self.count_max - 1} znodes"
+        if 0 <= self.bytes_max < self.data_bytes + margin_bytes:
+            return f"{self.data_bytes:,} of {self.bytes_max:,} bytes"
+        return None
+
+
+def stats_fields(text: str) -> dict[str, int]:
+    """``count=3,bytes=10`` or ``count=-1,bytes=-1=;byteHardLimit=5;countHardLimit=4`` as
+    numbers by name (what it cannot read, left out)."""
+    fields: dict[str, int] = {}
+    for part in text.replace(";", ",").split(","):
+        name, _, value = part.partition("=")
+        value = value.rstrip("=")
+        if name.strip() and value.lstrip("-").isdigit():
+            fields[name.strip()] = int(value)
+    return fields
+
+
+def folder_use(client: KazooClient, path: str) -> FolderUse | None:
+    """The use and limits of the quota on ``path`` (world-readable), or None where none."""
+    try:
+        stats = stats_fields(client.get(f"{QUOTA_ROOT}{path}/{QUOTA_STATS}")[0].decode())
+        limits = stats_fields(client.get(f"{QUOTA_ROOT}{path}/{QUOTA_LIMITS}")[0].decode())
+    except (NoNodeError, NoAuthError, UnicodeDecodeError):
+        return None
+    soft_bytes, hard_bytes = limits.get("bytes", -1), limits.get("byteHardLimit", -1)
+    soft_count, hard_count = limits.get("count", -1), limits.get("countHardLimit", -1)
+    return FolderUse(stats.get("count", 0), stats.get("bytes", 0),
+                     soft_count if soft_count >= 0 else hard_count,
+                     soft_bytes if soft_bytes >= 0 else hard_bytes)

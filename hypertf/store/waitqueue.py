@@ -55,6 +55,7 @@ from hypertf.core.records import decode, encode
 from hypertf.core.requestcheck import (
     DEFAULT_PORT_RANGE,
 )
+from hypertf.store import quotas
 from hypertf.store.allocation import StoredMatrix, owner_info
 from hypertf.store.jobs import JobRecords
 from hypertf.store.retry import until_committed
@@ -168,6 +169,7 @@ class JobQueue:
             stat_read = client.exists_async(job_path, watch=watched.changed)
         errors = [r for r in answer(client, committed, tx.commit) if isinstance(r, Exception)]
         if errors:
+            self._explain_full(owner_of(task_key), len(data))
             self.store.check_registered(owner_of(task_key))  # the likely cause, named
             raise StoreError(f"ZooKeeper refused to queue job {task_key}: {errors}")
         stat = answer(client, stat_read,
@@ -176,6 +178,22 @@ class JobQueue:
             watched.fired.add(job_path)  # changed already (or gone): the waiter reads it
         self._armed(task_key, watched)
         self.jobs.known.remember(task_key, decode(data, "job record"), 0)  # as created: version 0
+
+    def _explain_full(self, user: str, record_bytes: int) -> None:
+        """StoreError naming the folder of ``user``'s that has no room for one more job, if
+        one has none (its quota: docs/zookeeper-layout.md, "Bounds")."""
+        for path, what, fix in (
+                (self.layout.user_leases(user), "waiting and running jobs",
+                 "wait for some to end, or cancel some (hypertf kill)"),
+                (self.layout.user_jobs(user), "job records",
+                 "the keeper prunes the oldest finished ones; the admin may raise "
+                 "hypertf_job_records_max or hypertf_user_records_mb and run hypertf auth "
+                 "init")):
+            use = quotas.folder_use(self.client, path)
+            full = use.full(record_bytes) if use is not None else None
+            if full is not None:
+                raise StoreError(f"{user}'s {what} are at their quota in ZooKeeper ({full}, "
+                                 f"{path}): {fix}")
 
     def submit(self, request: Request, task_key: str,
                record: Mapping[str, Any] | None = None, *, priority: int = 0,

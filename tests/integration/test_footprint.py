@@ -93,7 +93,7 @@ def admin(bounded: ClusterSettings) -> Iterator[Store]:
 
 def test_the_footprint_shows_bobs_counts_names_and_junk(bob, admin):
     make_junk(bob, admin.client)
-    seen = footprint.footprint(admin).of("bob")
+    seen = footprint.StoreFootprint(admin).footprint().of("bob")
     leases, jobs = seen.leases, seen.jobs
     assert (leases.names, leases.junk) == (JOBS + len(LEASE_JUNK), len(LEASE_JUNK))
     assert (jobs.names, jobs.junk) == (JOBS + len(JOB_JUNK), len(JOB_JUNK))
@@ -110,7 +110,7 @@ def test_the_footprint_shows_bobs_counts_names_and_junk(bob, admin):
         None, QUOTAS.jobs.limits_data()).byte_limit  # the users' bound, if there is one
     assert seen.junk == len(LEASE_JUNK) + len(JOB_JUNK)
     assert seen.total_bytes == seen.data_bytes + seen.name_bytes > 250
-    users = footprint.footprint(admin).users
+    users = footprint.StoreFootprint(admin).footprint().users
     assert [u.total_bytes for u in users] == sorted((u.total_bytes for u in users),
                                                     reverse=True)
     assert {u.user for u in users} >= {"bob", credentials.job_owner()}
@@ -118,17 +118,17 @@ def test_the_footprint_shows_bobs_counts_names_and_junk(bob, admin):
 
 def test_deleting_bobs_junk_leaves_his_jobs(bob, admin):
     make_junk(bob, admin.client)
-    before = footprint.footprint(admin).of("bob")
+    before = footprint.StoreFootprint(admin).footprint().of("bob")
     keys = {path: sorted(admin.keys_of(parent, "bob")) for path, parent in
             ((before.leases.path, admin.layout.leases), (before.jobs.path, admin.layout.jobs))}
-    deleted = footprint.delete_junk(admin, "bob")
+    deleted = footprint.StoreFootprint(admin).delete_junk("bob")
     assert deleted.names == len(LEASE_JUNK) + len(JOB_JUNK) and not deleted.refused
     assert deleted.znodes == deleted.names + len(TREE)
     assert deleted.data_bytes == (len(LEASE_JUNK) * len(b"lease junk") + len(JOB_JUNK) * 100
                                   + len(TREE) * len(b"deep"))
     junk_names = LEASE_JUNK + JOB_JUNK + TREE
     assert deleted.name_bytes == sum(len(name) for name in junk_names)
-    after = footprint.footprint(admin).of("bob")
+    after = footprint.StoreFootprint(admin).footprint().of("bob")
     for folder in after.folders:
         names = sorted(admin.client.get_children(folder.path))
         assert names == keys[folder.path] and len(names) == JOBS
@@ -138,7 +138,8 @@ def test_deleting_bobs_junk_leaves_his_jobs(bob, admin):
     # bob's jobs are as they were: their records read, their leases live
     assert all(bob.jobs.read(key) for key in keys[after.jobs.path])
     assert admin.leases() >= set(keys[after.leases.path])
-    assert footprint.delete_junk(admin, "bob").names == 0  # nothing left: nothing to do
+    # nothing left: nothing to do
+    assert footprint.StoreFootprint(admin).delete_junk("bob").names == 0
 
 
 def test_junk_closed_to_the_admin_is_counted_as_refused(bob, admin):
@@ -152,7 +153,7 @@ def test_junk_closed_to_the_admin_is_counted_as_refused(bob, admin):
     bob.client.create(f"{folder}/leaf", b"", acl=only_bob)
     admin.client.create(f"{folder}/closed/child", b"", makepath=True)
     admin.client.set_acls(f"{folder}/closed", only_bob)
-    deleted = footprint.delete_junk(admin, "bob")
+    deleted = footprint.StoreFootprint(admin).delete_junk("bob")
     assert deleted.refused == [f"{folder}/closed"] and deleted.names == 1
     assert sorted(admin.client.get_children(folder)) == sorted(
         [*admin.keys_of(admin.layout.jobs, "bob"), "closed"])
@@ -160,12 +161,14 @@ def test_junk_closed_to_the_admin_is_counted_as_refused(bob, admin):
 
 def test_only_the_admin_may_read_or_delete(bob, admin):
     make_junk(bob, admin.client)
-    for attempt in (lambda: footprint.footprint(bob), lambda: footprint.delete_junk(bob, "bob")):
+    for attempt in (lambda: footprint.StoreFootprint(bob).footprint(),
+                    lambda: footprint.StoreFootprint(bob).delete_junk("bob")):
         with pytest.raises(NotAllowed, match=r"only the cluster admin.*user\.bob"):
             attempt()
-    assert footprint.footprint(admin).of("bob").junk == len(LEASE_JUNK) + len(JOB_JUNK)
+    seen = footprint.StoreFootprint(admin).footprint().of("bob")
+    assert seen.junk == len(LEASE_JUNK) + len(JOB_JUNK)
     with pytest.raises(UsageError, match=r"'nobody' is not a registered user.*auth footprint"):
-        footprint.delete_junk(admin, "nobody")
+        footprint.StoreFootprint(admin).delete_junk("nobody")
 
 
 def test_parse_quota_text_is_tolerant():
