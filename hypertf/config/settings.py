@@ -287,6 +287,9 @@ SETTINGS: dict[str, Setting] = {
     # jobs/<user> that HyperTF's server provider holds the user to; the keeper prunes the
     # oldest finished records past three quarters of it (docs/zookeeper-layout.md, "Bounds").
     "hypertf_user_records_mb": Setting(_positive(int), 16, scope="cluster"),
+    # How many users the admin expects: the zookeeper role sizes the server's heap by it
+    # (docs/zookeeper-layout.md, "Bounds"); read by the role, not by HyperTF.
+    "hypertf_expected_users": Setting(_positive(int), 24, agent=False, scope=""),
     # How often the keeper looks for records to prune (seconds; tests shorten it).
     "hypertf_keeper_prune_interval": Setting(_positive(float), 60.0, scope="cluster"),
     # GPUs one user's running jobs may hold at once (0: no limit); the queue keeps the rest
