@@ -26,9 +26,11 @@ package org.apache.zookeeper.server;
 
 import java.lang.reflect.Field;
 import java.nio.ByteBuffer;
+import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 import java.util.Queue;
+import java.util.WeakHashMap;
 import org.apache.zookeeper.KeeperException;
 import org.apache.zookeeper.Quotas;
 import org.apache.zookeeper.StatsTrack;
@@ -60,7 +62,13 @@ public final class BoundedDigestProvider extends ServerAuthenticationProvider {
 
     private static final long TOTAL_EVERY_NS = 100_000_000L;
 
+    private static final long SEEN_EVERY_NS = 20_000_000L;
+
     private static final Field OUTGOING = outgoingField();
+
+    /** Each connection's queue as last counted, and when: a reader of 25,000 records at
+     *  once must not have its whole queue walked for every one of them. */
+    private final Map<ServerCnxn, long[]> seen = Collections.synchronizedMap(new WeakHashMap<>());
 
     private volatile long queuedTotal;
 
@@ -221,7 +229,7 @@ public final class BoundedDigestProvider extends ServerAuthenticationProvider {
 
     /** Why this connection may not be sent one more response now, or null. */
     private String backlog(ServerObjs objs) {
-        long own = queued(objs.getCnxn());
+        long own = queuedNow(objs.getCnxn());
         if (own < QUEUED_SMALL) {
             return null;
         }
@@ -255,8 +263,20 @@ public final class BoundedDigestProvider extends ServerAuthenticationProvider {
         return null;
     }
 
-    /** The bytes queued for this connection and not yet sent (NIO's queue; 0 for others:
-     *  the Netty factory, used with TLS, keeps its own). */
+    /** ``queued``, counted at most every 20 ms per connection. */
+    private long queuedNow(ServerCnxn cnxn) {
+        long now = System.nanoTime();
+        long[] last = seen.get(cnxn);
+        if (last != null && now - last[1] < SEEN_EVERY_NS) {
+            return last[0];
+        }
+        long bytes = queued(cnxn);
+        seen.put(cnxn, new long[] {bytes, now});
+        return bytes;
+    }
+
+    /** The bytes queued for this connection and not yet sent, counted up to QUEUED_MAX
+     *  (NIO's queue; 0 for others: the Netty factory, used with TLS, keeps its own). */
     private static long queued(ServerCnxn cnxn) {
         if (OUTGOING == null || !(cnxn instanceof NIOServerCnxn)) {
             return 0;
@@ -265,6 +285,9 @@ public final class BoundedDigestProvider extends ServerAuthenticationProvider {
             long bytes = 0;
             for (Object buffer : (Queue<?>) OUTGOING.get(cnxn)) {
                 bytes += ((ByteBuffer) buffer).remaining();
+                if (bytes >= QUEUED_MAX) {
+                    break;
+                }
             }
             return bytes;
         } catch (IllegalAccessException | RuntimeException err) {
