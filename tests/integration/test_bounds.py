@@ -34,6 +34,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 from hypertf import store
 from hypertf.config.inventory import load_inventory
 from hypertf.config.settings import ClusterSettings
+from hypertf.core.errors import StoreError
 from hypertf.core.layout import is_task_key
 from hypertf.core.placement import PortRanges, Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
@@ -489,3 +490,14 @@ def test_the_keeper_follows_leases_by_their_events_and_never_lists_a_folder_agai
         assert not [path for path in listed if path.startswith(layout.leases)], listed
     finally:
         store.close(root)
+
+
+def test_a_job_refused_for_a_full_folder_says_which_and_what_to_do(bob, bounded):
+    """bob's leases folder at its quota (his own junk): his next job is refused naming the
+    folder, the count, and what to do, not a raw ZooKeeper error."""
+    layout = Layout(bounded.zk_root)
+    flood(bob, layout.user_leases("bob"), [f"x{i}" for i in range(QUOTAS.leases.count)],
+          ephemeral=True)
+    with pytest.raises(StoreError, match=r"bob's waiting and running jobs are at their quota "
+                                         r"in ZooKeeper \(260 of 260 znodes.*hypertf kill"):
+        Store(bob, layout).queue.submit(one_gpu(), new_task_key("bob"))
