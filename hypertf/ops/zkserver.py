@@ -22,7 +22,8 @@ ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple
 NETTY_JARS = tuple(f"/usr/share/java/netty-{part}.jar" for part in (
     "buffer", "codec", "common", "handler", "resolver", "transport",
     "transport-native-epoll", "transport-native-unix-common"))
-INSTALL_HINT = "apt-get install zookeeper (Debian package; brings Java)"
+INSTALL_HINT = ("apt-get install zookeeper default-jdk-headless (Debian packages: the server, "
+                "and javac for HyperTF's provider)")
 # ZooKeeper's largest request, and so its largest name (ZooKeeper bounds names by nothing
 # else): its own default, said explicitly; HyperTF's transactions need about 0.5 MiB
 # (docs/zookeeper-layout.md, "Bounds"). The zookeeper role sets the same.

@@ -16,7 +16,6 @@ touching a folder (ZooKeeper would refuse another user's delete anyway).
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,26 +25,14 @@ from kazoo.exceptions import NoAuthError, NoNodeError, NotEmptyError
 
 from hypertf.core.errors import NotAllowed, UsageError
 from hypertf.core.layout import Layout, is_task_key
-from hypertf.store.quotas import QUOTA_LIMITS, QUOTA_ROOT, QUOTA_STATS
+from hypertf.store.quotas import QUOTA_LIMITS, QUOTA_ROOT, QUOTA_STATS, parse_quota_text
 from hypertf.store.zkclient import answer, get_many, pipelined
 from hypertf.store.zkstore import StoreReads
 
 __all__ = ["FolderFootprint", "Footprint", "JunkDeleted", "QuotaUse", "StoreFootprint",
-           "UserFootprint", "parse_quota_text"]
+           "UserFootprint"]
 
-QUOTA_TEXT_MAX = 4096  # a quota znode's text is ~80 bytes; more is not read
-_PAIR = re.compile(r"([A-Za-z]+)=(-?\d+)")
 DELETES_PER_ROUND = 1000  # pipelined exists/deletes in flight at once
-
-
-def parse_quota_text(data: bytes | None) -> dict[str, int]:
-    """ZooKeeper's StatsTrack text (``count=12,bytes=3456``, or the limits'
-    ``count=-1,bytes=-1=;byteHardLimit=-1;countHardLimit=458``) as its integer fields;
-    anything else in it (a stray ``=``, an unknown key, non-UTF-8) is skipped."""
-    if not data:
-        return {}
-    text = data[:QUOTA_TEXT_MAX].decode("utf-8", errors="replace")
-    return {key: int(value) for key, value in _PAIR.findall(text)}
 
 
 def _limit(fields: dict[str, int], soft: str, hard: str) -> int | None:

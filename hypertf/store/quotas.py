@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
@@ -187,24 +188,27 @@ class FolderUse:
         return None
 
 
-def stats_fields(text: str) -> dict[str, int]:
-    """``count=3,bytes=10`` or ``count=-1,bytes=-1=;byteHardLimit=5;countHardLimit=4`` as
-    numbers by name (what it cannot read, left out)."""
-    fields: dict[str, int] = {}
-    for part in text.replace(";", ",").split(","):
-        name, _, value = part.partition("=")
-        value = value.rstrip("=")
-        if name.strip() and value.lstrip("-").isdigit():
-            fields[name.strip()] = int(value)
-    return fields
+QUOTA_TEXT_MAX = 4096  # a quota znode's text is ~80 bytes; more is not read
+_PAIR = re.compile(r"([A-Za-z]+)=(-?\d+)")
+
+
+def parse_quota_text(data: bytes | None) -> dict[str, int]:
+    """ZooKeeper's StatsTrack text (``count=12,bytes=3456``, or the limits'
+    ``count=-1,bytes=-1=;byteHardLimit=-1;countHardLimit=458``) as its integer fields;
+    anything else in it (a stray ``=``, an unknown key, non-UTF-8) is skipped. Anyone may
+    have written a quota znode of a server HyperTF does not own: read as hostile."""
+    if not data:
+        return {}
+    text = data[:QUOTA_TEXT_MAX].decode("utf-8", errors="replace")
+    return {key: int(value) for key, value in _PAIR.findall(text)}
 
 
 def folder_use(client: KazooClient, path: str) -> FolderUse | None:
     """The use and limits of the quota on ``path`` (world-readable), or None where none."""
     try:
-        stats = stats_fields(client.get(f"{QUOTA_ROOT}{path}/{QUOTA_STATS}")[0].decode())
-        limits = stats_fields(client.get(f"{QUOTA_ROOT}{path}/{QUOTA_LIMITS}")[0].decode())
-    except (NoNodeError, NoAuthError, UnicodeDecodeError):
+        stats = parse_quota_text(client.get(f"{QUOTA_ROOT}{path}/{QUOTA_STATS}")[0])
+        limits = parse_quota_text(client.get(f"{QUOTA_ROOT}{path}/{QUOTA_LIMITS}")[0])
+    except (NoNodeError, NoAuthError):
         return None
     soft_bytes, hard_bytes = limits.get("bytes", -1), limits.get("byteHardLimit", -1)
     soft_count, hard_count = limits.get("count", -1), limits.get("countHardLimit", -1)

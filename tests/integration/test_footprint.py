@@ -25,7 +25,7 @@ from hypertf.core.errors import NotAllowed, UsageError
 from hypertf.core.layout import is_task_key
 from hypertf.core.placement import Request, new_task_key
 from hypertf.core.scheduler import TaskSlot
-from hypertf.store import Layout, Store, credentials, footprint
+from hypertf.store import Layout, Store, credentials, footprint, quotas
 from hypertf.store.quotas import UserQuotas
 
 QUEUE, RECORDS = 4, 10
@@ -172,12 +172,12 @@ def test_only_the_admin_may_read_or_delete(bob, admin):
 
 
 def test_parse_quota_text_is_tolerant():
-    assert footprint.parse_quota_text(b"count=12,bytes=3456") == {"count": 12, "bytes": 3456}
+    assert quotas.parse_quota_text(b"count=12,bytes=3456") == {"count": 12, "bytes": 3456}
     limits = footprint.QuotaUse.of(b"count=3,bytes=40", QUOTAS.leases.limits_data())
     assert (limits.znode_limit, limits.byte_limit) == (QUOTAS.leases.count,
                                                        QUOTAS.leases.data_bytes)
     assert footprint.QuotaUse.of(None, b"count=-1,bytes=-1") == footprint.QuotaUse()
-    assert footprint.parse_quota_text(b"\xff=;count=x,bytes=7=") == {"bytes": 7}
+    assert quotas.parse_quota_text(b"\xff=;count=x,bytes=7=") == {"bytes": 7}
 
 
 @pytest.fixture
