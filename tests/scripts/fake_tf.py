@@ -43,6 +43,8 @@ def foreign_task_processes() -> list[int]:
 
 
 def main() -> int:
+    if "--ignore_term" in sys.argv:  # first: a stop may come while this task still starts
+        signal.signal(signal.SIGTERM, lambda *_: print("SIGTERM caught", flush=True))
     parser = argparse.ArgumentParser()
     parser.add_argument("--work_s", type=float, default=1.0)
     parser.add_argument("--fail_on", default="")
@@ -83,8 +85,6 @@ def main() -> int:
         print(f"wrote {os.path.abspath(args.write_relative)}", flush=True)
     if args.report_foreign:
         print(f"foreign task processes: {len(foreign_task_processes())}", flush=True)
-    if args.ignore_term:
-        signal.signal(signal.SIGTERM, lambda *_: print("SIGTERM caught", flush=True))
     if me != args.never_listen_on:
         port = int(config["cluster"][role][index].rsplit(":", 1)[1])
         server = socket.socket()
