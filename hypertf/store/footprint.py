@@ -25,7 +25,13 @@ from kazoo.exceptions import NoAuthError, NoNodeError, NotEmptyError
 
 from hypertf.core.errors import NotAllowed, UsageError
 from hypertf.core.layout import Layout, is_task_key
-from hypertf.store.quotas import QUOTA_LIMITS, QUOTA_ROOT, QUOTA_STATS, parse_quota_text
+from hypertf.store.quotas import (
+    QUOTA_LIMITS,
+    QUOTA_ROOT,
+    QUOTA_STATS,
+    parse_quota_text,
+    users_limit,
+)
 from hypertf.store.zkclient import answer, get_many, pipelined
 from hypertf.store.zkstore import StoreReads
 
@@ -36,11 +42,8 @@ DELETES_PER_ROUND = 1000  # pipelined exists/deletes in flight at once
 
 
 def _limit(fields: dict[str, int], soft: str, hard: str) -> int | None:
-    """The limit a folder's users are held to: the soft one where set (HyperTF's server
-    provider holds them to it, the hard one leaves the keeper room), else the hard one;
-    None where there is none (absent or -1)."""
-    value = fields.get(soft, -1)
-    value = value if value >= 0 else fields.get(hard, -1)
+    """``users_limit``, None where there is none."""
+    value = users_limit(fields, soft, hard)
     return value if value >= 0 else None
 
 

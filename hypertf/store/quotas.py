@@ -203,6 +203,14 @@ def parse_quota_text(data: bytes | None) -> dict[str, int]:
     return {key: int(value) for key, value in _PAIR.findall(text)}
 
 
+def users_limit(limits: dict[str, int], soft: str, hard: str) -> int:
+    """The limit a folder's users are held to: the soft one where set (HyperTF's provider
+    holds them to it; the hard one leaves the keeper room), else the hard one; -1: none."""
+    value = limits.get(soft, -1)
+    value = value if value >= 0 else limits.get(hard, -1)
+    return value if value >= 0 else -1
+
+
 def folder_use(client: KazooClient, path: str) -> FolderUse | None:
     """The use and limits of the quota on ``path`` (world-readable), or None where none."""
     try:
@@ -210,8 +218,6 @@ def folder_use(client: KazooClient, path: str) -> FolderUse | None:
         limits = parse_quota_text(client.get(f"{QUOTA_ROOT}{path}/{QUOTA_LIMITS}")[0])
     except (NoNodeError, NoAuthError):
         return None
-    soft_bytes, hard_bytes = limits.get("bytes", -1), limits.get("byteHardLimit", -1)
-    soft_count, hard_count = limits.get("count", -1), limits.get("countHardLimit", -1)
     return FolderUse(stats.get("count", 0), stats.get("bytes", 0),
-                     soft_count if soft_count >= 0 else hard_count,
-                     soft_bytes if soft_bytes >= 0 else hard_bytes)
+                     users_limit(limits, "count", "countHardLimit"),
+                     users_limit(limits, "bytes", "byteHardLimit"))

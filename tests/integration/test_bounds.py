@@ -22,6 +22,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -87,6 +88,17 @@ def bob(bounded: ClusterSettings, fake_agents) -> Iterator[KazooClient]:
     client = store.connect(bounded, identity="user.bob")
     yield client
     store.close(client)
+
+
+def write_inventory(directory: Path, bounded: ClusterSettings) -> Path:
+    """An inventory of HOSTS on the test's ZooKeeper root (for ``status``)."""
+    path = directory / "inventory.yml"
+    path.write_text(yaml.safe_dump({"all": {
+        "vars": {"hypertf_zookeeper_hosts": bounded.zookeeper_hosts,
+                 "hypertf_zk_root": bounded.zk_root, "hypertf_zk_session_timeout": 2},
+        "children": {"gpu_nodes": {"hosts": {h: {"ansible_connection": "local"}
+                                             for h in HOSTS}}}}}))
+    return path
 
 
 def one_gpu() -> Request:
@@ -329,12 +341,7 @@ def test_the_worst_floods_leave_zookeeper_serving_and_roots_job_admitted(
     thread = keeper(bounded, user_queue_limit=QUEUE)
     root = store.connect(bounded, identity="user.root")
     thieves = [bob, *(store.connect(bounded, identity=f"user.{u}") for u in THIEVES)]
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"all": {
-        "vars": {"hypertf_zookeeper_hosts": bounded.zookeeper_hosts,
-                 "hypertf_zk_root": bounded.zk_root, "hypertf_zk_session_timeout": 2},
-        "children": {"gpu_nodes": {"hosts": {h: {"ansible_connection": "local"}
-                                             for h in HOSTS}}}}}))
+    inventory = write_inventory(tmp_path, bounded)
     pid = zk_server.pid()
     assert pid is not None
     try:
@@ -428,12 +435,7 @@ def test_names_that_are_not_task_keys_reach_no_reader(bob, zk, bounded, tmp_path
     assert zkstore.leases() == {real}
     assert zkstore.job_keys() == [real]
     assert [row["task_key"] for row in collect(zkstore, user_queue_limit=QUEUE)] == [real]
-    path = tmp_path / "inventory.yml"
-    path.write_text(yaml.safe_dump({"all": {
-        "vars": {"hypertf_zookeeper_hosts": bounded.zookeeper_hosts,
-                 "hypertf_zk_root": bounded.zk_root, "hypertf_zk_session_timeout": 2},
-        "children": {"gpu_nodes": {"hosts": {h: {"ansible_connection": "local"}
-                                             for h in HOSTS}}}}}))
+    path = write_inventory(tmp_path, bounded)
     view = status.collect(zk, load_inventory(path))
     assert view["jobs"] == [real]
     assert len(str(view)) < 20 * NAME_MAX
